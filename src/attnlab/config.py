@@ -1,0 +1,204 @@
+"""Frozen, validated configuration dataclasses.
+
+Every field is checked in ``__post_init__``; a bad value raises ``ValueError`` naming the
+field, the value and what is allowed. Configs round-trip through plain dicts (JSON / TOML),
+which is how checkpoints store them and how models are rebuilt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, fields
+from typing import Any, Literal, get_args
+
+Family = Literal["encoder_decoder", "encoder", "decoder"]
+NormPlacement = Literal["post", "pre"]
+NormType = Literal["layernorm", "rmsnorm"]
+FFNKind = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
+PosKind = Literal["sinusoidal", "learned", "rope"]
+Pooling = Literal["cls", "mean"]
+
+
+class ConfigError(ValueError):
+    """A configuration value that is not allowed."""
+
+
+def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
+    if not cond:
+        raise ConfigError(f"{name}={value!r} is not allowed: {allowed}")
+
+
+def _check_literal(obj: Any, name: str, lit: Any) -> None:
+    allowed = get_args(lit)
+    value = getattr(obj, name)
+    _check(value in allowed, name, value, "one of " + ", ".join(repr(a) for a in allowed))
+
+
+def check_types(obj: Any) -> None:
+    """Check each field of a dataclass against its annotation (int, float, bool, str, Literal,
+    ``X | None``), so a TOML typo like ``d_model = "128"`` fails with a clear message."""
+    hints = typing.get_type_hints(type(obj))
+    for f in fields(obj):
+        value, hint = getattr(obj, f.name), hints[f.name]
+        is_union = typing.get_origin(hint) in (typing.Union, _UnionType)
+        options = get_args(hint) if is_union else (hint,)
+        if value is None and type(None) in options:
+            continue
+        ok = False
+        for opt in options:
+            if typing.get_origin(opt) is Literal:
+                ok = ok or value in get_args(opt)
+            elif opt is float:
+                ok = ok or (isinstance(value, (int, float)) and not isinstance(value, bool))
+            elif opt is int:
+                ok = ok or (isinstance(value, int) and not isinstance(value, bool))
+            elif opt in (bool, str):
+                ok = ok or isinstance(value, opt)
+            elif opt is not type(None):
+                ok = True  # containers etc.: validated by the owning class
+        if not ok:
+            names = [getattr(o, "__name__", str(o)) for o in options]
+            raise ConfigError(
+                f"{f.name}={value!r} has the wrong type: expected {' or '.join(names)}"
+            )
+
+
+_UnionType = type(int | None)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of any of the three families.
+
+    ``family`` picks the model: ``"encoder_decoder"`` (Vaswani et al. 2017, :class:`Transformer`),
+    ``"encoder"`` (BERT-like, :class:`EncoderClassifier`) or ``"decoder"`` (GPT-like,
+    :class:`DecoderLM`). ``n_layers`` is the depth of the encoder (or of the only stack);
+    ``n_decoder_layers`` that of the encoder-decoder's decoder (defaults to ``n_layers``).
+    """
+
+    family: Family = "decoder"
+    vocab_size: int = 256
+    tgt_vocab_size: int | None = None  # encoder-decoder only; None = same vocab as the source
+    d_model: int = 128
+    n_heads: int = 4
+    head_dim: int | None = None  # None = d_model // n_heads
+    n_layers: int = 2
+    n_decoder_layers: int | None = None
+    d_ff: int | None = None  # None = 4 * d_model
+    dropout: float = 0.1
+    attn_dropout: float | None = None  # None = dropout
+    norm: NormPlacement = "post"
+    norm_type: NormType = "layernorm"
+    norm_eps: float = 1e-5
+    final_norm: bool | None = None  # None = True for pre-norm (needed there), False for post-norm
+    embed_norm: bool = False  # LayerNorm after the embeddings (BERT)
+    ffn: FFNKind = "relu"
+    pos: PosKind = "sinusoidal"
+    rope_base: float = 10000.0
+    max_len: int = 512
+    bias: bool = True
+    scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) (paper, 3.4)
+    tie_embeddings: bool = True  # output projection shares the (target) embedding matrix
+    share_embeddings: bool = False  # encoder-decoder: source and target share one embedding
+    pad_id: int | None = 0
+    n_classes: int = 2  # encoder classifier
+    pooling: Pooling = "cls"
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        _check_literal(self, "family", Family)
+        _check_literal(self, "norm", NormPlacement)
+        _check_literal(self, "norm_type", NormType)
+        _check_literal(self, "ffn", FFNKind)
+        _check_literal(self, "pos", PosKind)
+        _check_literal(self, "pooling", Pooling)
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_len"):
+            _check(getattr(self, name) > 0, name, getattr(self, name), "a positive integer")
+        for name in ("tgt_vocab_size", "head_dim", "n_decoder_layers", "d_ff"):
+            v = getattr(self, name)
+            _check(v is None or v > 0, name, v, "a positive integer or None")
+        for name in ("dropout", "attn_dropout"):
+            v = getattr(self, name)
+            _check(v is None or 0.0 <= v < 1.0, name, v, "a probability in [0, 1)")
+        _check(self.norm_eps > 0, "norm_eps", self.norm_eps, "a positive float")
+        _check(self.n_classes >= 2, "n_classes", self.n_classes, "an integer >= 2")
+        if self.head_dim is None:
+            _check(
+                self.d_model % self.n_heads == 0,
+                "n_heads",
+                self.n_heads,
+                f"a divisor of d_model={self.d_model} (or set head_dim explicitly)",
+            )
+        if self.pos == "rope":
+            _check(self.dh % 2 == 0, "head_dim", self.dh, "an even number for rope positions")
+        if self.pos == "sinusoidal":
+            _check(self.d_model % 2 == 0, "d_model", self.d_model, "even for sinusoidal positions")
+        if self.pad_id is not None:
+            _check(
+                0 <= self.pad_id < min(self.vocab_size, self.tgt_vocab_size or self.vocab_size),
+                "pad_id",
+                self.pad_id,
+                "None or a token id inside the vocabulary",
+            )
+        if self.share_embeddings:
+            _check(
+                self.tgt_vocab_size in (None, self.vocab_size),
+                "share_embeddings",
+                True,
+                "only when tgt_vocab_size equals vocab_size",
+            )
+
+    # ---- derived values -------------------------------------------------------------------
+    @property
+    def dh(self) -> int:
+        """Head dimension Dh."""
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def ff_dim(self) -> int:
+        if self.d_ff is not None:
+            return self.d_ff
+        if self.ffn == "swiglu":  # keep the parameter count of a 4x MLP (Shazeer 2020)
+            return int(2 * 4 * self.d_model / 3)
+        return 4 * self.d_model
+
+    @property
+    def p_attn(self) -> float:
+        return self.dropout if self.attn_dropout is None else self.attn_dropout
+
+    @property
+    def use_final_norm(self) -> bool:
+        return self.norm == "pre" if self.final_norm is None else self.final_norm
+
+    @property
+    def tgt_vocab(self) -> int:
+        return self.tgt_vocab_size or self.vocab_size
+
+    @property
+    def dec_layers(self) -> int:
+        return self.n_decoder_layers or self.n_layers
+
+    # ---- (de)serialisation ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        return from_dict(cls, d)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def from_dict(cls: type, d: dict[str, Any], where: str = "") -> Any:
+    """Build dataclass ``cls`` from ``d``, naming unknown keys and the allowed ones."""
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise ConfigError(
+            f"unknown config key {prefix}{unknown[0]!r}; allowed keys: {', '.join(sorted(names))}"
+        )
+    return cls(**d)

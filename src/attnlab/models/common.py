@@ -1,0 +1,237 @@
+"""Pieces shared by the three model families: embeddings, the encoder and decoder stacks,
+attention capture, initialisation, the loss and parameter counting.
+
+Shapes: B batch, T target length, S source length, D d_model, H heads, V vocab, L layers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from ..nn.attention import KVCache
+from ..nn.layers import DecoderLayer, EncoderLayer, make_norm
+from ..nn.positional import (
+    LearnedPositions,
+    RotaryEmbedding,
+    SinusoidalPositions,
+    check_length,
+)
+
+IGNORE_INDEX = -100  # targets with this value (and pad targets) do not count in the loss
+
+
+@dataclass
+class AttentionMaps:
+    """Attention weights captured in one forward pass, by stack and layer.
+
+    ``maps[stack][layer]`` is (B, H, T, S) for the stacks "encoder", "decoder" (self-attention)
+    and "cross" (decoder queries over encoder memory). Only the layers asked for are present.
+    """
+
+    maps: dict[str, dict[int, Tensor]] = field(default_factory=dict)
+    logits: Tensor | None = None
+
+    def __getitem__(self, stack: str) -> dict[int, Tensor]:
+        return self.maps[stack]
+
+    def stacked(self, stack: str) -> Tensor:
+        """(L, B, H, T, S) tensor of the captured layers of one stack, in layer order."""
+        layers = self.maps[stack]
+        return torch.stack([layers[i] for i in sorted(layers)])
+
+
+def resolve_layers(layers: Collection[int] | bool | None, n_layers: int) -> set[int]:
+    """Turn ``True`` (all), ``None``/``False`` (none) or indices into a checked set."""
+    if layers is None or layers is False:
+        return set()
+    if layers is True:
+        return set(range(n_layers))
+    chosen = set()
+    for i in layers:
+        if not -n_layers <= i < n_layers:
+            raise ValueError(f"layer index {i} is out of range: the stack has {n_layers} layers "
+                             f"(0..{n_layers - 1})")
+        chosen.add(i % n_layers)
+    return chosen
+
+
+def select_heads(maps: AttentionMaps, heads: Collection[int] | None, n_heads: int) -> None:
+    if heads is None:
+        return
+    idx = sorted(set(resolve_layers(heads, n_heads)))
+    for stack in maps.maps.values():
+        for i, w in stack.items():
+            stack[i] = w[:, idx]
+
+
+class Embeddings(nn.Module):
+    """Token embedding (times sqrt(D) as in the paper, section 3.4) plus absolute positions."""
+
+    def __init__(self, vocab_size: int, cfg: ModelConfig):
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, cfg.d_model)
+        self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
+        self.max_len = cfg.max_len
+        if cfg.pos == "sinusoidal":
+            self.pos: nn.Module | None = SinusoidalPositions(cfg.d_model, cfg.max_len)
+        elif cfg.pos == "learned":
+            self.pos = LearnedPositions(cfg.d_model, cfg.max_len)
+        else:  # rope: positions enter inside attention
+            self.pos = None
+        self.norm = make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps) if cfg.embed_norm else None
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
+        """ids (B, T), positions (T,) or (B, T) -> (B, T, D)."""
+        x = self.tok(ids) * self.scale  # (B, T, D)
+        if self.pos is not None:
+            x = x + self.pos(positions)  # out of place: never touches the caller's tensors
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.drop(x)
+
+
+def _layer_kwargs(cfg: ModelConfig) -> dict:
+    return dict(head_dim=cfg.head_dim, dropout=cfg.dropout, attn_dropout=cfg.attn_dropout,
+                norm=cfg.norm, norm_type=cfg.norm_type, norm_eps=cfg.norm_eps, ffn=cfg.ffn,
+                bias=cfg.bias)
+
+
+def _rope(cfg: ModelConfig) -> RotaryEmbedding | None:
+    return RotaryEmbedding(cfg.dh, cfg.max_len, cfg.rope_base) if cfg.pos == "rope" else None
+
+
+class Encoder(nn.Module):
+    """A stack of :class:`EncoderLayer` and, for pre-norm, a final norm."""
+
+    def __init__(self, cfg: ModelConfig, n_layers: int | None = None):
+        super().__init__()
+        rope = _rope(cfg)
+        self.layers = nn.ModuleList(
+            EncoderLayer(cfg.d_model, cfg.n_heads, cfg.ff_dim, rope=rope, **_layer_kwargs(cfg))
+            for _ in range(n_layers or cfg.n_layers)
+        )
+        self.norm = make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps) if cfg.use_final_norm \
+            else None
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
+                capture: Collection[int] = ()) -> tuple[Tensor, dict[int, Tensor]]:
+        """x (B, S, D); mask bool (B, 1, 1, S) or broadcastable -> (B, S, D), {layer: weights}."""
+        maps = {}
+        for i, layer in enumerate(self.layers):
+            x, w = layer(x, mask, positions=positions, need_weights=i in capture)
+            if w is not None:
+                maps[i] = w
+        return (x if self.norm is None else self.norm(x)), maps
+
+
+class Decoder(nn.Module):
+    """A stack of :class:`DecoderLayer` (with cross-attention iff ``cross``) and a final norm."""
+
+    def __init__(self, cfg: ModelConfig, n_layers: int | None = None, cross: bool = True):
+        super().__init__()
+        rope = _rope(cfg)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg.d_model, cfg.n_heads, cfg.ff_dim, cross=cross, rope=rope,
+                         **_layer_kwargs(cfg))
+            for _ in range(n_layers or cfg.dec_layers)
+        )
+        self.norm = make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps) if cfg.use_final_norm \
+            else None
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, positions: Tensor | None = None,
+                cache: KVCache | None = None, capture: Collection[int] = (),
+                ) -> tuple[Tensor, dict[int, Tensor], dict[int, Tensor]]:
+        """x (B, T, D), memory (B, S, D) -> (B, T, D), {layer: self weights}, {layer: cross}."""
+        self_maps, cross_maps = {}, {}
+        for i, layer in enumerate(self.layers):
+            x, ws, wc = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask,
+                              positions=positions, cache=cache, layer=i,
+                              need_weights=i in capture)
+            if ws is not None:
+                self_maps[i] = ws
+            if wc is not None:
+                cross_maps[i] = wc
+        if cache is not None:
+            cache.advance(x.size(1))
+        return (x if self.norm is None else self.norm(x)), self_maps, cross_maps
+
+    def new_cache(self, batch: int, max_len: int, device, dtype) -> KVCache:
+        attn = self.layers[0].self_attn
+        return KVCache(len(self.layers), batch, attn.n_heads, attn.head_dim, max_len,
+                       device, dtype)
+
+
+def make_positions(t: int, cache: KVCache | None, max_len: int, device) -> Tensor:
+    """Positions of the next T tokens: offset by what the cache already holds."""
+    offset = 0 if cache is None else cache.length
+    check_length(offset + t, max_len)
+    return torch.arange(offset, offset + t, device=device)  # (T,)
+
+
+def key_mask(valid: Tensor | None) -> Tensor | None:
+    """(B, S) bool of real tokens -> (B, 1, 1, S) attention mask."""
+    return None if valid is None else valid[:, None, None, :]
+
+
+def token_loss(logits: Tensor, targets: Tensor, pad_id: int | None = None,
+               label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
+    """Cross-entropy over tokens; targets equal to ``IGNORE_INDEX`` or ``pad_id`` do not count.
+
+    logits (..., V), targets (...). ``reduction="sum"`` lets the training loop normalise by the
+    token count of several micro-batches.
+    """
+    targets = targets.reshape(-1)
+    if pad_id is not None:
+        targets = targets.masked_fill(targets == pad_id, IGNORE_INDEX)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets,
+                           ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing,
+                           reduction=reduction)
+
+
+def init_weights(model: nn.Module, cfg: ModelConfig, n_layers: int) -> None:
+    """GPT-2 style init: N(0, 0.02) weights, zero biases, residual projections scaled by
+    1/sqrt(2L); embeddings N(0, D^-1/2) when they are multiplied by sqrt(D)."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            std = cfg.init_std
+            if name.endswith(("out_proj", "w2")):
+                std /= math.sqrt(2 * n_layers)
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            std = cfg.d_model ** -0.5 if cfg.scale_embeddings else cfg.init_std
+            nn.init.normal_(module.weight, std=std)
+
+
+def count_parameters(model: nn.Module, by_component: bool = False) -> int | dict[str, int]:
+    """Total parameters (shared ones once), or a dict by component: "embeddings", each layer's
+    "<stack>.<i>.attention" / ".cross_attention" / ".ffn", "norms" and "head"."""
+    if not by_component:
+        return sum(p.numel() for p in model.parameters())
+    out: dict[str, int] = defaultdict(int)
+    for name, p in model.named_parameters():  # shared (tied) parameters are listed once
+        parts = name.split(".")
+        if any("norm" in part for part in parts[:-1]):
+            comp = "norms"
+        elif "layers" in parts:
+            i = parts.index("layers")
+            stack, idx, sub = parts[i - 1], parts[i + 1], parts[i + 2]
+            sub = {"self_attn": "attention", "cross_attn": "cross_attention"}.get(sub, sub)
+            comp = f"{stack}.{idx}.{sub}"
+        elif parts[0].endswith("emb") or parts[0] == "embed":
+            comp = "embeddings"
+        else:
+            comp = "head"
+        out[comp] += p.numel()
+    return dict(out)

@@ -1,0 +1,137 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al. 2017).
+
+Shapes: B batch, S source length, T target length, D d_model, H heads, V target vocab.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from ..nn.attention import KVCache
+from .common import (
+    AttentionMaps,
+    Decoder,
+    Embeddings,
+    Encoder,
+    count_parameters,
+    init_weights,
+    key_mask,
+    make_positions,
+    resolve_layers,
+    select_heads,
+    token_loss,
+)
+
+
+class Transformer(nn.Module):
+    """Source and target embeddings (optionally one shared matrix), an encoder stack, a decoder
+    stack whose cross-attention reads the encoder memory, and a projection to the target
+    vocabulary (optionally tied to the target embedding, paper section 3.4)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if config.family != "encoder_decoder":
+            raise ValueError(
+                f"Transformer needs family='encoder_decoder', got family={config.family!r}"
+            )
+        self.config = config
+        self.src_emb = Embeddings(config.vocab_size, config)
+        self.tgt_emb = Embeddings(config.tgt_vocab, config)
+        self.encoder = Encoder(config, config.n_layers)
+        self.decoder = Decoder(config, config.dec_layers, cross=True)
+        self.generator = nn.Linear(config.d_model, config.tgt_vocab, bias=False)
+        init_weights(self, config, config.n_layers + config.dec_layers)
+        if config.share_embeddings:
+            self.tgt_emb.tok.weight = self.src_emb.tok.weight
+        if config.tie_embeddings:
+            self.generator.weight = self.tgt_emb.tok.weight  # (V, D)
+
+    # ---- masks -------------------------------------------------------------------------------
+    def src_valid(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor | None:
+        """(B, S) bool, True at real source tokens: ``src_mask`` or ``src != pad_id``."""
+        if src_mask is None and self.config.pad_id is not None:
+            src_mask = src != self.config.pad_id
+        return src_mask
+
+    # ---- the two halves ---------------------------------------------------------------------
+    def encode(self, src: Tensor, src_mask: Tensor | None = None, *,
+               capture: Collection[int] = ()) -> Tensor:
+        """Source ids (B, S) -> memory (B, S, D). ``src_mask`` (B, S): True at real tokens."""
+        memory, _ = self._encode(src, self.src_valid(src, src_mask), capture)
+        return memory
+
+    def _encode(self, src: Tensor, valid: Tensor | None, capture: Collection[int]):
+        positions = make_positions(src.size(1), None, self.config.max_len, src.device)
+        x = self.src_emb(src, positions)  # (B, S, D)
+        return self.encoder(x, key_mask(valid), positions=positions, capture=capture)
+
+    def decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None = None, *,
+               tgt_mask: Tensor | None = None, cache: KVCache | None = None,
+               positions: Tensor | None = None, last_only: bool = False) -> Tensor:
+        """Target ids (B, T) and memory (B, S, D) -> logits (B, T, V).
+
+        ``src_mask`` (B, S) marks real source tokens (``encode``'s mask); ``tgt_mask`` (B, T')
+        real target keys (only needed for left padding); ``cache`` holds earlier steps.
+        """
+        h, _, _ = self._decode(tgt, memory, src_mask, tgt_mask, cache, positions, ())
+        return self.generator(h[:, -1:] if last_only else h)
+
+    def _decode(self, tgt, memory, src_valid, tgt_valid, cache, positions, capture):
+        if positions is None:
+            positions = make_positions(tgt.size(1), cache, self.config.max_len, tgt.device)
+        y = self.tgt_emb(tgt, positions)  # (B, T, D)
+        return self.decoder(y, memory, self_mask=key_mask(tgt_valid),
+                            memory_mask=key_mask(src_valid), positions=positions, cache=cache,
+                            capture=capture)
+
+    def forward(self, src: Tensor, tgt: Tensor, targets: Tensor | None = None, *,
+                src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
+                ) -> tuple[Tensor, Tensor | None]:
+        """Teacher-forced logits and, given targets, the mean cross-entropy.
+
+        Args:
+            src: (B, S) source ids. tgt: (B, T) decoder inputs (``<bos> y1 .. y_{T-1}``).
+            targets: (B, T) next tokens (``y1 .. y_T``); pad and -100 positions are ignored.
+            src_mask: (B, S) bool, True at real tokens; default ``src != pad_id``.
+            tgt_mask: (B, T) bool for left-padded targets; right padding needs none (causal).
+
+        Returns:
+            logits (B, T, V) and the loss or None.
+        """
+        src_valid = self.src_valid(src, src_mask)
+        memory, _ = self._encode(src, src_valid, ())
+        h, _, _ = self._decode(tgt, memory, src_valid, tgt_mask, None, None, ())
+        logits = self.generator(h)  # (B, T, V)
+        loss = None if targets is None else token_loss(logits, targets, self.config.pad_id)
+        return logits, loss
+
+    def attention_maps(self, src: Tensor, tgt: Tensor, *, layers: Collection[int] | bool = True,
+                       heads: Collection[int] | None = None, src_mask: Tensor | None = None,
+                       ) -> AttentionMaps:
+        """Encoder self-attention (``maps["encoder"]``, (B, H, S, S)), decoder self-attention
+        (``maps["decoder"]``, (B, H, T, T)) and cross-attention (``maps["cross"]``,
+        (B, H, T, S)) of the chosen layers, from one forward pass."""
+        cfg = self.config
+        src_valid = self.src_valid(src, src_mask)
+        enc_layers = resolve_layers(layers, cfg.n_layers)
+        dec_layers = resolve_layers(layers, cfg.dec_layers)
+        memory, enc_maps = self._encode(src, src_valid, enc_layers)
+        h, self_maps, cross_maps = self._decode(tgt, memory, src_valid, None, None, None,
+                                                dec_layers)
+        out = AttentionMaps({"encoder": enc_maps, "decoder": self_maps, "cross": cross_maps},
+                            self.generator(h))
+        select_heads(out, heads, cfg.n_heads)
+        return out
+
+    def new_cache(self, batch: int, max_len: int | None = None,
+                  dtype: torch.dtype | None = None) -> KVCache:
+        p = self.generator.weight
+        return self.decoder.new_cache(batch, max_len or self.config.max_len, p.device,
+                                      dtype or p.dtype)
+
+    def num_parameters(self, by_component: bool = False) -> int | dict[str, int]:
+        return count_parameters(self, by_component)

@@ -1,0 +1,181 @@
+"""Scaled dot-product attention, multi-head attention and the KV cache.
+
+Shapes: B batch, T query length, S key length, D d_model, H heads, Dh head dim.
+
+Two attention paths, tested equal: :func:`reference_attention` (written out, returns the
+weights) and :func:`fused_attention` (``F.scaled_dot_product_attention``, the default).
+Masks are bool, ``True`` = may attend; a query row with nothing to attend gives zeros.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .masks import as_4d
+from .positional import RotaryEmbedding
+
+
+class AttentionOutput(NamedTuple):
+    """Output of an attention call; ``weights`` is (B, H, T, S) only when asked for."""
+
+    output: Tensor
+    weights: Tensor | None = None
+
+
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                        dropout_p: float = 0.0, is_causal: bool = False,
+                        generator: torch.Generator | None = None) -> AttentionOutput:
+    """softmax(Q K^T / sqrt(d_k)) V, written out (paper eq. 1). Returns the weights too.
+
+    Args:
+        q: (B, H, T, Dh); k, v: (B, H, S, Dh) (v may have another last dim).
+        mask: bool, True = may attend, broadcastable to (B, H, T, S).
+        is_causal: add the causal mask (aligned to the end: KV-cache friendly).
+    """
+    t, s = q.size(-2), k.size(-2)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, T, S)
+    mask = as_4d(mask)
+    if is_causal:
+        causal = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
+        mask = causal if mask is None else mask & causal
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    if mask is not None:  # a fully masked row is NaN after softmax: make it zeros
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    attn = weights
+    if dropout_p > 0.0:
+        keep = torch.rand(attn.shape, device=attn.device, generator=generator) >= dropout_p
+        attn = attn * keep / (1.0 - dropout_p)
+    return AttentionOutput(attn @ v, weights)  # (B, H, T, Dh), (B, H, T, S)
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                    dropout_p: float = 0.0, is_causal: bool = False) -> Tensor:
+    """The same as :func:`reference_attention` through ``F.scaled_dot_product_attention``."""
+    t, s = q.size(-2), k.size(-2)
+    mask = as_4d(mask)
+    if is_causal and (mask is not None or t != s):
+        # SDPA's is_causal aligns to the top-left corner; we want the end (KV cache).
+        causal = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
+        mask = causal if mask is None else mask & causal
+        is_causal = False
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+    )
+
+
+class KVCache:
+    """Keys and values of every layer, preallocated to ``max_len`` for step-by-step decoding.
+
+    Each layer appends its new K/V with :meth:`update`; the model advances ``length`` once per
+    forward (:meth:`advance`). :meth:`reorder` picks batch rows (beam search).
+    """
+
+    def __init__(self, n_layers: int, batch: int, n_heads: int, head_dim: int, max_len: int,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
+        shape = (batch, n_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
+        self.length = 0
+        self.max_len = max_len
+        # Cross-attention keys/values of the encoder memory, computed once per layer.
+        self.cross: list[tuple[Tensor, Tensor] | None] = [None] * n_layers
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write k, v (B, H, t, Dh) after the cached positions; return all of them so far."""
+        end = self.length + k.size(2)
+        if end > self.max_len:
+            raise ValueError(f"KV cache is full: {end} positions > max_len {self.max_len}")
+        self.k[layer][:, :, self.length:end] = k
+        self.v[layer][:, :, self.length:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]  # (B, H, S, Dh)
+
+    def advance(self, t: int) -> None:
+        self.length += t
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (B',) of every cached tensor, e.g. surviving beams."""
+        self.k = [k.index_select(0, index) for k in self.k]
+        self.v = [v.index_select(0, index) for v in self.v]
+        self.cross = [
+            None if c is None else (c[0].index_select(0, index), c[1].index_select(0, index))
+            for c in self.cross
+        ]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (paper section 3.2.2), for self- and cross-attention.
+
+    Args:
+        d_model: model width D.
+        n_heads: number of heads H.
+        head_dim: Dh; defaults to D // H, which then must divide exactly.
+        dropout: dropout on the attention weights.
+        bias: whether the four projections have biases.
+        rope: rotary embedding applied to queries and keys (self-attention).
+
+    Shape:
+        x: (B, T, D); context (cross-attention): (B, S, D); mask: bool broadcastable to
+        (B, H, T, S); positions: (T,) or (B, T) absolute positions (for rope); output (B, T, D).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, head_dim: int | None = None,
+                 dropout: float = 0.0, bias: bool = True, rope: RotaryEmbedding | None = None):
+        super().__init__()
+        if head_dim is None:
+            if d_model % n_heads != 0:
+                raise ValueError(
+                    f"n_heads={n_heads} does not divide d_model={d_model}: choose n_heads that "
+                    f"divides d_model, or pass head_dim explicitly (then the heads are projected "
+                    f"from H*Dh back to d_model)"
+                )
+            head_dim = d_model // n_heads
+        self.n_heads, self.head_dim, self.dropout = n_heads, head_dim, dropout
+        inner = n_heads * head_dim
+        self.q_proj = nn.Linear(d_model, inner, bias=bias)
+        self.k_proj = nn.Linear(d_model, inner, bias=bias)
+        self.v_proj = nn.Linear(d_model, inner, bias=bias)
+        self.out_proj = nn.Linear(inner, d_model, bias=bias)  # W^O: (H*Dh) -> D
+        self.rope = rope
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+
+    def forward(self, x: Tensor, context: Tensor | None = None, *, mask: Tensor | None = None,
+                is_causal: bool = False, positions: Tensor | None = None,
+                cache: KVCache | None = None, layer: int = 0,
+                need_weights: bool = False) -> AttentionOutput:
+        """Attend from ``x`` to ``context`` (cross) or to ``x`` itself (self).
+
+        With a ``cache``, self-attention appends this step's keys/values to layer ``layer``'s
+        cache; cross-attention computes the context's keys/values once and reuses them.
+        ``need_weights`` takes the reference path and returns the (B, H, T, S) weights.
+        """
+        b, t, _ = x.shape
+        q = self._heads(self.q_proj(x))  # (B, H, T, Dh)
+        if context is None:  # self-attention
+            k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))  # (B, H, T, Dh)
+            if self.rope is not None:
+                q, k = self.rope(q, positions), self.rope(k, positions)
+            if cache is not None:
+                k, v = cache.update(layer, k, v)  # (B, H, S, Dh)
+        elif cache is not None and cache.cross[layer] is not None:
+            k, v = cache.cross[layer]  # (B, H, S, Dh), computed at the first step
+        else:
+            k, v = self._heads(self.k_proj(context)), self._heads(self.v_proj(context))
+            if cache is not None:
+                cache.cross[layer] = (k, v)
+        p = self.dropout if self.training else 0.0
+        if need_weights:
+            out, weights = reference_attention(q, k, v, mask, p, is_causal)
+        else:
+            out, weights = fused_attention(q, k, v, mask, p, is_causal), None
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H*Dh)
+        return AttentionOutput(self.out_proj(out), weights)  # (B, T, D)
