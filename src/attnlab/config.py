@@ -47,8 +47,8 @@ def check_types(obj: Any) -> None:
             continue
         ok = False
         for opt in options:
-            if typing.get_origin(opt) is Literal:
-                ok = ok or value in get_args(opt)
+            if typing.get_origin(opt) is Literal:  # membership is checked with a clearer message
+                ok = ok or isinstance(value, type(get_args(opt)[0]))
             elif opt is float:
                 ok = ok or (isinstance(value, (int, float)) and not isinstance(value, bool))
             elif opt is int:
@@ -58,7 +58,8 @@ def check_types(obj: Any) -> None:
             elif opt is not type(None):
                 ok = True  # containers etc.: validated by the owning class
         if not ok:
-            names = [getattr(o, "__name__", str(o)) for o in options]
+            names = ["str" if typing.get_origin(o) is Literal else getattr(o, "__name__", str(o))
+                     for o in options]
             raise ConfigError(
                 f"{f.name}={value!r} has the wrong type: expected {' or '.join(names)}"
             )

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..nn.attention import KVCache
+from ..nn.dtypes import upcast
 from ..nn.layers import DecoderLayer, EncoderLayer, make_norm
 from ..nn.positional import (
     LearnedPositions,
@@ -193,7 +194,7 @@ def token_loss(logits: Tensor, targets: Tensor, pad_id: int | None = None,
     targets = targets.reshape(-1)
     if pad_id is not None:
         targets = targets.masked_fill(targets == pad_id, IGNORE_INDEX)
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets,
+    return F.cross_entropy(upcast(logits.reshape(-1, logits.size(-1))), targets,
                            ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing,
                            reduction=reduction)
 

@@ -10,6 +10,7 @@ from collections.abc import Collection
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..nn.dtypes import upcast
 from .common import (
     AttentionMaps,
     Embeddings,
@@ -77,7 +78,7 @@ class EncoderClassifier(nn.Module):
         mask = self._valid(ids, mask)
         h, _ = self._encode(ids, mask)
         logits = self.head(self.pool(h, mask))  # (B, C)
-        loss = None if labels is None else nn.functional.cross_entropy(logits.float(), labels)
+        loss = None if labels is None else nn.functional.cross_entropy(upcast(logits), labels)
         return logits, loss
 
     def attention_maps(self, ids: Tensor, *, layers: Collection[int] | bool = True,

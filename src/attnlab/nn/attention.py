@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .dtypes import upcast
 from .masks import as_4d
 from .positional import RotaryEmbedding
 
@@ -45,7 +46,7 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = N
         mask = causal if mask is None else mask & causal
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    weights = torch.softmax(upcast(scores), dim=-1).to(q.dtype)
     if mask is not None:  # a fully masked row is NaN after softmax: make it zeros
         weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
     attn = weights

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .dtypes import upcast
+
 
 def check_length(length: int, max_len: int, what: str = "sequence") -> None:
     """Raise a clear error when a sequence does not fit the positional table."""
@@ -88,7 +90,7 @@ class RotaryEmbedding(nn.Module):
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, Dh)
         half = x.size(-1) // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+        return (upcast(x) * cos + upcast(rotated) * sin).to(x.dtype)
 
 
 def positions_for(t: int, offset: int, max_len: int, device: torch.device) -> Tensor:

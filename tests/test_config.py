@@ -1,0 +1,57 @@
+"""Configs: validated at construction, with messages naming field, value and what is allowed."""
+
+import json
+
+import pytest
+
+from attnlab import ConfigError, ModelConfig, build_model
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    (dict(d_model=30, n_heads=4), r"n_heads=4 .*divisor of d_model=30"),
+    (dict(n_layers=0), r"n_layers=0 .*positive integer"),
+    (dict(dropout=1.0), r"dropout=1.0 .*\[0, 1\)"),
+    (dict(dropout=-0.1), r"dropout=-0.1 .*\[0, 1\)"),
+    (dict(attn_dropout=1.5), r"attn_dropout=1.5"),
+    (dict(norm="middle"), r"norm='middle' .*'post', 'pre'"),
+    (dict(pos="alibi"), r"pos='alibi' .*'sinusoidal', 'learned', 'rope'"),
+    (dict(ffn="tanh"), r"ffn='tanh' .*'relu'"),
+    (dict(family="rnn"), r"family='rnn'"),
+    (dict(vocab_size=0), r"vocab_size=0 .*positive integer"),
+    (dict(d_model="128"), r"d_model='128' has the wrong type: expected int"),
+    (dict(dropout=True), r"dropout=True has the wrong type"),
+    (dict(pad_id=300, vocab_size=256), r"pad_id=300"),
+    (dict(pos="rope", d_model=20, n_heads=4), r"head_dim=5 .*even"),
+    (dict(norm=3), r"norm=3 has the wrong type: expected str"),
+    (dict(pos="rope", head_dim=5), r"head_dim=5 .*even"),
+])
+def test_bad_configs_raise_clear_value_errors(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        ModelConfig(**kwargs)
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_heads_not_dividing_is_fine_with_explicit_head_dim():
+    c = ModelConfig(d_model=30, n_heads=4, head_dim=8, pos="learned")
+    assert c.dh == 8
+    build_model(c)
+
+
+def test_json_round_trip_and_unknown_keys():
+    c = ModelConfig(family="encoder_decoder", vocab_size=100, tgt_vocab_size=120, norm="pre")
+    again = ModelConfig.from_dict(json.loads(json.dumps(c.to_dict())))
+    assert again == c
+    with pytest.raises(ValueError, match=r"unknown config key 'n_head'.*allowed keys: .*n_heads"):
+        ModelConfig.from_dict({"n_head": 4})
+
+
+def test_frozen_and_derived_values():
+    c = ModelConfig(d_model=64, n_heads=8)
+    with pytest.raises(AttributeError):
+        c.d_model = 32
+    assert c.dh == 8 and c.ff_dim == 256 and c.use_final_norm is False
+    assert ModelConfig(norm="pre").use_final_norm is True
+    assert ModelConfig(ffn="swiglu", d_model=96, n_heads=4).ff_dim == 256

@@ -1,0 +1,276 @@
+"""The three families: causality, padding invariance, KV cache, attention capture, overfitting,
+gradients, parameter counts."""
+
+import pytest
+import torch
+
+import attnlab.nn.attention as attention_module
+from attnlab import DecoderLM, EncoderClassifier, ModelConfig, Transformer, build_model
+
+V = 23
+
+
+def cfg(family, **kw):
+    base = dict(family=family, vocab_size=V, d_model=32, n_heads=4, n_layers=2, dropout=0.0,
+                max_len=32, pad_id=0)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+VARIANTS = [
+    dict(norm="post", pos="sinusoidal", ffn="relu"),
+    dict(norm="pre", pos="learned", ffn="gelu"),
+    dict(norm="pre", pos="rope", ffn="swiglu", norm_type="rmsnorm", bias=False),
+]
+VARIANT_IDS = ["paper", "gpt", "llama"]
+
+
+def ids(b, t, low=1):
+    return torch.randint(low, V, (b, t))
+
+
+# ---- causality ------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_decoder_lm_is_causal(variant):
+    model = DecoderLM(cfg("decoder", **variant)).eval()
+    x = ids(2, 10)
+    y = x.clone()
+    y[:, 6] = (y[:, 6] % (V - 1)) + 1  # change token 6 only
+    a, _ = model(x)
+    b, _ = model(y)
+    torch.testing.assert_close(a[:, :6], b[:, :6], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(a[:, 6:], b[:, 6:])
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_transformer_decoder_is_causal_and_reads_the_source(variant):
+    model = Transformer(cfg("encoder_decoder", **variant)).eval()
+    src, tgt = ids(2, 9), ids(2, 6)
+    tgt2 = tgt.clone()
+    tgt2[:, 4] = (tgt2[:, 4] % (V - 1)) + 1
+    a, _ = model(src, tgt)
+    b, _ = model(src, tgt2)
+    torch.testing.assert_close(a[:, :4], b[:, :4], atol=1e-5, rtol=1e-5)
+    src2 = src.clone()
+    src2[:, -1] = (src2[:, -1] % (V - 1)) + 1  # every target position sees the whole source
+    c, _ = model(src2, tgt)
+    assert not torch.allclose(a[:, 0], c[:, 0])
+
+
+# ---- padding invariance ---------------------------------------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_encoder_padding_invariance(variant, pooling):
+    model = EncoderClassifier(cfg("encoder", pooling=pooling, **variant)).eval()
+    x = ids(2, 7)
+    padded = torch.cat([x, torch.zeros(2, 5, dtype=torch.long)], 1)  # pad_id = 0
+    a, _ = model(x)
+    b, _ = model(padded)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.hidden_states(x), model.hidden_states(padded)[:, :7],
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_transformer_source_padding_invariance(variant):
+    model = Transformer(cfg("encoder_decoder", **variant)).eval()
+    src, tgt = ids(1, 6), ids(1, 5)
+    a, _ = model(src, tgt)
+    b, _ = model(torch.cat([src, torch.zeros(1, 4, dtype=torch.long)], 1), tgt)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    # Right-padded targets: real positions are unchanged (the causal mask hides later pads).
+    c, _ = model(src, torch.cat([tgt, torch.zeros(1, 3, dtype=torch.long)], 1))
+    torch.testing.assert_close(a, c[:, :5], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_decoder_left_padding_with_positions(variant):
+    model = DecoderLM(cfg("decoder", **variant)).eval()
+    x = ids(1, 6)
+    alone, _ = model(x)
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), x], 1)
+    mask = padded != 0
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    out, _ = model(padded, mask=mask, positions=positions)
+    torch.testing.assert_close(out[:, 3:], alone, atol=1e-5, rtol=1e-5)
+    assert not torch.isnan(out).any()  # pad queries attend to nothing: zeros, not NaN
+
+
+# ---- KV cache ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_decoder_kv_cache_equals_full(variant):
+    model = DecoderLM(cfg("decoder", **variant)).eval()
+    x = ids(2, 9)
+    full, _ = model(x)
+    cache = model.new_cache(2)
+    parts = [model(x[:, :4], cache=cache)[0]]
+    for t in range(4, 9):
+        parts.append(model(x[:, t:t + 1], cache=cache)[0])
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
+    assert cache.length == 9
+    last, _ = model(x, last_only=True)
+    torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_transformer_kv_cache_equals_full(variant):
+    model = Transformer(cfg("encoder_decoder", **variant)).eval()
+    src, tgt = torch.cat([ids(2, 7), torch.zeros(2, 2, dtype=torch.long)], 1), ids(2, 6)
+    full, _ = model(src, tgt)
+    src_mask = model.src_valid(src)
+    memory = model.encode(src)
+    cache = model.new_cache(2)
+    steps = [model.decode(tgt[:, t:t + 1], memory, src_mask, cache=cache) for t in range(6)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_cache_reorder_selects_rows():
+    model = DecoderLM(cfg("decoder")).eval()
+    x = ids(3, 4)
+    cache = model.new_cache(3)
+    model(x, cache=cache)
+    cache.reorder(torch.tensor([2, 2, 0]))
+    nxt = ids(1, 1).expand(3, 1)
+    out, _ = model(nxt, cache=cache)
+    ref, _ = model(torch.cat([x[[2, 2, 0]], nxt], 1))
+    torch.testing.assert_close(out[:, 0], ref[:, -1], atol=1e-5, rtol=1e-5)
+
+
+# ---- attention capture -------------------------------------------------------------------------
+def _count_reference_calls(monkeypatch):
+    calls = []
+    original = attention_module.reference_attention
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return original(*a, **kw)
+
+    monkeypatch.setattr(attention_module, "reference_attention", counting)
+    return calls
+
+
+def test_attention_capture_chosen_layers_only_and_outputs_unchanged(monkeypatch):
+    model = DecoderLM(cfg("decoder", n_layers=3)).eval()
+    x = ids(2, 8)
+    logits, _ = model(x)
+    calls = _count_reference_calls(monkeypatch)
+    maps = model.attention_maps(x, layers=[1], heads=[0, 3])
+    assert len(calls) == 1  # layers 0 and 2 stayed on the fused path
+    assert set(maps["decoder"]) == {1} and maps["decoder"][1].shape == (2, 2, 8, 8)
+    torch.testing.assert_close(maps.logits, logits, atol=1e-5, rtol=1e-5)
+    w = maps["decoder"][1]
+    assert torch.all(w.triu(1) == 0)  # causal
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 8))
+    with pytest.raises(ValueError, match="layer index 5 is out of range"):
+        model.attention_maps(x, layers=[5])
+
+
+def test_attention_capture_encoder_decoder_on_padded_batch(monkeypatch):
+    model = Transformer(cfg("encoder_decoder")).eval()
+    src = torch.cat([ids(2, 5), torch.zeros(2, 2, dtype=torch.long)], 1)
+    src[0, 5:] = ids(1, 2)
+    tgt = ids(2, 4)
+    logits, _ = model(src, tgt)
+    calls = _count_reference_calls(monkeypatch)
+    maps = model.attention_maps(src, tgt, layers=[0])
+    assert len(calls) == 3  # encoder self, decoder self, cross of layer 0 only
+    assert maps["encoder"][0].shape == (2, 4, 7, 7)
+    assert maps["decoder"][0].shape == (2, 4, 4, 4)
+    assert maps["cross"][0].shape == (2, 4, 4, 7)
+    assert torch.all(maps["cross"][0][1, :, :, 5:] == 0)  # pads get no attention
+    torch.testing.assert_close(maps.logits, logits, atol=1e-5, rtol=1e-5)
+    assert maps.stacked("cross").shape == (1, 2, 4, 4, 7)
+
+
+def test_encoder_capture():
+    model = EncoderClassifier(cfg("encoder")).eval()
+    x = ids(2, 6)
+    maps = model.attention_maps(x, layers=True)
+    assert set(maps["encoder"]) == {0, 1}
+    torch.testing.assert_close(maps.logits, model(x)[0], atol=1e-5, rtol=1e-5)
+
+
+# ---- learning ---------------------------------------------------------------------------------
+def _overfit(model, batch, steps=150, lr=3e-3):
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    for _ in range(steps):
+        _, loss = model(*batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return loss.item()
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder"])
+def test_each_family_overfits_one_batch(family):
+    torch.manual_seed(0)
+    model = build_model(cfg(family, norm="pre"))
+    x = ids(4, 8)
+    if family == "decoder":
+        batch = (x[:, :-1], x[:, 1:])
+    elif family == "encoder":
+        batch = (x, torch.tensor([0, 1, 1, 0]))
+    else:
+        batch = (x, x[:, :-1], x[:, 1:])
+    assert _overfit(model, batch) < 0.05
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder"])
+def test_gradients_pass_finite_difference_check(family):
+    torch.manual_seed(0)
+    small = cfg(family, d_model=8, n_heads=2, n_layers=1, max_len=8, norm="pre", pos="rope")
+    model = build_model(small).double().eval()
+    x = ids(2, 4)
+    args = {"decoder": (x, x), "encoder": (x, torch.tensor([0, 1])),
+            "encoder_decoder": (x, x[:, :3], x[:, 1:])}[family]
+    names = [n for n, _ in model.named_parameters()
+             if n.endswith(("q_proj.weight", "w1.weight", "norm1.weight"))]
+    params = dict(model.named_parameters())
+    inputs = tuple(params[n].detach().clone().requires_grad_() for n in names)
+
+    def loss(*ps):
+        return torch.func.functional_call(model, dict(zip(names, ps)), args)[1]
+
+    assert torch.autograd.gradcheck(loss, inputs, eps=1e-6, atol=1e-5)
+
+
+# ---- bookkeeping ------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder"])
+def test_parameter_counts_by_component(family):
+    model = build_model(cfg(family, tie_embeddings=False))
+    parts = model.num_parameters(by_component=True)
+    assert sum(parts.values()) == model.num_parameters() == sum(
+        p.numel() for p in model.parameters())
+    stack = "decoder" if family == "decoder" else "encoder"
+    assert parts[f"{stack}.0.attention"] == 4 * (32 * 32 + 32)
+    assert parts[f"{stack}.1.ffn"] == 32 * 128 + 128 + 128 * 32 + 32
+    assert parts["embeddings"] > 0 and parts["head"] > 0 and parts["norms"] > 0
+    if family == "encoder_decoder":
+        assert parts["decoder.0.cross_attention"] == 4 * (32 * 32 + 32)
+
+
+def test_tied_embeddings_share_one_matrix():
+    model = DecoderLM(cfg("decoder"))
+    assert model.lm_head.weight is model.emb.tok.weight
+    t = Transformer(cfg("encoder_decoder", share_embeddings=True))
+    assert t.src_emb.tok.weight is t.tgt_emb.tok.weight is t.generator.weight
+
+
+def test_too_long_input_says_so():
+    model = DecoderLM(cfg("decoder", max_len=8))
+    with pytest.raises(ValueError, match="sequence length 9 exceeds max_len=8"):
+        model(ids(1, 9))
+
+
+def test_inputs_are_not_modified_in_place():
+    """Seed 000 did ``src += pos``, changing the caller's tensor."""
+    model = Transformer(cfg("encoder_decoder")).eval()
+    src, tgt = ids(2, 5), ids(2, 4)
+    src0, tgt0 = src.clone(), tgt.clone()
+    model(src, tgt)
+    assert torch.equal(src, src0) and torch.equal(tgt, tgt0)
+    mem = model.encode(src)
+    mem0 = mem.clone()
+    model.decode(tgt, mem)
+    assert torch.equal(mem, mem0)
