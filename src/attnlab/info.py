@@ -1,0 +1,107 @@
+"""What a model costs: parameters by component, FLOPs per token, memory at a batch and length.
+
+FLOPs count a multiply-add as 2. Per token and layer (Kaplan et al. 2020, table 1):
+projections ``2 * 4 * D * H*Dh``, attention scores and weighted sum ``2 * 2 * ctx * H*Dh``,
+feed-forward ``2 * 2 * D * d_ff`` (``2 * 3`` for SwiGLU), and the output head ``2 * D * V``.
+Training is forward + backward = 3x the forward FLOPs. Memory for training follows
+Korthikanti et al. 2022: activations of ``B*T*D*34 + 5*B*H*T^2`` bytes per layer in 16-bit
+(doubled for fp32), plus 16 bytes per parameter for fp32 weights, gradients and AdamW's two
+moments; inference needs the weights and the KV cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Costs:
+    params: int
+    flops_per_token_forward: float
+    flops_per_token_train: float
+    train_memory_bytes: float
+    inference_memory_bytes: float
+    kv_cache_bytes: float
+
+
+def _layer_flops(cfg: ModelConfig, ctx: int, cross_ctx: int | None = None) -> float:
+    inner = cfg.n_heads * cfg.dh
+    ffn_mats = 3 if cfg.ffn == "swiglu" else 2
+    flops = 2 * 4 * cfg.d_model * inner + 2 * 2 * ctx * inner + 2 * ffn_mats * cfg.d_model * \
+        cfg.ff_dim
+    if cross_ctx is not None:  # cross-attention: q and out projections per target token,
+        # k/v of the memory counted with the encoder's tokens; scores over the source
+        flops += 2 * 2 * cfg.d_model * inner + 2 * 2 * cross_ctx * inner
+    return flops
+
+
+def estimate(cfg: ModelConfig, params: int, batch: int, length: int,
+             bytes_per_value: int = 4) -> Costs:
+    """Costs of one model at batch ``batch`` and sequence length ``length`` (source and target
+    lengths equal for the encoder-decoder). ``bytes_per_value``: 4 fp32, 2 bf16/fp16."""
+    inner = cfg.n_heads * cfg.dh
+    if cfg.family == "decoder":
+        fwd = cfg.n_layers * _layer_flops(cfg, length) + 2 * cfg.d_model * cfg.vocab_size
+        layers = cfg.n_layers
+    elif cfg.family == "encoder":
+        fwd = cfg.n_layers * _layer_flops(cfg, length) + 2 * cfg.d_model * cfg.n_classes / length
+        layers = cfg.n_layers
+    else:  # per target token, with one source token per target token
+        enc = cfg.n_layers * (_layer_flops(cfg, length) + 2 * 2 * cfg.d_model * inner)
+        dec = cfg.dec_layers * _layer_flops(cfg, length, cross_ctx=length)
+        fwd = enc + dec + 2 * cfg.d_model * cfg.tgt_vocab
+        layers = cfg.n_layers + cfg.dec_layers
+    act_scale = bytes_per_value / 2
+    activations = layers * (batch * length * cfg.d_model * 34
+                            + 5 * batch * cfg.n_heads * length**2) * act_scale
+    kv = 2 * cfg.dec_layers * batch * length * inner * bytes_per_value
+    if cfg.family == "encoder":
+        kv = 0.0
+    return Costs(
+        params=params,
+        flops_per_token_forward=fwd,
+        flops_per_token_train=3 * fwd,
+        train_memory_bytes=16 * params + activations,
+        inference_memory_bytes=params * bytes_per_value + kv,
+        kv_cache_bytes=kv,
+    )
+
+
+def human(n: float, unit: str = "") -> str:
+    for suffix in ("", "K", "M", "G", "T", "P"):
+        if abs(n) < 1000:
+            return f"{n:.3g}{suffix}{unit}"
+        n /= 1000
+    return f"{n:.3g}E{unit}"
+
+
+def human_bytes(n: float) -> str:
+    for suffix in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024:
+            return f"{n:.3g} {suffix}"
+        n /= 1024
+    return f"{n:.3g} PiB"
+
+
+def report(cfg: ModelConfig, by_component: dict[str, int], batch: int, length: int) -> str:
+    """A plain-text table of parameters by component and the cost estimates."""
+    total = sum(by_component.values())
+    lines = [f"model: {cfg.family}, d_model={cfg.d_model}, heads={cfg.n_heads}, "
+             f"layers={cfg.n_layers}" + (f"+{cfg.dec_layers}" if cfg.family == "encoder_decoder"
+                                         else "") + f", norm={cfg.norm}, pos={cfg.pos}, "
+             f"ffn={cfg.ffn}", "", f"{'component':<32}{'parameters':>14}{'share':>9}"]
+    for name, n in by_component.items():
+        lines.append(f"{name:<32}{n:>14,}{n / total:>9.1%}")
+    lines.append(f"{'total':<32}{total:>14,}")
+    c = estimate(cfg, total, batch, length)
+    lines += [
+        "",
+        f"at batch {batch}, length {length}:",
+        f"  FLOPs per token, inference (forward): {human(c.flops_per_token_forward)}",
+        f"  FLOPs per token, training (fwd+bwd):  {human(c.flops_per_token_train)}",
+        f"  memory, training (fp32 + AdamW):      {human_bytes(c.train_memory_bytes)}",
+        f"  memory, inference (fp32 + KV cache):  {human_bytes(c.inference_memory_bytes)}",
+    ]
+    return "\n".join(lines)
