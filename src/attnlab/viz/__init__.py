@@ -1,0 +1,24 @@
+"""Visualisation: attention heatmaps, position tables, loss curves and an HTML explorer.
+
+Pure functions over NumPy arrays or torch tensors. The plots need matplotlib
+(``pip install attnlab[viz]``), imported only when a plot is drawn; the HTML explorer needs
+nothing beyond NumPy.
+"""
+
+from .attention import plot_alignment, plot_attention
+from .curves import plot_loss_csv, plot_loss_curve, read_loss_csv
+from .explorer import AttentionView, attention_html, write_attention_html
+from .positions import plot_positions, sinusoidal_table
+
+__all__ = [
+    "AttentionView",
+    "attention_html",
+    "plot_alignment",
+    "plot_attention",
+    "plot_loss_csv",
+    "plot_loss_curve",
+    "plot_positions",
+    "read_loss_csv",
+    "sinusoidal_table",
+    "write_attention_html",
+]

@@ -1,0 +1,195 @@
+"""Interactive attention explorer: one self-contained HTML file (bertviz "head view" style).
+
+The page (template ``explorer.html`` next to this module) has inline CSS and JS only, a
+Content-Security-Policy that forbids any network access, and the attention data embedded as
+JSON in a ``<script type="application/json">`` block. Tokens are data, never markup: the JSON
+escapes ``<``, ``>`` and ``&`` so no token can close the block, and the page inserts tokens
+with ``textContent``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import logging
+import numbers
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._common import check_attention, check_tokens
+
+log = logging.getLogger(__name__)
+
+# Weights are stored as integers round(w * SCALE): 4 decimals, at most 6 bytes each ("10000,").
+SCALE = 10_000
+BYTES_PER_WEIGHT = 6
+MAX_PAGE_BYTES = 20_000_000
+_PLACEHOLDER = re.compile(r"__ATTNLAB_(TITLE|CSP|DATA)__")
+
+
+@dataclass
+class AttentionView:
+    """One attention family to show, e.g. "decoder self-attention" or "cross-attention".
+
+    Attributes:
+        name: label in the view selector.
+        query_tokens: the T tokens whose attention is shown (left column).
+        key_tokens: the S tokens attended to (right column); for cross-attention the source.
+        weights: (L, H, T, S) array or tensor of attention probabilities.
+        layer_ids: the model layer index of each of the L slices (default ``0..L-1``).
+    """
+
+    name: str
+    query_tokens: Sequence[str]
+    key_tokens: Sequence[str]
+    weights: Any
+    layer_ids: Sequence[int] | None = None
+
+
+_VIEW_FIELDS = tuple(f.name for f in fields(AttentionView))
+
+
+def _as_view(item: Any, index: int) -> AttentionView:
+    """Accept an AttentionView or a dict with the same keys."""
+    if isinstance(item, AttentionView):
+        return item
+    if not isinstance(item, Mapping):
+        raise ValueError(
+            f"views[{index}] must be an AttentionView or a dict with keys "
+            f"{', '.join(_VIEW_FIELDS)}; got {type(item).__name__}"
+        )
+    unknown = sorted(set(item) - set(_VIEW_FIELDS))
+    missing = [k for k in _VIEW_FIELDS[:4] if k not in item]
+    if unknown or missing:
+        raise ValueError(
+            f"views[{index}] has unknown keys {unknown} / missing keys {missing}; "
+            f"allowed keys: {', '.join(_VIEW_FIELDS)} (layer_ids optional)"
+        )
+    return AttentionView(**item)
+
+
+def _view_payload(view: AttentionView, index: int) -> dict[str, Any]:
+    """Validate one view and turn it into the JSON structure the page reads."""
+    where = f"views[{index}]"
+    if not isinstance(view.name, str) or not view.name.strip():
+        raise ValueError(f"{where}.name must be a non-empty string, got {view.name!r}")
+    arr = check_attention(view.weights, rank=4, name=f"{where}.weights")
+    n_layers, _, n_rows, n_cols = arr.shape
+    queries = check_tokens(view.query_tokens, f"{where}.query_tokens")
+    keys = check_tokens(view.key_tokens, f"{where}.key_tokens")
+    if (len(queries), len(keys)) != (n_rows, n_cols):
+        raise ValueError(
+            f"{where}: weights has shape {tuple(arr.shape)} = (L, H, T, S) but there are "
+            f"{len(queries)} query_tokens and {len(keys)} key_tokens; "
+            f"need T={n_rows} and S={n_cols}"
+        )
+    layer_ids = list(range(n_layers)) if view.layer_ids is None else list(view.layer_ids)
+    if len(layer_ids) != n_layers or not all(
+        isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in layer_ids
+    ):
+        raise ValueError(
+            f"{where}.layer_ids must be {n_layers} integers (one per weights[l]), got {layer_ids!r}"
+        )
+    return {
+        "name": view.name,
+        "query_tokens": queries,
+        "key_tokens": keys,
+        "layer_ids": [int(i) for i in layer_ids],
+        "weights": np.rint(arr * SCALE).astype(np.int32).tolist(),
+    }
+
+
+def _json_for_script(data: Any) -> str:
+    """JSON that is safe inside ``<script>``: no ``<``, ``>`` or ``&`` characters at all."""
+    text = json.dumps(data, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+@lru_cache(maxsize=1)
+def _template() -> tuple[str, str]:
+    """The page template and the CSP that allows exactly its inline script and style."""
+    try:
+        text = resources.files(__package__).joinpath("explorer.html").read_text(encoding="utf-8")
+    except FileNotFoundError as err:  # pragma: no cover - a packaging mistake
+        raise RuntimeError(
+            "attnlab/viz/explorer.html is missing from this installation: the package must "
+            "ship it as package data ([tool.setuptools.package-data] attnlab = ['viz/*.html'])"
+        ) from err
+
+    def digest(tag: str) -> str:
+        match = re.search(rf"<{tag}>(.*?)</{tag}>", text, flags=re.DOTALL)
+        if match is None:  # pragma: no cover - the template ships with the package
+            raise RuntimeError(f"explorer.html template has no inline <{tag}> block")
+        sha = hashlib.sha256(match.group(1).encode("utf-8")).digest()
+        return "'sha256-" + base64.b64encode(sha).decode("ascii") + "'"
+
+    csp = f"default-src 'none'; script-src {digest('script')}; style-src {digest('style')}"
+    return text, csp
+
+
+def attention_html(views: Sequence[Any], title: str = "attention explorer") -> str:
+    """Render attention views as one self-contained, offline HTML page.
+
+    Args:
+        views: a list of :class:`AttentionView` (or dicts with the same keys). One view for
+            a decoder-only model; encoder self, decoder self and cross for encoder-decoder.
+        title: page title.
+
+    Returns:
+        The page. Raises ValueError for malformed views, or when the page would exceed
+        ~20 MB (choose fewer layers or heads).
+
+    In the page, ``window.attnlab.state()`` returns what is drawn: ``{view, view_name, layer,
+    layer_id, head ("mean" | "all" | index), query (index or null), pinned, lines, weights}``
+    where ``weights`` is the hovered query's row (S values; H x S for "all"), or null. Each
+    drawn ``<line>`` and each shaded key token also carries a ``data-weight`` attribute.
+    """
+    if isinstance(views, (AttentionView, Mapping)) or not isinstance(views, Sequence) or not views:
+        raise ValueError("views must be a non-empty list of AttentionView (or dicts)")
+    parsed = [_as_view(v, i) for i, v in enumerate(views)]
+    n_weights = sum(int(np.prod(np.shape(v.weights))) for v in parsed)
+    if n_weights * BYTES_PER_WEIGHT > MAX_PAGE_BYTES:
+        raise ValueError(_too_big(n_weights * BYTES_PER_WEIGHT, parsed))
+    payloads = [_view_payload(v, i) for i, v in enumerate(parsed)]
+    payload = {"version": 1, "scale": SCALE, "views": payloads}
+    template, csp = _template()
+    values = {
+        "TITLE": html.escape(str(title)),
+        "CSP": csp,
+        "DATA": _json_for_script(payload),
+    }
+    # One pass, so a title that happens to contain a placeholder is not substituted again.
+    page = _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
+    if len(page.encode("utf-8")) > MAX_PAGE_BYTES:
+        raise ValueError(_too_big(len(page.encode("utf-8")), parsed))
+    return page
+
+
+def _too_big(n_bytes: int, views: list[AttentionView]) -> str:
+    shapes = ", ".join(f"{v.name!r}: {tuple(np.shape(v.weights))}" for v in views)
+    return (
+        f"the attention page would be about {n_bytes / 1e6:.0f} MB, over the "
+        f"{MAX_PAGE_BYTES / 1e6:.0f} MB limit (weights (L, H, T, S): {shapes}); choose fewer "
+        "layers/heads (e.g. weights[[0, -1]] with matching layer_ids) or a shorter sequence"
+    )
+
+
+def write_attention_html(
+    path: str | Path, views: Sequence[Any], title: str = "attention explorer"
+) -> Path:
+    """Write :func:`attention_html` to ``path`` (UTF-8), creating parent folders; returns it."""
+    page = attention_html(views, title)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    log.info("wrote attention explorer %s (%.1f kB)", out, len(page) / 1e3)
+    return out
