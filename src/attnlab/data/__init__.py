@@ -1,0 +1,43 @@
+"""Data: reading corpora, synthetic tasks, batching, and fetching the public data sets.
+
+All problems with user-supplied data raise :class:`DataError` (a ``ValueError``); missing
+files raise :class:`DataFileNotFoundError` (also a ``FileNotFoundError``).
+
+Modules: :mod:`~attnlab.data.text` (plain text, LM batches), :mod:`~attnlab.data.parallel`
+(translation pairs), :mod:`~attnlab.data.labelled` (classification TSV),
+:mod:`~attnlab.data.synthetic` (copy/reverse/sort), :mod:`~attnlab.data.batching` (padding
+and resumable batch iterators), :mod:`~attnlab.data.fetch` (downloads with checksums).
+
+Note: the function :func:`~attnlab.data.fetch.fetch` is re-exported here, so the attribute
+``attnlab.data.fetch`` is that function; reach the module itself with
+``importlib.import_module("attnlab.data.fetch")`` or ``from attnlab.data.fetch import ...``.
+"""
+
+from attnlab.data.batching import ClassificationBatches, Seq2SeqBatches, pad_batch
+from attnlab.data.errors import DataError, DataFileNotFoundError, DownloadError
+from attnlab.data.fetch import DATASETS, default_cache_dir, fetch
+from attnlab.data.labelled import read_labelled_tsv, split_holdout
+from attnlab.data.parallel import read_lines, read_parallel
+from attnlab.data.synthetic import TASKS, SyntheticTask
+from attnlab.data.text import LMData, embedded_corpus, read_text
+
+__all__ = [
+    "DATASETS",
+    "TASKS",
+    "ClassificationBatches",
+    "DataError",
+    "DataFileNotFoundError",
+    "DownloadError",
+    "LMData",
+    "Seq2SeqBatches",
+    "SyntheticTask",
+    "default_cache_dir",
+    "embedded_corpus",
+    "fetch",
+    "pad_batch",
+    "read_labelled_tsv",
+    "read_lines",
+    "read_parallel",
+    "read_text",
+    "split_holdout",
+]

@@ -1,0 +1,199 @@
+"""Padding and resumable, seeded batch iterators for seq2seq and classification data.
+
+Both iterators plan each epoch from a generator seeded with ``(seed, epoch)`` only, so the
+batches of an epoch do not depend on what happened before. ``state_dict()`` records
+``epoch`` and ``position`` (batches of the current epoch already handed out);
+``load_state_dict()`` on a fresh iterator over the same data continues with exactly the
+batches an uninterrupted run would have produced next.
+
+Iterating yields the rest of the current epoch, then moves on to the next epoch::
+
+    for epoch in range(n_epochs):
+        for src, tgt_in, tgt_out in batches:
+            ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from attnlab.data.errors import DataError
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, left: bool = False) -> torch.Tensor:
+    """Stack sequences of ids into a ``[len(seqs), longest]`` long tensor filled with ``pad_id``.
+
+    With ``left=True`` sequences are right-aligned (pads first), as for batched generation.
+    """
+    if len(seqs) == 0:
+        raise DataError("pad_batch needs at least one sequence")
+    longest = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), longest), pad_id, dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        if len(seq):
+            values = torch.as_tensor(seq, dtype=torch.long)
+            if left:
+                out[row, longest - len(seq):] = values
+            else:
+                out[row, : len(seq)] = values
+    return out
+
+
+def _epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """A generator determined by ``(seed, epoch)`` alone."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + epoch) % (2**63))
+
+
+class _EpochBatches:
+    """Shared epoch/position bookkeeping; subclasses plan epochs and collate batches."""
+
+    def __init__(self, num_examples: int, seed: int) -> None:
+        if num_examples == 0:
+            raise DataError(f"{type(self).__name__} needs at least one example")
+        self.num_examples, self.seed = num_examples, seed
+        self.epoch, self.position = 0, 0
+
+    def _plan(self, epoch: int) -> list[list[int]]:
+        """Example indices of every batch of ``epoch``, in order."""
+        raise NotImplementedError
+
+    def _collate(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
+        """Tensors of one batch."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        """Number of batches in one epoch."""
+        return len(self._plan(self.epoch))
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        plan = self._plan(self.epoch)
+        if self.position >= len(plan):  # the last epoch was used up but not closed
+            self.epoch, self.position = self.epoch + 1, 0
+            plan = self._plan(self.epoch)
+        while self.position < len(plan):
+            indices = plan[self.position]
+            self.position += 1  # counted as handed out before the caller sees it
+            yield self._collate(indices)
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the iteration stands: ``epoch`` and ``position``, plus checks on the data."""
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "num_examples": self.num_examples}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a ``state_dict()`` taken on an iterator over the same data and seed."""
+        for key in ("seed", "num_examples"):
+            if state.get(key) != getattr(self, key):
+                raise DataError(f"cannot resume batches: saved {key}={state.get(key)!r} but this "
+                                f"iterator has {key}={getattr(self, key)!r} (resume with the "
+                                "same data and seed)")
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position <= len(self._plan(epoch)):
+            raise DataError(f"cannot resume batches: invalid epoch {epoch} / position {position}")
+        self.epoch, self.position = epoch, position
+
+
+class Seq2SeqBatches(_EpochBatches):
+    """Length-bucketed batches of ``(src, tgt_in, tgt_out)`` under a token budget.
+
+    Each epoch the examples are shuffled, stably sorted by ``(len(src), len(tgt))`` (so
+    examples of equal length come in random order), cut greedily into batches whose padded
+    size ``batch_size * max(longest src, longest tgt)`` stays within ``max_tokens`` (as in
+    fairseq and the Annotated Transformer), and the batches are shuffled.
+
+    Args:
+        pairs: encoded ``(src_ids, tgt_ids)``; each ``tgt_ids`` must be ``[bos] ... [eos]``.
+        max_tokens: padded-token budget per batch.
+        pad_id: padding id (use it as ``ignore_index`` of the loss).
+        seed: seeds the per-epoch shuffles.
+        shuffle: if False, batches come in length order and examples are not shuffled.
+
+    Yields ``src [B, S]``, ``tgt_in = tgt[:, :-1]`` and ``tgt_out = tgt[:, 1:]`` (both
+    ``[B, T-1]``), long tensors padded with ``pad_id``.
+    """
+
+    def __init__(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_tokens: int,
+                 pad_id: int, seed: int = 0, shuffle: bool = True) -> None:
+        super().__init__(len(pairs), seed)
+        short = [i for i, (s, t) in enumerate(pairs) if len(s) < 1 or len(t) < 2]
+        if short:
+            raise DataError(f"{len(short)} seq2seq pairs (first: index {short[0]}) have an empty "
+                            "source or a target shorter than 2 ids (targets need [bos] ... [eos])")
+        sizes = [max(len(s), len(t)) for s, t in pairs]
+        too_long = [i for i, n in enumerate(sizes) if n > max_tokens]
+        if too_long:
+            raise DataError(f"max_tokens={max_tokens} is smaller than {len(too_long)} examples "
+                            f"(the longest has {max(sizes)} tokens); raise max_tokens or drop "
+                            "long sentences")
+        self.pairs, self.max_tokens, self.pad_id, self.shuffle = pairs, max_tokens, pad_id, shuffle
+
+    def _plan(self, epoch: int) -> list[list[int]]:
+        generator = _epoch_generator(self.seed, epoch)
+        order = list(range(len(self.pairs)))
+        if self.shuffle:
+            order = torch.randperm(len(order), generator=generator).tolist()
+        order.sort(key=lambda i: (len(self.pairs[i][0]), len(self.pairs[i][1])))
+        batches: list[list[int]] = []
+        current: list[int] = []
+        longest = 0
+        for i in order:
+            size = max(len(self.pairs[i][0]), len(self.pairs[i][1]))
+            if current and (len(current) + 1) * max(longest, size) > self.max_tokens:
+                batches.append(current)
+                current, longest = [], 0
+            current.append(i)
+            longest = max(longest, size)
+        batches.append(current)
+        if self.shuffle:
+            batches = [batches[j] for j in torch.randperm(len(batches), generator=generator)]
+        return batches
+
+    def _collate(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        src = pad_batch([self.pairs[i][0] for i in indices], self.pad_id)
+        tgt = pad_batch([self.pairs[i][1] for i in indices], self.pad_id)
+        return src, tgt[:, :-1], tgt[:, 1:]
+
+
+class ClassificationBatches(_EpochBatches):
+    """Shuffled fixed-size batches of ``(ids [B, T], labels [B])`` for sentence classification.
+
+    Args:
+        examples: ``(token_ids, label)`` pairs.
+        batch_size: examples per batch (the last batch of an epoch may be smaller).
+        pad_id: padding id; pads are on the right.
+        cls_id: if given, prepended to every sequence. Pass None when the ids already start
+            with ``[CLS]`` (e.g. from ``WordPieceTokenizer.encode(text, add_special=True)``).
+        max_len: if given, sequences (including the prepended ``cls_id``) are cut to this many
+            ids.
+        seed: seeds the per-epoch shuffles; ``shuffle=False`` keeps the input order.
+    """
+
+    def __init__(self, examples: Sequence[tuple[Sequence[int], int]], batch_size: int,
+                 pad_id: int, cls_id: int | None = None, max_len: int | None = None,
+                 seed: int = 0, shuffle: bool = True) -> None:
+        super().__init__(len(examples), seed)
+        if batch_size < 1:
+            raise DataError(f"batch_size must be >= 1, got {batch_size}")
+        if max_len is not None and max_len < 1:
+            raise DataError(f"max_len must be >= 1 or None, got {max_len}")
+        prefix = [] if cls_id is None else [cls_id]
+        self.ids = [(prefix + list(ids))[:max_len] for ids, _ in examples]
+        if any(len(ids) == 0 for ids in self.ids):
+            raise DataError("ClassificationBatches got an example with no token ids")
+        self.labels = [int(label) for _, label in examples]
+        self.batch_size, self.pad_id, self.shuffle = batch_size, pad_id, shuffle
+
+    def _plan(self, epoch: int) -> list[list[int]]:
+        order = list(range(self.num_examples))
+        if self.shuffle:
+            order = torch.randperm(self.num_examples,
+                                   generator=_epoch_generator(self.seed, epoch)).tolist()
+        return [order[i: i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+
+    def _collate(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = pad_batch([self.ids[i] for i in indices], self.pad_id)
+        return ids, torch.tensor([self.labels[i] for i in indices], dtype=torch.long)

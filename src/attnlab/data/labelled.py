@@ -1,0 +1,92 @@
+"""Labelled sentences for classification (SST-2 style tab-separated files)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+
+from attnlab.data.errors import DataError
+from attnlab.data.parallel import read_lines
+
+T = TypeVar("T")
+
+
+def _expected(num_labels: int | None) -> str:
+    """Human description of the allowed labels."""
+    if num_labels is None:
+        return "a non-negative integer"
+    if num_labels == 2:
+        return "0 or 1"
+    return f"an integer in 0..{num_labels - 1}"
+
+
+def read_labelled_tsv(path: str | Path, num_labels: int | None = 2,
+                      text_column: str = "sentence",
+                      label_column: str = "label") -> list[tuple[str, int]]:
+    """Read ``(sentence, label)`` pairs from a tab-separated file with a header row.
+
+    The header names the columns, in any order (GLUE's SST-2 has ``sentence<TAB>label``,
+    other copies ``label<TAB>sentence``); extra columns are allowed and ignored. Lines may end
+    in LF or CRLF; blank lines are skipped; sentences are stripped. No quoting is used (a
+    ``"`` is an ordinary character). Labels must be integers in ``0..num_labels-1`` (any
+    non-negative integer when ``num_labels`` is None).
+
+    Raises:
+        DataFileNotFoundError: the file is missing.
+        DataError: naming the file and line for a missing column, a row with the wrong number
+            of fields, a non-integer or out-of-range label, or an empty sentence.
+    """
+    lines = read_lines(path, "labelled TSV file")
+    header = [h.strip() for h in lines[0].split("\t")]
+    for column in (text_column, label_column):
+        if column not in header:
+            raise DataError(f"labelled TSV file {path} line 1: header has no {column!r} column "
+                            f"(found columns {header}; need {text_column!r} and "
+                            f"{label_column!r}, tab-separated, in any order)")
+    text_at, label_at = header.index(text_column), header.index(label_column)
+    items: list[tuple[str, int]] = []
+    for lineno, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        fields = line.rstrip("\r").split("\t")
+        where = f"labelled TSV file {path} line {lineno}"
+        if len(fields) != len(header):
+            raise DataError(f"{where}: has {len(fields)} tab-separated fields, expected "
+                            f"{len(header)} like the header {header}")
+        raw_label, text = fields[label_at].strip(), fields[text_at].strip()
+        try:
+            label = int(raw_label)
+        except ValueError:
+            raise DataError(f"{where}: label {raw_label!r} is not an integer (expected "
+                            f"{_expected(num_labels)})") from None
+        if label < 0 or (num_labels is not None and label >= num_labels):
+            raise DataError(f"{where}: label {label} is out of range (expected "
+                            f"{_expected(num_labels)})")
+        if not text:
+            raise DataError(f"{where}: the {text_column!r} field is empty")
+        items.append((text, label))
+    if not items:
+        raise DataError(f"labelled TSV file {path} has a header but no data rows")
+    return items
+
+
+def split_holdout(items: Sequence[T], frac: float, seed: int) -> tuple[list[T], list[T]]:
+    """Deterministically split ``items`` into ``(kept, held_out)``.
+
+    ``round(frac * len(items))`` items, chosen at random with a generator seeded by ``seed``,
+    go to ``held_out``; both lists keep the original order of the items.
+    """
+    if not 0.0 < frac < 1.0:
+        raise DataError(f"holdout fraction must be between 0 and 1 (exclusive), got {frac}")
+    n_held = round(frac * len(items))
+    if n_held < 1 or n_held >= len(items):
+        raise DataError(f"cannot hold out {frac:.0%} of {len(items)} items: both parts need at "
+                        "least one item")
+    generator = torch.Generator().manual_seed(seed)
+    held = set(torch.randperm(len(items), generator=generator)[:n_held].tolist())
+    kept = [x for i, x in enumerate(items) if i not in held]
+    held_out = [x for i, x in enumerate(items) if i in held]
+    return kept, held_out

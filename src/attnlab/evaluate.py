@@ -1,0 +1,90 @@
+"""Evaluation metrics: perplexity, corpus BLEU, accuracy, binary F1 and macro F1.
+
+Predictions and labels may be lists, tuples, numpy arrays or torch tensors (1-D).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+
+def _as_list(values: Any, what: str) -> list:
+    """A 1-D sequence (list, tensor, array) as a Python list."""
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    values = list(values)
+    if any(isinstance(v, list) for v in values):
+        raise ValueError(f"{what} must be 1-D (one value per example)")
+    return values
+
+
+def _pair(preds: Any, labels: Any) -> tuple[list, list]:
+    """Predictions and labels as equally long, non-empty lists."""
+    p, y = _as_list(preds, "preds"), _as_list(labels, "labels")
+    if len(p) != len(y):
+        raise ValueError(f"got {len(p)} predictions but {len(y)} labels; they must pair up")
+    if not p:
+        raise ValueError("metrics need at least one prediction")
+    return p, y
+
+
+def perplexity(mean_nll: float) -> float:
+    """``exp(mean_nll)``: perplexity from the mean negative log-likelihood per token (nats).
+
+    Returns ``inf`` when the value overflows a float.
+    """
+    value = float(mean_nll)
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"mean negative log-likelihood must be a number >= 0, got {value}")
+    try:
+        return math.exp(value)
+    except OverflowError:
+        return math.inf
+
+
+def bleu(hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "13a") -> float:
+    """Corpus BLEU (0-100) of detokenized ``hypotheses`` against one reference each.
+
+    Computed with sacrebleu's ``corpus_bleu`` (default ``13a`` tokenization), so scores are
+    comparable with published sacrebleu numbers.
+    """
+    try:
+        import sacrebleu
+    except ImportError as e:
+        raise ImportError("bleu() needs sacrebleu: `pip install sacrebleu` (or install attnlab "
+                          "with the `eval` extra: `pip install attnlab[eval]`)") from e
+    if isinstance(hypotheses, str) or isinstance(references, str):
+        raise ValueError("bleu() takes lists of sentences, not a single string")
+    hyps, refs = list(hypotheses), list(references)
+    if len(hyps) != len(refs):
+        raise ValueError(f"got {len(hyps)} hypotheses but {len(refs)} references; "
+                         "each hypothesis needs one reference")
+    if not hyps:
+        raise ValueError("bleu() needs at least one hypothesis")
+    if not all(isinstance(s, str) for s in hyps + refs):
+        raise ValueError("bleu() hypotheses and references must be strings (decode ids first)")
+    return float(sacrebleu.corpus_bleu(hyps, [refs], tokenize=tokenize).score)
+
+
+def accuracy(preds: Any, labels: Any) -> float:
+    """Fraction of predictions equal to their label (0-1)."""
+    p, y = _pair(preds, labels)
+    return sum(a == b for a, b in zip(p, y)) / len(p)
+
+
+def f1(preds: Any, labels: Any, positive: Any = 1) -> float:
+    """Binary F1 of class ``positive`` (0-1); 0.0 when it is never predicted nor present."""
+    p, y = _pair(preds, labels)
+    tp = sum(a == positive and b == positive for a, b in zip(p, y))
+    fp = sum(a == positive and b != positive for a, b in zip(p, y))
+    fn = sum(a != positive and b == positive for a, b in zip(p, y))
+    return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+
+
+def macro_f1(preds: Any, labels: Any) -> float:
+    """Unweighted mean of per-class F1 over every class seen in ``labels`` or ``preds``."""
+    p, y = _pair(preds, labels)
+    classes = sorted(set(p) | set(y))
+    return sum(f1(p, y, positive=c) for c in classes) / len(classes)

