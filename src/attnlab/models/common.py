@@ -87,7 +87,8 @@ class Embeddings(nn.Module):
             self.pos = LearnedPositions(cfg.d_model, cfg.max_len)
         else:  # rope: positions enter inside attention
             self.pos = None
-        self.norm = make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps) if cfg.embed_norm else None
+        self.norm = (make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.bias)
+                     if cfg.embed_norm else None)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
@@ -120,8 +121,8 @@ class Encoder(nn.Module):
             EncoderLayer(cfg.d_model, cfg.n_heads, cfg.ff_dim, rope=rope, **_layer_kwargs(cfg))
             for _ in range(n_layers or cfg.n_layers)
         )
-        self.norm = make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps) if cfg.use_final_norm \
-            else None
+        self.norm = (make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.bias)
+                     if cfg.use_final_norm else None)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
                 capture: Collection[int] = ()) -> tuple[Tensor, dict[int, Tensor]]:
@@ -145,8 +146,8 @@ class Decoder(nn.Module):
                          **_layer_kwargs(cfg))
             for _ in range(n_layers or cfg.dec_layers)
         )
-        self.norm = make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps) if cfg.use_final_norm \
-            else None
+        self.norm = (make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.bias)
+                     if cfg.use_final_norm else None)
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, positions: Tensor | None = None,
