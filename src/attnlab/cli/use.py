@@ -1,0 +1,170 @@
+"""``attnlab sample | translate | classify``: use a trained run dir.
+
+Results go to stdout (sampled text is streamed as it is produced); errors are one line on
+stderr with exit code 2 (see :mod:`attnlab.cli.common`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from .common import UserError
+
+FAMILY_NAMES = {"decoder": "a decoder-only (family 'decoder')",
+                "encoder": "an encoder classifier (family 'encoder')",
+                "encoder_decoder": "an encoder-decoder (family 'encoder_decoder')"}
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="a training run dir (the --out of `attnlab train`)")
+    p.add_argument("--checkpoint", default="best",
+                   help="'best' (default; falls back to 'last'), 'last', or a .safetensors file")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("sample", help="continue a prompt with a decoder-only LM run",
+                              description="Sample text from a trained decoder-only run; the "
+                              "text is streamed to stdout as it is generated.")
+    _add_run_args(p)
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="default 200")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="0 = greedy, 1 = the model's distribution (default 1.0)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling, in (0, 1]")
+    p.add_argument("--seed", type=int, default=None, help="seed: the same seed gives the same text")
+    p.add_argument("--num-samples", type=int, default=1, help="samples to draw (default 1)")
+    p.add_argument("--stop", action="append", default=[],
+                   help="stop a sample at this string (repeatable)")
+    p.set_defaults(func=cmd_sample)
+
+    p = subparsers.add_parser("translate", help="translate sentences with an encoder-decoder run",
+                              description="Translate one sentence per line (from --input or "
+                              "stdin) in batches; prints one translation per line.")
+    _add_run_args(p)
+    p.add_argument("--beam", type=int, default=1, help="beam size; 1 = greedy (default)")
+    p.add_argument("--length-penalty", type=float, default=0.6,
+                   help="GNMT length-penalty alpha for beam search (default 0.6)")
+    p.add_argument("--max-len", type=int, default=None,
+                   help="most target tokens per sentence (default: the model's max_len)")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default 64)")
+    p.add_argument("--input", default=None, help="a text file, one sentence per line "
+                   "(default: stdin)")
+    p.set_defaults(func=cmd_translate)
+
+    p = subparsers.add_parser("classify", help="classify texts with an encoder classifier run",
+                              description="Classify one text per line (from --input or stdin); "
+                              "prints label<TAB>probability<TAB>text.")
+    _add_run_args(p)
+    p.add_argument("--batch-size", type=int, default=64, help="texts per batch (default 64)")
+    p.add_argument("--input", default=None, help="a text file, one text per line (default: stdin)")
+    p.set_defaults(func=cmd_classify)
+
+
+def _load(args: argparse.Namespace, family: str):
+    from ..config import ModelConfig
+    from ..runs import load_run, read_run_config
+
+    # Check the family before loading weights, so a wrong run fails fast and says why.
+    got = ModelConfig.from_dict(read_run_config(Path(args.run_dir))["model"]).family
+    if got != family:
+        raise UserError(f"`attnlab {args.command}` needs {FAMILY_NAMES[family]} run, but "
+                        f"{args.run_dir} holds {FAMILY_NAMES[got]} model")
+    run = load_run(args.run_dir, args.checkpoint, device=args.device)
+    if family != "encoder" and next(run.model.parameters()).device.type == "cpu":
+        from ..generate import inference_layout
+
+        inference_layout(run.model)  # faster token-by-token decoding on CPU, same values
+    if run.tokenizer is None and args.command != "translate":
+        raise UserError(f"run dir {args.run_dir} has no tokenizer.json: cannot turn text into ids")
+    return run
+
+
+def _read_lines(path: str | None) -> list[str]:
+    if path is None:
+        return [line.rstrip("\r\n") for line in sys.stdin]
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"input file {path} does not exist")
+    try:
+        return file.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise UserError(f"input file {path} is not UTF-8 text ({e.reason})") from None
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from ..decoding.sampling import Sampler
+    from ..generate import stream_text
+
+    Sampler(args.temperature, args.top_k, args.top_p)  # validate before loading anything
+    if not args.prompt:
+        raise UserError("the prompt is empty: give some text to continue with --prompt")
+    if args.max_new_tokens < 0 or args.num_samples < 1:
+        raise UserError("--max-new-tokens must be >= 0 and --num-samples >= 1")
+    run = _load(args, "decoder")
+    run.tokenizer.encode(args.prompt)  # unknown characters: a clear error before any output
+    import torch
+
+    gen = None
+    if args.seed is not None:  # one generator for all samples: the same seed, the same text
+        gen = torch.Generator(device=next(run.model.parameters()).device).manual_seed(args.seed)
+    out = sys.stdout
+    for i in range(args.num_samples):
+        if args.num_samples > 1:
+            out.write(f"--- sample {i + 1} ---\n")
+        out.write(args.prompt)
+        out.flush()
+        pieces: Iterator[str] = stream_text(
+            run.model, run.tokenizer, args.prompt, args.max_new_tokens,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=gen,
+            stop=args.stop)
+        for piece in pieces:
+            out.write(piece)
+            out.flush()
+        out.write("\n")
+        out.flush()
+    return 0
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from ..decoding.text import translate_texts
+
+    if args.beam < 1 or args.batch_size < 1:
+        raise UserError("--beam and --batch-size must be >= 1")
+    run = _load(args, "encoder_decoder")
+    lines = _read_lines(args.input)
+    todo = [i for i, line in enumerate(lines) if line.strip()]
+    results = [""] * len(lines)  # empty input lines give empty output lines (stay aligned)
+    printed = 0
+    for start in range(0, len(todo), args.batch_size):
+        chunk = todo[start:start + args.batch_size]
+        texts = translate_texts(run, [lines[i] for i in chunk], args.beam, args.length_penalty,
+                                args.max_len, batch_size=args.batch_size)
+        for i, text in zip(chunk, texts):
+            results[i] = text
+        for i in range(printed, chunk[-1] + 1):  # print each batch as it finishes
+            print(results[i], flush=True)
+        printed = chunk[-1] + 1
+    for i in range(printed, len(lines)):
+        print(results[i], flush=True)
+    return 0
+
+
+def cmd_classify(args: argparse.Namespace) -> int:
+    from ..decoding.text import classify_texts
+
+    if args.batch_size < 1:
+        raise UserError("--batch-size must be >= 1")
+    run = _load(args, "encoder")
+    texts = [line.strip() for line in _read_lines(args.input) if line.strip()]
+    if not texts:
+        raise UserError("no text to classify: give one text per line")
+    for start in range(0, len(texts), args.batch_size):
+        chunk = texts[start:start + args.batch_size]
+        for text, (label, prob) in zip(chunk, classify_texts(run, chunk, args.batch_size)):
+            print(f"{label}\t{prob:.4f}\t{text}", flush=True)
+    return 0

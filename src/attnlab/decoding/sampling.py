@@ -1,0 +1,97 @@
+"""Choosing the next token from logits: greedy, temperature, top-k and nucleus (top-p).
+
+Shapes: B batch (rows), V vocab.
+
+Every function works on a whole batch of rows at once and never moves data to the host, so a
+decoding loop that calls them does not synchronise with the device at every token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """How to pick the next token; validated on construction.
+
+    Args:
+        temperature: 0 picks the most likely token (greedy); > 0 divides the logits by it
+            before sampling (< 1 sharper, > 1 flatter). Negative values are an error.
+        top_k: keep only the k most likely tokens (None or 0 = all).
+        top_p: nucleus sampling (Holtzman et al. 2020): keep the smallest set of most likely
+            tokens whose probabilities add up to at least ``top_p``; in (0, 1], 1 = all.
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature={t!r} is not allowed: a number >= 0 "
+                             "(0 = greedy, 1 = the model's distribution)")
+        k = self.top_k
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
+            raise ValueError(f"top_k={k!r} is not allowed: a positive integer, or 0/None for "
+                             "no top-k filtering")
+        p = self.top_p
+        if p is not None and (not isinstance(p, (int, float)) or isinstance(p, bool)
+                              or not 0.0 < p <= 1.0):
+            raise ValueError(f"top_p={p!r} is not allowed: a probability in (0, 1] "
+                             "(1 or None = no nucleus filtering)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def __call__(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Next token ids (B,) from logits (B, V)."""
+        if self.greedy:
+            return logits.argmax(dim=-1)
+        logits = filter_logits(logits.float() / self.temperature, self.top_k, self.top_p)
+        probs = torch.softmax(logits, dim=-1)  # (B, V)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+
+
+def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
+    """Set the logits of the tokens that top-k / top-p leave out to -inf.
+
+    logits (B, V) -> (B, V). The most likely token always survives, so no row is empty.
+    Ties at the k-th logit are all kept.
+    """
+    if top_k and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Probability mass strictly before each token: a token is kept while the tokens ahead
+        # of it add up to less than top_p, so the set reaches top_p with the fewest tokens.
+        before = torch.cumsum(probs, dim=-1) - probs
+        drop_sorted = before >= top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def make_generator(seed: int | None, generator: torch.Generator | None,
+                   device: torch.device) -> torch.Generator | None:
+    """The generator to sample with: ``generator`` as given, else a new one seeded with
+    ``seed`` on ``device``, else None (torch's global generator)."""
+    if generator is not None:
+        if seed is not None:
+            raise ValueError("pass either seed or generator, not both")
+        return generator
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
+__all__ = ["Sampler", "filter_logits", "make_generator"]

@@ -1,0 +1,231 @@
+"""Greedy and beam-search decoding for the encoder-decoder :class:`~attnlab.models.Transformer`.
+
+Shapes: B sentences, K beams, S source length, D d_model, V target vocab, N max new tokens.
+
+The source is encoded once; the decoder then runs one token per step with its
+:class:`~attnlab.nn.attention.KVCache` (self-attention keys/values of earlier steps, and the
+cross-attention keys/values of the memory, computed at the first step). Sentences that have
+finished are dropped from the batch (``cache.reorder``), so a batch costs what its unfinished
+sentences cost. Beam search keeps K hypotheses per sentence as B*K rows and reorders the cache
+by the beam each surviving hypothesis came from.
+
+Beam search (as in fairseq, or Hugging Face with ``early_stopping=True``): at each step the
+2K best continuations of a sentence's beams are ranked; an end token among the first K ranks
+finishes a hypothesis, scored ``sum(log p) / lp`` with the GNMT length penalty
+``lp = ((5 + n) / 6) ** length_penalty`` (Wu et al. 2016, eq. 14; n counts the generated tokens
+including the end token); the first K continuations that are not the end token become the next
+beams. A sentence is done once K hypotheses have finished; at ``max_len`` the live beams are
+finished as they are. The best finished hypothesis wins. With K = 1 this is exactly greedy
+decoding: the end token finishes the only beam when it is the argmax, and the argmax is
+otherwise the next token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+
+def _check_model(model: nn.Module) -> None:
+    if getattr(getattr(model, "config", None), "family", None) != "encoder_decoder":
+        raise ValueError("translation needs an encoder-decoder model (family='encoder_decoder')")
+
+
+def pad_sources(src: Tensor | Sequence[Sequence[int]], pad_id: int | None,
+                device) -> tuple[Tensor, Tensor | None]:
+    """Right-padded source ids (B, S) and their mask (True at real tokens), from a list of id
+    lists or a (B, S) tensor (whose mask is ``src != pad_id``, or None without a pad id)."""
+    if isinstance(src, Tensor):
+        if src.dim() != 2:
+            raise ValueError(f"source ids must be (B, S), got shape {tuple(src.shape)}")
+        src = src.to(device)
+        return src, (None if pad_id is None else src != pad_id)
+    seqs = [list(s) for s in src]
+    if not seqs:
+        raise ValueError("no source sentence given")
+    for i, s in enumerate(seqs):
+        if not s:
+            raise ValueError(f"source sentence {i} is empty")
+    longest = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), longest), 0 if pad_id is None else pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), longest, dtype=torch.bool)
+    for row, s in enumerate(seqs):
+        ids[row, :len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[row, :len(s)] = True
+    return ids.to(device), mask.to(device)
+
+
+def _limits(model: nn.Module, max_len: int | None) -> int:
+    cap = model.config.max_len
+    if max_len is None:
+        return cap
+    if not 1 <= max_len <= cap:
+        raise ValueError(f"max_len={max_len} is not allowed: 1..{cap} (the model's target "
+                         "positions)")
+    return max_len
+
+
+@torch.inference_mode()
+def greedy_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, *, max_len: int,
+                  bos_id: int, eos_id: int) -> list[list[int]]:
+    """Most likely next token at every step. src (B, S) -> B lists of ids (no bos / eos)."""
+    _check_model(model)
+    memory = model.encode(src, src_mask)  # (B, S, D)
+    valid = model.src_valid(src, src_mask)
+    b = src.size(0)
+    cache = model.new_cache(b, max_len)
+    out = torch.full((b, max_len), eos_id, dtype=torch.long, device=src.device)  # (B, N)
+    rows = torch.arange(b, device=src.device)  # original sentence of each live row
+    cur = torch.full((b, 1), bos_id, dtype=torch.long, device=src.device)
+    for step in range(max_len):
+        logits = model.decode(cur, memory, valid, cache=cache, last_only=True)  # (b, 1, V)
+        nxt = logits[:, -1].argmax(dim=-1)  # (b,)
+        out[rows, step] = nxt
+        live = nxt != eos_id
+        if step == max_len - 1 or not bool(live.all()):  # one sync per step
+            if step == max_len - 1 or not bool(live.any()):
+                break
+            keep = live.nonzero().squeeze(1)  # drop finished sentences from the batch
+            cache.reorder(keep)
+            memory, rows, nxt = memory[keep], rows[keep], nxt[keep]
+            valid = None if valid is None else valid[keep]
+        cur = nxt[:, None]
+    return _until_eos(out.tolist(), eos_id)
+
+
+def _until_eos(table: list[list[int]], eos_id: int) -> list[list[int]]:
+    return [row[:row.index(eos_id)] if eos_id in row else row for row in table]
+
+
+def length_penalty_of(n: Tensor | int, alpha: float) -> Tensor | float:
+    """GNMT length penalty ((5 + n) / 6) ** alpha (Wu et al. 2016)."""
+    return ((5 + n) / 6) ** alpha
+
+
+@torch.inference_mode()
+def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, *, beam: int,
+                length_penalty: float, max_len: int, bos_id: int, eos_id: int,
+                return_scores: bool = False) -> list[list[int]] | list[tuple[list[int], float]]:
+    """Beam search with K = ``beam`` (see the module docstring). src (B, S) -> B id lists, or
+    with ``return_scores`` B pairs (ids, length-normalised log-probability)."""
+    _check_model(model)
+    if beam < 1:
+        raise ValueError(f"beam={beam} must be >= 1")
+    dev = src.device
+    k, n = beam, max_len
+    valid = model.src_valid(src, src_mask)
+    memory = model.encode(src, valid).repeat_interleave(k, dim=0)  # (B*K, S, D)
+    valid = None if valid is None else valid.repeat_interleave(k, dim=0)  # (B*K, S)
+    b = src.size(0)
+    cache = model.new_cache(b * k, n)
+    scores = torch.zeros(b, k, device=dev)  # sum of log-probs of each live beam
+    scores[:, 1:] = float("-inf")  # all beams start equal: expand only the first
+    seqs = torch.zeros(b * k, n, dtype=torch.long, device=dev)  # (B*K, N) live tokens
+    fin_scores = torch.full((b, k), float("-inf"), device=dev)  # best finished, normalised
+    fin_seqs = torch.zeros(b, k, n, dtype=torch.long, device=dev)
+    fin_lens = torch.zeros(b, k, dtype=torch.long, device=dev)
+    sents = torch.arange(b, device=dev)  # original index of each live sentence
+    results: dict[int, tuple[list[int], float]] = {}
+    rank = torch.arange(2 * k, device=dev)
+    cur = torch.full((b * k, 1), bos_id, dtype=torch.long, device=dev)
+    for step in range(n):
+        logits = model.decode(cur, memory, valid, cache=cache, last_only=True)[:, -1]  # (bK, V)
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        v = logp.size(-1)
+        cand = (scores.reshape(-1, 1) + logp).reshape(b, k * v)  # (b, K*V)
+        top, idx = cand.topk(min(2 * k, k * v), dim=-1)  # (b, 2K), best first
+        src_beam, tok = idx // v, idx % v
+        is_eos = tok == eos_id
+        # Hypotheses that end here: the end token ranked among the first K.
+        fin_now = is_eos & (rank[: top.size(1)] < k)
+        new_scores = torch.where(fin_now, top / length_penalty_of(step + 1, length_penalty),
+                                 torch.full_like(top, float("-inf")))
+        beams = seqs.view(b, k, n)
+        new_seqs = beams.gather(1, src_beam[..., None].expand(-1, -1, n))  # (b, 2K, N)
+        fin_scores, fin_seqs, fin_lens = _best_k(
+            torch.cat([fin_scores, new_scores], 1), torch.cat([fin_seqs, new_seqs], 1),
+            torch.cat([fin_lens, torch.full_like(tok, step)], 1), k)
+        # The next beams: the first K continuations that are not the end token.
+        order = (is_eos.long() * top.size(1) + rank[: top.size(1)]).argsort(dim=-1)[:, :k]
+        scores, src_beam = top.gather(1, order), src_beam.gather(1, order)  # (b, K)
+        tok = tok.gather(1, order)
+        from_rows = (torch.arange(b, device=dev)[:, None] * k + src_beam).reshape(-1)  # (bK,)
+        seqs = seqs.index_select(0, from_rows)
+        seqs[:, step] = tok.reshape(-1)
+        done = torch.isfinite(fin_scores).all(dim=1)  # K hypotheses finished
+        if step == n - 1:  # out of room: the live beams finish as they are
+            live = scores / length_penalty_of(n, length_penalty)
+            fin_scores, fin_seqs, fin_lens = _best_k(
+                torch.cat([fin_scores, live], 1), torch.cat([fin_seqs, seqs.view(b, k, n)], 1),
+                torch.cat([fin_lens, torch.full_like(live, n, dtype=torch.long)], 1), k)
+            done = torch.ones_like(done)
+        if bool(done.any()):  # one sync per step
+            _collect(results, sents, done, fin_scores, fin_seqs, fin_lens)
+            if bool(done.all()):
+                break
+            keep = (~done).nonzero().squeeze(1)  # (b',) live sentences
+            sents, scores = sents[keep], scores[keep]
+            fin_scores, fin_seqs, fin_lens = fin_scores[keep], fin_seqs[keep], fin_lens[keep]
+            from_rows = from_rows.view(b, k)[keep].reshape(-1)
+            keep_rows = (keep[:, None] * k + torch.arange(k, device=dev)).reshape(-1)
+            seqs, memory = seqs[keep_rows], memory[keep_rows]
+            valid = None if valid is None else valid[keep_rows]
+            tok = tok[keep]
+            b = keep.numel()
+        cache.reorder(from_rows)
+        cur = tok.reshape(-1, 1)
+    return [results[i] if return_scores else results[i][0] for i in range(src.size(0))]
+
+
+def _best_k(scores: Tensor, seqs: Tensor, lens: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The k best of (b, M) finished hypotheses (scores, (b, M, N) ids, (b, M) lengths)."""
+    best, idx = scores.topk(k, dim=1)  # (b, K)
+    n = seqs.size(-1)
+    return best, seqs.gather(1, idx[..., None].expand(-1, -1, n)), lens.gather(1, idx)
+
+
+def _collect(results: dict[int, tuple[list[int], float]], sents: Tensor, done: Tensor,
+             fin_scores: Tensor, fin_seqs: Tensor, fin_lens: Tensor) -> None:
+    """Store the best (first) finished hypothesis of every sentence that is done."""
+    for i in done.nonzero().squeeze(1).tolist():
+        length = int(fin_lens[i, 0])
+        results[int(sents[i])] = (fin_seqs[i, 0, :length].tolist(), float(fin_scores[i, 0]))
+
+
+def translate(model: nn.Module, src: Tensor | Sequence[Sequence[int]], *, beam: int = 1,
+              length_penalty: float = 0.6, max_len: int | None = None, bos_id: int,
+              eos_id: int, pad_id: int | None = None,
+              src_mask: Tensor | None = None) -> list[list[int]]:
+    """Translate a batch of source sentences: greedy (``beam=1``) or beam search.
+
+    Args:
+        model: a :class:`~attnlab.models.Transformer` in eval mode.
+        src: a list of source id lists (any lengths; right-padded here) or a (B, S) tensor.
+        beam: K hypotheses per sentence; 1 = greedy (identical to beam search with K = 1).
+        length_penalty: alpha of the GNMT length penalty; 0 = raw sum of log-probabilities.
+        max_len: most target tokens per sentence, the end token included; default the model's
+            ``max_len``.
+        bos_id / eos_id: the target start and end tokens; pad_id pads the source (default
+            the model config's ``pad_id``).
+        src_mask: (B, S) bool, True at real source tokens (default ``src != pad_id``).
+
+    Returns:
+        The target ids of each sentence, without bos and eos.
+    """
+    _check_model(model)
+    if beam < 1:
+        raise ValueError(f"beam={beam} must be >= 1")
+    pad = model.config.pad_id if pad_id is None else pad_id
+    device = next(model.parameters()).device
+    ids, mask = pad_sources(src, pad, device)
+    mask = src_mask if src_mask is not None else mask
+    n = _limits(model, max_len)
+    if beam == 1:
+        return greedy_search(model, ids, mask, max_len=n, bos_id=bos_id, eos_id=eos_id)
+    return beam_search(model, ids, mask, beam=beam, length_penalty=length_penalty, max_len=n,
+                       bos_id=bos_id, eos_id=eos_id)
+
+
+__all__ = ["beam_search", "greedy_search", "length_penalty_of", "pad_sources", "translate"]

@@ -1,0 +1,314 @@
+"""Generation with a decoder-only LM: KV-cache decoding, sampling, stop conditions, streaming.
+
+Shapes: B rows (prompts x samples), P padded prompt length, V vocab.
+
+* :func:`generate` returns the new token ids of every row; :func:`stream` yields them step by
+  step as they are produced; :func:`generate_text` / :func:`stream_text` work on strings.
+* Several prompts run as one batch, LEFT-padded: ``mask`` marks the real tokens and each row's
+  positions are ``cumsum(mask) - 1`` (clamped at 0), so a row gives the same tokens as the
+  prompt alone (greedy; sampled rows draw from one shared generator, so they differ).
+* Decoding runs the prompt once (the "prefill", logits of the last position only) and then
+  feeds one token per step, reusing the keys/values of earlier positions from a preallocated
+  :class:`~attnlab.nn.attention.KVCache`. ``use_cache=False`` recomputes the whole context at
+  every step instead (same tokens; slower; the benchmark's baseline).
+* Context window: the model has positions ``0..max_len-1``. When the next forward would need
+  more than ``max_len`` positions, the window slides: only the last
+  ``keep = max_len - max(1, max_len // 4)`` columns (prompt and generated tokens; padded
+  columns of a batch count) are kept, the cache is emptied, and those ``keep`` tokens are
+  recomputed at positions from 0; decoding then goes on with the cache until it is full again.
+  A prompt longer than ``max_len`` is cut to its last ``keep`` tokens the same way. The
+  recomputation costs one prefill per ``max_len - keep`` new tokens; ``use_cache=False``
+  follows the same window schedule, so both modes give the same tokens.
+* Stopping: a row stops at ``eos_id`` (not included in its output) or once its generated text
+  contains one of the ``stop`` strings (the token that completes it is included in the ids;
+  the text functions cut the text before the stop string). Generation ends when every row
+  has stopped or after ``max_new_tokens``. Checking ``eos_id`` costs one host sync per step;
+  without ``eos_id`` and ``stop`` the loop never waits for the device.
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .decoding.sampling import Sampler, make_generator
+from .decoding.text import (
+    StopChecker,
+    TextStream,
+    classify,
+    classify_texts,
+    cut_at_stop,
+    translate_texts,
+)
+from .decoding.translate import beam_search, greedy_search, translate
+
+log = logging.getLogger(__name__)
+
+FINISHED = -1  # the token :func:`stream` reports for a row that has already stopped
+
+
+def window_keep(max_len: int) -> int:
+    """Columns kept when the context window slides (see the module docstring)."""
+    return max(1, max_len - max(1, max_len // 4))
+
+
+def inference_layout(model: nn.Module) -> nn.Module:
+    """Store every ``nn.Linear`` weight of ``model`` column-major, in place; returns ``model``.
+
+    The values and shapes do not change (nor do the outputs, beyond float rounding): only the
+    memory order does, so that ``F.linear``'s ``x @ W.T`` reads a contiguous (in, out) matrix.
+    On CPU (MKL) that is the fast order for the thin matrix products of decoding: the
+    50257 x 384 output projection of a GPT-2-sized model runs 2x faster at batch 1
+    (see ``benchmarks/sample_speed.py``). Tied embeddings share the layout. Use it for
+    inference; training works too, but nothing is gained there.
+    """
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.Linear) and module.weight.stride(0) != 1:
+                module.weight.data = module.weight.data.t().contiguous().t()  # (out, in) view
+    return model
+
+
+def _prompt_list(prompts) -> list[list[int]]:
+    """One prompt (ids or a 1-D tensor) or several (lists or a 2-D tensor) -> list of lists."""
+    if isinstance(prompts, Tensor):
+        if prompts.dim() not in (1, 2):
+            raise ValueError(f"prompt tensor must be (T,) or (B, T), got {tuple(prompts.shape)}")
+        prompts = prompts.tolist()
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("no prompt given: pass the token ids of at least one prompt")
+    if all(isinstance(p, numbers.Integral) for p in prompts):
+        prompts = [prompts]
+    out = []
+    for i, p in enumerate(prompts):
+        ids = p.tolist() if isinstance(p, Tensor) else list(p)
+        if not ids:
+            raise ValueError(f"prompt {i} is empty: give at least one token (e.g. a bos token)")
+        if not all(isinstance(t, numbers.Integral) for t in ids):
+            raise ValueError(f"prompt {i} must be a sequence of integer token ids")
+        out.append([int(t) for t in ids])
+    return out
+
+
+def left_pad(prompts: list[list[int]], device) -> tuple[Tensor, Tensor]:
+    """Left-padded ids (B, P) (pads are 0) and the bool mask of real tokens (B, P)."""
+    longest = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), longest, dtype=torch.long)
+    mask = torch.zeros(len(prompts), longest, dtype=torch.bool)
+    for row, p in enumerate(prompts):
+        ids[row, longest - len(p):] = torch.tensor(p)
+        mask[row, longest - len(p):] = True
+    return ids.to(device), mask.to(device)
+
+
+def _positions(valid: Tensor) -> Tensor:
+    """Per-row positions (B, T) of a left-padded window: cumsum of the mask - 1, from 0."""
+    return (valid.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _token_steps(model: nn.Module, ids: Tensor, mask: Tensor, max_new_tokens: int,
+                 sampler: Sampler, generator: torch.Generator | None,
+                 use_cache: bool) -> Iterator[Tensor]:
+    """Yield the next token (B,) of every row, ``max_new_tokens`` times (no stop checks)."""
+    b, p = ids.shape
+    max_len = model.config.max_len
+    keep = window_keep(max_len)
+    tokens = torch.zeros(b, p + max_new_tokens, dtype=torch.long, device=ids.device)
+    valid = torch.ones(b, p + max_new_tokens, dtype=torch.bool, device=ids.device)
+    tokens[:, :p], valid[:, :p] = ids, mask
+    cache = model.new_cache(b, min(max_len, p + max_new_tokens)) if use_cache else None
+    start, end, cached = 0, p, 0  # the window is columns [start, end); cached of them in cache
+    padded, next_pos = False, None
+    for _ in range(max_new_tokens):
+        if end - start > max_len:  # slide the window: keep the last `keep` columns, recompute
+            start, cached = end - keep, 0
+        if cached == 0:  # (re)start: one sync to learn whether the window has padding
+            if cache is not None:
+                cache.length = 0
+            padded = not bool(valid[:, start:end].all())
+        window = valid[:, start:end]
+        if cached == 0 or cache is None:
+            feed = tokens[:, start:end]
+            positions = _positions(window) if padded else None
+            if padded and cache is not None:
+                next_pos = positions[:, -1:] + 1  # (B, 1)
+        else:
+            feed = tokens[:, end - 1:end]  # (B, 1): the token sampled last step
+            positions = next_pos if padded else None  # None: after the cached positions
+            if padded:
+                next_pos = next_pos + 1
+        logits, _ = model(feed, mask=window if padded else None, positions=positions,
+                          cache=cache, last_only=True)  # (B, 1, V)
+        nxt = sampler(logits[:, -1], generator)  # (B,)
+        tokens[:, end] = nxt
+        cached, end = end - start, end + 1
+        yield nxt
+
+
+def stream(model: nn.Module, prompts, max_new_tokens: int = 100, *, temperature: float = 1.0,
+           top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+           generator: torch.Generator | None = None, eos_id: int | None = None,
+           stop: Sequence[str] = (), tokenizer=None, num_samples: int = 1,
+           use_cache: bool = True) -> Iterator[Tensor]:
+    """Generate step by step: yield a (B,) tensor of new token ids per step, as produced.
+
+    Rows are ``prompt 0 sample 0, prompt 0 sample 1, ..., prompt 1 sample 0, ...``. A row that
+    has stopped (eos or a stop string) reports :data:`FINISHED` (-1); the eos token itself is
+    reported as -1 too. Stops early when every row has stopped. Arguments as in
+    :func:`generate`.
+    """
+    prompt_ids = _prompt_list(prompts)
+    sampler = Sampler(temperature, top_k, top_p)
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+    if num_samples < 1:
+        raise ValueError(f"num_samples={num_samples} must be >= 1")
+    if not hasattr(model, "new_cache") or getattr(model.config, "family", None) != "decoder":
+        raise ValueError("generate needs a decoder-only model (family='decoder', DecoderLM)")
+    vocab = model.config.vocab_size
+    bad = [t for p in prompt_ids for t in p if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary 0..{vocab - 1}")
+    checker = StopChecker(stop, tokenizer, len(prompt_ids) * num_samples) if stop else None
+    if model.training:
+        log.warning("generate: the model is in training mode (dropout on); call model.eval()")
+    gen = make_generator(seed, generator, next(model.parameters()).device)
+    rows = [p for p in prompt_ids for _ in range(num_samples)]
+    return _stream_rows(model, rows, max_new_tokens, sampler, gen, eos_id, checker, use_cache)
+
+
+def _stream_rows(model: nn.Module, rows: list[list[int]], max_new_tokens: int, sampler: Sampler,
+                 gen: torch.Generator | None, eos_id: int | None, checker: StopChecker | None,
+                 use_cache: bool) -> Iterator[Tensor]:
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        ids, mask = left_pad(rows, device)
+        done = torch.zeros(len(rows), dtype=torch.bool, device=device)
+    steps = _token_steps(model, ids, mask, max_new_tokens, sampler, gen, use_cache)
+    watch = eos_id is not None or checker is not None
+    while True:
+        with torch.inference_mode():
+            nxt = next(steps, None)
+            if nxt is None:
+                return
+            if eos_id is not None:
+                is_eos = nxt == eos_id
+                out = nxt.masked_fill(done | is_eos, FINISHED)
+                done = done | is_eos
+            else:
+                out = nxt.masked_fill(done, FINISHED) if checker is not None else nxt
+            if checker is not None:
+                done = done | torch.tensor(checker.update(out.tolist()), device=device)
+            if watch:  # one host sync per step: has every row stopped?
+                all_done, none_new = torch.stack([done.all(), (out < 0).all()]).tolist()
+        if not (watch and none_new):
+            yield out
+        if watch and all_done:
+            return
+
+
+def generate(model: nn.Module, prompts, max_new_tokens: int = 100, *,
+             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+             seed: int | None = None, generator: torch.Generator | None = None,
+             eos_id: int | None = None, stop: Sequence[str] = (), tokenizer=None,
+             num_samples: int = 1, use_cache: bool = True) -> list[list[int]]:
+    """Continue each prompt with up to ``max_new_tokens`` new tokens.
+
+    Args:
+        model: a :class:`~attnlab.models.DecoderLM` in eval mode.
+        prompts: one prompt (a list of ids or a (T,) tensor) or several (a list of lists or a
+            (B, T) tensor); prompts may have different lengths (they are left-padded).
+        temperature: 0 = greedy (argmax); > 0 samples from softmax(logits / temperature).
+        top_k: sample among the k most likely tokens only. top_p: nucleus, in (0, 1].
+        seed / generator: a seed for a new ``torch.Generator`` on the model's device, or a
+            generator to draw from (same seed -> same tokens); neither = torch's global RNG.
+        eos_id: a row stops at this token (left out of the output).
+        stop: strings that end a row once its generated text contains one (needs
+            ``tokenizer`` to decode).
+        num_samples: samples per prompt.
+        use_cache: KV-cache decoding (default) or full recomputation at every step.
+
+    Returns:
+        The new ids of each row (``len(prompts) * num_samples`` lists, prompt-major).
+    """
+    steps = list(stream(model, prompts, max_new_tokens, temperature=temperature, top_k=top_k,
+                        top_p=top_p, seed=seed, generator=generator, eos_id=eos_id, stop=stop,
+                        tokenizer=tokenizer, num_samples=num_samples, use_cache=use_cache))
+    n_rows = len(_prompt_list(prompts)) * num_samples
+    if not steps:
+        return [[] for _ in range(n_rows)]
+    table = torch.stack(steps, dim=1).tolist()  # (B, steps), one transfer
+    return [[t for t in row if t != FINISHED] for row in table]
+
+
+def _encode_prompts(tokenizer, prompts: str | Sequence[str]) -> list[list[int]]:
+    texts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not texts:
+        raise ValueError("no prompt given")
+    for i, text in enumerate(texts):
+        if not text:
+            raise ValueError(f"prompt {i} is empty: give some text to continue" if len(texts) > 1
+                             else "the prompt is empty: give some text to continue")
+    return [tokenizer.encode(t) for t in texts]
+
+
+def generate_text(model: nn.Module, tokenizer, prompts: str | Sequence[str],
+                  max_new_tokens: int = 100, *, stop: Sequence[str] = (),
+                  stop_at_eos: bool = True, **kwargs) -> list[str]:
+    """:func:`generate` on text: the continuation of each prompt (``num_samples`` per prompt),
+    cut before the first stop string; stops at the tokenizer's eos unless ``stop_at_eos`` is
+    False. Other keyword arguments as in :func:`generate`."""
+    eos = tokenizer.eos_id if stop_at_eos else None
+    out = generate(model, _encode_prompts(tokenizer, prompts), max_new_tokens, eos_id=eos,
+                   stop=stop, tokenizer=tokenizer, **kwargs)
+    return [cut_at_stop(tokenizer.decode(ids), stop) for ids in out]
+
+
+def stream_text(model: nn.Module, tokenizer, prompt: str, max_new_tokens: int = 100, *,
+                stop: Sequence[str] = (), stop_at_eos: bool = True, **kwargs) -> Iterator[str]:
+    """Yield the continuation of one prompt as text pieces, as soon as they are decodable.
+
+    Text that could be the start of a stop string is held back until it is clear; nothing
+    from the first stop string on is yielded. Keyword arguments as in :func:`generate`
+    (``num_samples`` must be 1).
+    """
+    if kwargs.get("num_samples", 1) != 1:
+        raise ValueError("stream_text streams one sample; call it once per sample")
+    eos = tokenizer.eos_id if stop_at_eos else None
+    text = TextStream(tokenizer, stop)
+    for step in stream(model, _encode_prompts(tokenizer, prompt), max_new_tokens, eos_id=eos,
+                       stop=stop, tokenizer=tokenizer, **kwargs):
+        token = int(step[0])
+        if token != FINISHED:
+            piece = text.push(token)
+            if piece:
+                yield piece
+        if text.stopped:
+            return
+    rest = text.flush()
+    if rest:
+        yield rest
+
+
+__all__ = [
+    "FINISHED",
+    "Sampler",
+    "beam_search",
+    "classify",
+    "classify_texts",
+    "generate",
+    "generate_text",
+    "greedy_search",
+    "inference_layout",
+    "left_pad",
+    "stream",
+    "stream_text",
+    "translate",
+    "translate_texts",
+    "window_keep",
+]

@@ -1,0 +1,95 @@
+"""Tiny random models and run dirs for the generation, beam-search and CLI tests.
+
+Weights are redrawn with a large standard deviation so that the untrained models give varied,
+input-dependent outputs (the default init makes a tiny tied model repeat one token).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from attnlab import DecoderLM, EncoderClassifier, ModelConfig, Transformer
+from attnlab.runs import MODEL_FILE, save_weights
+from attnlab.tokenizers import CharTokenizer
+
+TEXT = "the quick brown fox jumps over the lazy dog.\n"
+
+
+def randomize(model: torch.nn.Module, seed: int = 0, std: float = 0.5) -> torch.nn.Module:
+    """Redraw every matrix of ``model`` from N(0, std^2) with a seeded generator; eval mode."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+    return model.eval()
+
+
+def tiny_lm(seed: int = 0, **overrides) -> DecoderLM:
+    cfg = dict(family="decoder", vocab_size=40, d_model=32, n_heads=4, n_layers=2, max_len=64,
+               dropout=0.0, norm="pre", pos="learned", tie_embeddings=False)
+    cfg.update(overrides)
+    return randomize(DecoderLM(ModelConfig(**cfg)), seed)
+
+
+def tiny_seq2seq(seed: int = 0, std: float = 0.5, **overrides) -> Transformer:
+    cfg = dict(family="encoder_decoder", vocab_size=20, d_model=32, n_heads=4, n_layers=2,
+               max_len=12, dropout=0.0, norm="pre", tie_embeddings=False)
+    cfg.update(overrides)
+    return randomize(Transformer(ModelConfig(**cfg)), seed, std)
+
+
+def tiny_classifier(seed: int = 0, **overrides) -> EncoderClassifier:
+    cfg = dict(family="encoder", vocab_size=30, d_model=32, n_heads=4, n_layers=2, max_len=32,
+               dropout=0.0, norm="pre", n_classes=3, pooling="cls")
+    cfg.update(overrides)
+    return randomize(EncoderClassifier(ModelConfig(**cfg)), seed)
+
+
+def char_tokenizer(specials: tuple[str, ...] = ()) -> CharTokenizer:
+    return CharTokenizer.from_text(TEXT, specials)
+
+
+def write_run(run_dir: Path, model: torch.nn.Module, tokenizer=None, data: dict | None = None,
+              checkpoint: bool = True) -> Path:
+    """A run dir as training writes it: config.json, tokenizer.json, best/model.safetensors."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = {"model": model.config.to_dict(), "data": data or {}, "train": {"steps": 0}}
+    (run_dir / "config.json").write_text(json.dumps(config))
+    if tokenizer is not None:
+        tokenizer.save(run_dir / "tokenizer.json")
+    if checkpoint:
+        save_weights(model, run_dir / "best" / MODEL_FILE)
+    return run_dir
+
+
+def lm_run(run_dir: Path, **kwargs) -> Path:
+    """A decoder-only run over the characters of :data:`TEXT` (no specials)."""
+    tok = char_tokenizer()
+    return write_run(run_dir, tiny_lm(vocab_size=tok.vocab_size, max_len=32), tok, **kwargs)
+
+
+def seq2seq_run(run_dir: Path, **kwargs) -> Path:
+    """A character-level translation run with <pad> <bos> <eos> (ids 0, 1, 2)."""
+    tok = char_tokenizer(("<pad>", "<bos>", "<eos>"))
+    model = tiny_seq2seq(vocab_size=tok.vocab_size, max_len=48, std=0.3)
+    return write_run(run_dir, model, tok, **kwargs)
+
+
+def classifier_run(run_dir: Path, **kwargs) -> Path:
+    """A character-level 3-class classifier run; <bos> serves as [CLS]."""
+    tok = char_tokenizer(("<pad>", "<bos>"))
+    data = {"label_names": ["neg", "neutral", "pos"]}
+    return write_run(run_dir, tiny_classifier(vocab_size=tok.vocab_size), tok, data, **kwargs)
+
+
+def one_thread():
+    """Body of an autouse fixture: tiny models run fastest on one thread, and with several
+    jobs sharing the CPUs, OpenMP spin-waiting makes two threads up to 100x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

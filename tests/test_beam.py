@@ -1,0 +1,141 @@
+"""Translation (greedy and beam search with the decoder's KV cache) and classification."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from _runs import one_thread, tiny_classifier, tiny_lm, tiny_seq2seq
+from attnlab.decoding.translate import beam_search, length_penalty_of, pad_sources
+from attnlab.generate import classify, greedy_search, translate
+
+single_thread = pytest.fixture(autouse=True)(one_thread)
+
+BOS, EOS = 1, 2
+SOURCES = [[3, 4, 5, 6], [7, 8, 9], [5, 5], [9, 9, 8, 7, 6], [4, 4, 4, 4, 4, 4], [10, 11, 12],
+           [13], [3, 14, 15, 3, 14]]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_one_equals_greedy_exactly(seed):
+    model = tiny_seq2seq(seed)
+    ids, mask = pad_sources(SOURCES, 0, "cpu")
+    greedy = greedy_search(model, ids, mask, max_len=12, bos_id=BOS, eos_id=EOS)
+    for alpha in (0.0, 0.6, 2.0):
+        assert beam_search(model, ids, mask, beam=1, length_penalty=alpha, max_len=12,
+                           bos_id=BOS, eos_id=EOS) == greedy
+    assert translate(model, SOURCES, beam=1, bos_id=BOS, eos_id=EOS) == greedy
+
+
+def test_greedy_is_the_argmax_of_teacher_forced_logits():
+    model = tiny_seq2seq(0)
+    out = translate(model, SOURCES, bos_id=BOS, eos_id=EOS, max_len=12)
+    lengths = {len(o) for o in out}
+    assert len(lengths) > 1  # some sentences end early, others do not
+    for src, hyp in zip(SOURCES, out):
+        tgt = torch.tensor([[BOS, *hyp][:12]])
+        with torch.no_grad():
+            logits, _ = model(torch.tensor([src]), tgt)
+        expected = logits[0].argmax(-1).tolist()  # the next token after each prefix
+        assert expected[:len(hyp)] == hyp
+        if len(hyp) < 12:
+            assert expected[len(hyp)] == EOS
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_batched_translation_equals_one_sentence_at_a_time(beam):
+    model = tiny_seq2seq(2)
+    batched = translate(model, SOURCES, beam=beam, bos_id=BOS, eos_id=EOS)
+    alone = [translate(model, [s], beam=beam, bos_id=BOS, eos_id=EOS)[0] for s in SOURCES]
+    assert batched == alone
+    assert len({tuple(b) for b in batched}) > 2
+
+
+def sequence_score(model, src, hyp, finished, alpha):
+    """Length-normalised log-probability of ``hyp`` (+ eos if finished), teacher-forced."""
+    nxt = [*hyp, EOS] if finished else hyp
+    tgt = [BOS, *hyp][:len(nxt)]  # the inputs that predict the tokens of nxt
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([src]), torch.tensor([tgt]))
+    logp = torch.log_softmax(logits[0].double(), -1)
+    total = sum(float(logp[i, t]) for i, t in enumerate(nxt))
+    return total / length_penalty_of(len(nxt), alpha)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_a_beam_wide_enough_finds_the_exact_best_sequence(alpha):
+    """With K >= every live hypothesis, beam search is exhaustive: compare with brute force
+    over all target sequences of up to N tokens (V=5, N=4)."""
+    model = tiny_seq2seq(3, vocab_size=5, std=0.4, max_len=4)
+    vocab, n = range(5), 4
+    for src in ([3, 4], [4, 4, 3], [0, 3]):
+        best, best_score = None, float("-inf")
+        for length in range(n + 1):
+            for hyp in itertools.product([t for t in vocab if t != EOS], repeat=length):
+                finished = length < n
+                score = sequence_score(model, src, list(hyp), finished, alpha)
+                if score > best_score:
+                    best, best_score = list(hyp), score
+        found = translate(model, [src], beam=256, length_penalty=alpha, bos_id=BOS, eos_id=EOS,
+                          max_len=n)[0]
+        assert found == best, (src, found, best)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_scores_match_teacher_forcing(alpha):
+    """The score beam search reports for its answer (computed step by step through the
+    reordered KV cache) equals the teacher-forced score of that answer."""
+    model = tiny_seq2seq(1)
+    ids, mask = pad_sources(SOURCES, 0, "cpu")
+    out = beam_search(model, ids, mask, beam=4, length_penalty=alpha, max_len=12, bos_id=BOS,
+                      eos_id=EOS, return_scores=True)
+    assert any(len(hyp) > 2 for hyp, _ in out)
+    for src, (hyp, score) in zip(SOURCES, out):
+        expected = sequence_score(model, src, hyp, len(hyp) < 12, alpha)
+        assert score == pytest.approx(expected, abs=1e-4)
+
+
+def test_beam_search_scores_at_least_greedy_on_average_and_respects_max_len():
+    model = tiny_seq2seq(0)
+    greedy = translate(model, SOURCES, beam=1, bos_id=BOS, eos_id=EOS, max_len=6)
+    beam = translate(model, SOURCES, beam=4, length_penalty=0.0, bos_id=BOS, eos_id=EOS,
+                     max_len=6)
+    assert all(len(b) <= 6 and EOS not in b for b in beam)
+
+    def score(s, h):
+        return sequence_score(model, s, h, len(h) < 6, 0.0)
+
+    gains = [score(s, b) - score(s, g) for s, b, g in zip(SOURCES, beam, greedy)]
+    assert sum(gains) > 0  # (per sentence it is not guaranteed: the greedy path can drop out)
+
+
+def test_translate_input_checks():
+    model = tiny_seq2seq(0)
+    with pytest.raises(ValueError, match="beam"):
+        translate(model, SOURCES, beam=0, bos_id=BOS, eos_id=EOS)
+    with pytest.raises(ValueError, match="max_len"):
+        translate(model, SOURCES, max_len=100, bos_id=BOS, eos_id=EOS)
+    with pytest.raises(ValueError, match="empty"):
+        translate(model, [[3], []], bos_id=BOS, eos_id=EOS)
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        translate(tiny_lm(), SOURCES, bos_id=BOS, eos_id=EOS)
+    padded, _ = pad_sources(SOURCES, 0, "cpu")  # a padded tensor works like the lists
+    assert translate(model, padded, beam=3, bos_id=BOS, eos_id=EOS) == translate(
+        model, SOURCES, beam=3, bos_id=BOS, eos_id=EOS)
+
+
+def test_classify_labels_probabilities_and_padding():
+    model = tiny_classifier(0, pooling="mean")
+    seqs = [[1, 5, 6, 7], [1, 8], [1, 9, 9, 9, 9, 9, 9], [1, 4, 3]]
+    result = classify(model, seqs)
+    assert result.probs.shape == (4, 3)
+    torch.testing.assert_close(result.probs.sum(-1), torch.ones(4))
+    assert result.labels == result.probs.argmax(-1).tolist()
+    for i, s in enumerate(seqs):  # padding does not change a row's answer
+        alone = classify(model, [s])
+        torch.testing.assert_close(alone.probs[0], result.probs[i], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(result.probs[0], result.probs[1], atol=1e-3)
+    with pytest.raises(ValueError, match="encoder"):
+        classify(tiny_lm(), seqs)

@@ -1,0 +1,130 @@
+"""`attnlab sample | translate | classify` end to end on tiny run dirs, and their errors."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from _runs import TEXT, classifier_run, lm_run, one_thread, seq2seq_run
+from attnlab.cli import main
+from attnlab.decoding.text import classify_texts, translate_texts
+from attnlab.runs import load_run
+
+single_thread = pytest.fixture(autouse=True)(one_thread)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    return {"lm": lm_run(root / "lm"), "mt": seq2seq_run(root / "mt"),
+            "cls": classifier_run(root / "cls"),
+            "empty": lm_run(root / "empty", checkpoint=False)}
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_sample_streams_prompt_and_continuation(runs, capsys):
+    code, out, err = run_cli(capsys, "sample", runs["lm"], "--prompt", "the ",
+                             "--max-new-tokens", 20, "--seed", 1)
+    assert code == 0, err
+    assert out.startswith("the ") and out.endswith("\n")
+    assert len(out) == len("the ") + 20 + 1  # char tokenizer without eos: exactly 20 chars
+    assert set(out) <= set(TEXT)
+    again = run_cli(capsys, "sample", runs["lm"], "--prompt", "the ", "--max-new-tokens", 20,
+                    "--seed", 1)[1]
+    other = run_cli(capsys, "sample", runs["lm"], "--prompt", "the ", "--max-new-tokens", 20,
+                    "--seed", 2)[1]
+    assert again == out and other != out
+
+
+def test_sample_writes_each_piece_as_it_comes(runs, monkeypatch):
+    writes = []
+
+    class Recorder(io.StringIO):
+        def write(self, s):
+            writes.append(s)
+            return super().write(s)
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    assert main(["sample", str(runs["lm"]), "--prompt", "a", "--max-new-tokens", "12",
+                 "--temperature", "0"]) == 0
+    assert len([w for w in writes if w and w != "\n"]) >= 12  # the prompt, then piece by piece
+
+
+def test_sample_several_samples_top_k_top_p_stop(runs, capsys):
+    code, out, err = run_cli(capsys, "sample", runs["lm"], "--prompt", "dog", "--num-samples", 3,
+                             "--max-new-tokens", 15, "--top-k", 5, "--top-p", 0.9, "--seed", 0)
+    assert code == 0, err
+    assert out.count("--- sample") == 3
+    samples = [s.strip("\n") for s in out.split("--- sample")[1:]]
+    assert all(s.split("\n", 1)[1].startswith("dog") for s in samples)
+    code, out, _ = run_cli(capsys, "sample", runs["lm"], "--prompt", "dog", "--temperature", 0,
+                           "--max-new-tokens", 30)
+    stop = out[5:7]
+    code, cut, _ = run_cli(capsys, "sample", runs["lm"], "--prompt", "dog", "--temperature", 0,
+                           "--max-new-tokens", 30, "--stop", stop)
+    assert code == 0 and cut == out[:out.index(stop, 3)] + "\n"
+
+
+def test_translate_file_and_stdin(runs, capsys, tmp_path, monkeypatch):
+    src = tmp_path / "src.txt"
+    src.write_text("the dog\n\nquick fox.\nlazy\n")
+    code, out, err = run_cli(capsys, "translate", runs["mt"], "--input", src, "--beam", 3,
+                             "--max-len", 10, "--batch-size", 2)
+    assert code == 0, err
+    lines = out.split("\n")[:-1]
+    assert len(lines) == 4 and lines[1] == ""  # aligned with the input, blanks kept
+    run = load_run(runs["mt"])
+    expected = translate_texts(run, ["the dog", "quick fox.", "lazy"], beam=3, max_len=10)
+    assert [lines[0], lines[2], lines[3]] == expected
+    monkeypatch.setattr(sys, "stdin", io.StringIO("the dog\nquick fox.\n"))
+    code, out, _ = run_cli(capsys, "translate", runs["mt"], "--max-len", 10)
+    greedy = translate_texts(run, ["the dog", "quick fox."], beam=1, max_len=10)
+    assert code == 0 and out == "\n".join(greedy) + "\n"
+
+
+def test_classify_prints_label_probability_text(runs, capsys, tmp_path):
+    src = tmp_path / "texts.txt"
+    src.write_text("the quick dog\n\nlazy fox.\nover\n")
+    code, out, err = run_cli(capsys, "classify", runs["cls"], "--input", src)
+    assert code == 0, err
+    rows = [line.split("\t") for line in out.splitlines()]
+    assert [r[2] for r in rows] == ["the quick dog", "lazy fox.", "over"]
+    assert all(r[0] in {"neg", "neutral", "pos"} and 1 / 3 <= float(r[1]) <= 1 for r in rows)
+    expected = classify_texts(load_run(runs["cls"]), ["the quick dog", "lazy fox.", "over"])
+    assert [(r[0], round(p, 4)) for r, (_, p) in zip(rows, expected)] == [
+        (label, float(r[1])) for r, (label, _) in zip(rows, expected)]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sample", "lm", "--prompt", ""], "prompt is empty"),
+    (["sample", "lm", "--prompt", "QZ!"], "not in the vocabulary"),
+    (["sample", "lm", "--prompt", "the", "--top-p", "0"], "top_p"),
+    (["sample", "lm", "--prompt", "the", "--top-p", "1.5"], "top_p"),
+    (["sample", "lm", "--prompt", "the", "--temperature", "-1"], "temperature"),
+    (["sample", "empty", "--prompt", "the"], "no checkpoint"),
+    (["sample", "cls", "--prompt", "the"], "needs a decoder-only"),
+    (["translate", "lm", "--input", "IN"], "needs an encoder-decoder"),
+    (["classify", "mt", "--input", "IN"], "needs an encoder classifier"),
+    (["sample", "missing", "--prompt", "the"], "does not exist"),
+    (["translate", "mt", "--input", "nowhere.txt"], "does not exist"),
+    (["translate", "mt", "--input", "IN", "--beam", "0"], "--beam"),
+    (["translate", "mt", "--input", "IN", "--max-len", "1000"], "max_len"),
+    (["classify", "cls", "--input", "EMPTY"], "no text"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(runs, capsys, tmp_path, argv, message):
+    (tmp_path / "in.txt").write_text("the dog\n")
+    (tmp_path / "empty.txt").write_text("\n\n")
+    names = {**{k: str(v) for k, v in runs.items()}, "missing": str(tmp_path / "nope"),
+             "IN": str(tmp_path / "in.txt"), "EMPTY": str(tmp_path / "empty.txt")}
+    code, out, err = run_cli(capsys, *[names.get(a, a) for a in argv])
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert message in err, err

@@ -1,0 +1,236 @@
+"""Decoder-only generation: KV cache, left padding, the sliding window, sampling, stopping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _runs import char_tokenizer, one_thread, tiny_classifier, tiny_lm
+from attnlab.decoding.sampling import Sampler, filter_logits
+from attnlab.decoding.text import TextStream
+from attnlab.generate import (
+    FINISHED,
+    generate,
+    generate_text,
+    inference_layout,
+    left_pad,
+    stream,
+    stream_text,
+    window_keep,
+)
+
+single_thread = pytest.fixture(autouse=True)(one_thread)
+
+PROMPTS = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [20], [1, 2, 3, 4]]
+
+
+def last_logits(model, prompts):
+    """Next-token logits (B, V) of left-padded prompts, with mask and per-row positions."""
+    ids, mask = left_pad(prompts, "cpu")
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits, _ = model(ids, mask=mask, positions=positions)
+    return logits[:, -1]
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
+def test_left_padded_batch_equals_each_prompt_alone(pos):
+    model = tiny_lm(pos=pos)
+    batched = generate(model, PROMPTS, 12, temperature=0)
+    alone = [generate(model, p, 12, temperature=0)[0] for p in PROMPTS]
+    assert batched == alone
+    assert len({tuple(r) for r in batched}) > 1  # the rows really differ
+    # Logits of every prefix of the generated text: batched (padded) vs one at a time.
+    for k in (0, 5, 12):
+        rows = [p + g[:k] for p, g in zip(PROMPTS, batched)]
+        together = last_logits(model, rows)
+        for i, row in enumerate(rows):
+            torch.testing.assert_close(together[i], last_logits(model, [row])[0],
+                                       atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
+def test_kv_cache_logits_equal_full_recomputation(pos):
+    model = tiny_lm(pos=pos)
+    ids, mask = left_pad(PROMPTS, "cpu")
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    cache = model.new_cache(len(PROMPTS))
+    with torch.no_grad():
+        step_logits = [model(ids, mask=mask, positions=positions, cache=cache,
+                             last_only=True)[0][:, -1]]
+        seq, m, pos_next = ids, mask, positions[:, -1:] + 1
+        for _ in range(6):
+            nxt = step_logits[-1].argmax(-1, keepdim=True)  # (B, 1)
+            seq = torch.cat([seq, nxt], 1)
+            m = torch.cat([m, torch.ones_like(nxt, dtype=torch.bool)], 1)
+            step_logits.append(model(nxt, mask=m, positions=pos_next, cache=cache)[0][:, -1])
+            pos_next = pos_next + 1
+        full, _ = model(seq, mask=m, positions=(m.long().cumsum(-1) - 1).clamp(min=0))
+    p = ids.size(1)
+    for t, logits in enumerate(step_logits):
+        torch.testing.assert_close(logits, full[:, p - 1 + t], atol=1e-5, rtol=1e-5)
+
+
+def test_cached_and_recomputed_generation_agree_also_when_the_window_slides():
+    model = tiny_lm(max_len=10)
+    for kwargs in (dict(temperature=0), dict(temperature=1.0, top_k=8, seed=3)):
+        cached = generate(model, PROMPTS, 30, use_cache=True, **kwargs)
+        full = generate(model, PROMPTS, 30, use_cache=False, **kwargs)
+        assert cached == full
+        assert all(len(r) == 30 for r in cached)
+
+
+def reference_window_greedy(model, prompt, n):
+    """The documented sliding window, written naively: full recomputation of the window."""
+    max_len = model.config.max_len
+    keep = max(1, max_len - max(1, max_len // 4))
+    tokens, start, out = list(prompt), 0, []
+    for _ in range(n):
+        if len(tokens) - start > max_len:
+            start = len(tokens) - keep
+        with torch.no_grad():
+            logits, _ = model(torch.tensor([tokens[start:]]))
+        out.append(int(logits[0, -1].argmax()))
+        tokens.append(out[-1])
+    return out
+
+
+@pytest.mark.parametrize("prompt_len", [1, 3, 9])
+def test_sliding_window_keeps_generating_with_a_tiny_context(prompt_len):
+    model = tiny_lm(max_len=4)
+    assert window_keep(4) == 3 and window_keep(1) == 1 and window_keep(1024) == 768
+    prompt = list(range(1, 1 + prompt_len))
+    out = generate(model, prompt, 25, temperature=0)[0]
+    assert len(out) == 25
+    assert out == reference_window_greedy(model, prompt, 25)
+
+
+def test_same_seed_same_tokens_and_generator_argument():
+    model = tiny_lm()
+    a = generate(model, PROMPTS, 20, temperature=1.0, seed=7, num_samples=2)
+    b = generate(model, PROMPTS, 20, temperature=1.0, seed=7, num_samples=2)
+    c = generate(model, PROMPTS, 20, temperature=1.0, seed=8, num_samples=2)
+    d = generate(model, PROMPTS, 20, temperature=1.0, num_samples=2,
+                 generator=torch.Generator().manual_seed(7))
+    assert a == b == d and a != c
+    assert len(a) == 2 * len(PROMPTS)
+    assert a[0] != a[1]  # two samples of one prompt differ
+    with pytest.raises(ValueError, match="either seed or generator"):
+        generate(model, PROMPTS, 2, seed=1, generator=torch.Generator())
+
+
+def test_greedy_equals_temperature_zero_and_top_k_one():
+    model = tiny_lm()
+    greedy = generate(model, PROMPTS, 15, temperature=0)
+    assert generate(model, PROMPTS, 15, temperature=1.3, top_k=1, seed=0) == greedy
+    with torch.no_grad():  # greedy really is the argmax of the model
+        first = model(torch.tensor([PROMPTS[0]]))[0][0, -1].argmax().item()
+    assert greedy[0][0] == first
+
+
+def test_bad_sampling_arguments_are_value_errors():
+    model = tiny_lm()
+    for kwargs, field in ((dict(temperature=-0.1), "temperature"), (dict(top_p=0.0), "top_p"),
+                          (dict(top_p=1.5), "top_p"), (dict(top_k=-2), "top_k")):
+        with pytest.raises(ValueError, match=field):
+            generate(model, PROMPTS, 3, **kwargs)
+    with pytest.raises(ValueError, match="empty"):
+        generate(model, [[1, 2], []], 3)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        generate(model, [1, 99], 3)
+    with pytest.raises(ValueError, match="decoder-only"):
+        generate(tiny_classifier(), [1, 2], 3)
+    assert len(generate(model, [1], 3, top_p=1.0, seed=0)[0]) == 3  # 1 is allowed
+
+
+def test_filter_logits_top_k_and_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = lambda out: torch.isfinite(out[0]).nonzero().squeeze(1).tolist()  # noqa: E731
+    assert kept(filter_logits(logits, top_k=2)) == [0, 1]
+    assert kept(filter_logits(logits, top_p=0.5)) == [0]
+    assert kept(filter_logits(logits, top_p=0.6)) == [0, 1]
+    assert kept(filter_logits(logits, top_p=0.81)) == [0, 1, 2]
+    assert kept(filter_logits(logits, top_p=0.01)) == [0]
+    shuffled = logits[:, [2, 0, 3, 1]]
+    assert kept(filter_logits(shuffled, top_p=0.6)) == [1, 3]
+    draws = Sampler(1.0, top_k=2)(logits.expand(4000, 4), torch.Generator().manual_seed(0))
+    counts = torch.bincount(draws, minlength=4).tolist()
+    assert counts[2] == counts[3] == 0
+    assert abs(counts[0] / 4000 - 0.5 / 0.8) < 0.03  # renormalised over the top 2
+
+
+def test_eos_stops_a_row_and_is_left_out():
+    model = tiny_lm()
+    free = generate(model, PROMPTS, 20, temperature=0)
+    eos = free[0][4]
+    out = generate(model, PROMPTS, 20, temperature=0, eos_id=eos)
+    for row, full in zip(out, free):
+        assert row == (full[:full.index(eos)] if eos in full else full)
+    steps = list(stream(model, PROMPTS[:1], 20, temperature=0, eos_id=eos))
+    assert len(steps) == 4  # the eos step reports nothing new, and the loop ends there
+
+
+def test_stream_yields_what_generate_returns():
+    model = tiny_lm()
+    kwargs = dict(temperature=0.9, top_p=0.9, seed=5, eos_id=3)
+    steps = list(stream(model, PROMPTS, 16, **kwargs))
+    table = torch.stack(steps, 1).tolist()
+    assert [[t for t in row if t != FINISHED] for row in table] == generate(
+        model, PROMPTS, 16, **kwargs)
+    for row in table:  # once finished, a row stays finished
+        if FINISHED in row:
+            assert set(row[row.index(FINISHED):]) == {FINISHED}
+
+
+def test_stop_strings_text_and_streaming():
+    tok = char_tokenizer()
+    model = tiny_lm(vocab_size=tok.vocab_size)
+    prompt = "the lazy "
+    free = generate_text(model, tok, prompt, 30, temperature=0)[0]
+    stop = free[8:10]
+    cut = free[:free.index(stop)]
+    assert generate_text(model, tok, prompt, 30, temperature=0, stop=[stop])[0] == cut
+    pieces = list(stream_text(model, tok, prompt, 30, temperature=0, stop=[stop]))
+    assert "".join(pieces) == cut and len(pieces) > 1
+    assert "".join(stream_text(model, tok, prompt, 30, temperature=0)) == free
+    ids = generate(model, tok.encode(prompt), 30, temperature=0, stop=[stop], tokenizer=tok)[0]
+    assert tok.decode(ids).endswith(stop) and len(ids) == len(cut) + len(stop)
+    with pytest.raises(ValueError, match="tokenizer"):
+        generate(model, [1, 2], 5, stop=["x"])
+    with pytest.raises(ValueError, match="empty"):
+        generate_text(model, tok, "", 5)
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        generate_text(model, tok, "QQ", 5)
+
+
+def test_zero_new_tokens_and_tensor_prompts():
+    model = tiny_lm()
+    assert generate(model, PROMPTS, 0) == [[], [], [], []]
+    assert generate(model, torch.tensor([[1, 2, 3]]), 4, temperature=0) == generate(
+        model, [1, 2, 3], 4, temperature=0)
+
+
+def test_inference_layout_changes_memory_order_only():
+    model = tiny_lm(tie_embeddings=True)
+    before = generate(model, PROMPTS, 12, temperature=0)
+    logits = last_logits(model, PROMPTS)
+    weight = model.lm_head.weight.detach().clone()
+    assert inference_layout(model) is model
+    assert model.lm_head.weight.stride() == (1, model.config.vocab_size)
+    assert model.lm_head.weight is model.emb.tok.weight  # still tied
+    torch.testing.assert_close(model.lm_head.weight, weight, rtol=0, atol=0)
+    torch.testing.assert_close(last_logits(model, PROMPTS), logits, atol=1e-5, rtol=1e-5)
+    assert generate(model, PROMPTS, 12, temperature=0) == before
+
+
+def test_text_stream_holds_back_what_may_become_a_stop_string():
+    tok = char_tokenizer()
+    stream_ = TextStream(tok, ["fox", "zz"])
+    shown = [stream_.push(t) for t in tok.encode("the fo")]
+    assert "".join(shown) == "the "  # "fo" may still become "fox"
+    assert stream_.push(tok.encode("g")[0]) == "fog"
+    shown = [stream_.push(t) for t in tok.encode(" fox jumps")]
+    assert "".join(shown) == " " and stream_.stopped
+    assert stream_.push(tok.encode("a")[0]) == "" and stream_.flush() == ""
+    tail = TextStream(tok, ["fox"])
+    assert "".join(tail.push(t) for t in tok.encode("a f")) + tail.flush() == "a f"
