@@ -85,11 +85,3 @@ def classifier_run(run_dir: Path, **kwargs) -> Path:
     data = {"label_names": ["neg", "neutral", "pos"]}
     return write_run(run_dir, tiny_classifier(vocab_size=tok.vocab_size), tok, data, **kwargs)
 
-
-def one_thread():
-    """Body of an autouse fixture: tiny models run fastest on one thread, and with several
-    jobs sharing the CPUs, OpenMP spin-waiting makes two threads up to 100x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

@@ -7,11 +7,9 @@ import itertools
 import pytest
 import torch
 
-from _runs import one_thread, tiny_classifier, tiny_lm, tiny_seq2seq
+from _runs import tiny_classifier, tiny_lm, tiny_seq2seq
 from attnlab.decoding.translate import beam_search, length_penalty_of, pad_sources
 from attnlab.generate import classify, greedy_search, translate
-
-single_thread = pytest.fixture(autouse=True)(one_thread)
 
 BOS, EOS = 1, 2
 SOURCES = [[3, 4, 5, 6], [7, 8, 9], [5, 5], [9, 9, 8, 7, 6], [4, 4, 4, 4, 4, 4], [10, 11, 12],

@@ -7,12 +7,10 @@ import sys
 
 import pytest
 
-from _runs import TEXT, classifier_run, lm_run, one_thread, seq2seq_run
+from _runs import TEXT, classifier_run, lm_run, seq2seq_run
 from attnlab.cli import main
 from attnlab.decoding.text import classify_texts, translate_texts
 from attnlab.runs import load_run
-
-single_thread = pytest.fixture(autouse=True)(one_thread)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _runs import char_tokenizer, one_thread, tiny_classifier, tiny_lm
+from _runs import char_tokenizer, tiny_classifier, tiny_lm
 from attnlab.decoding.sampling import Sampler, filter_logits
 from attnlab.decoding.text import TextStream
 from attnlab.generate import (
@@ -18,8 +18,6 @@ from attnlab.generate import (
     stream_text,
     window_keep,
 )
-
-single_thread = pytest.fixture(autouse=True)(one_thread)
 
 PROMPTS = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [20], [1, 2, 3, 4]]
 

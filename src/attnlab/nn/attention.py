@@ -61,6 +61,8 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     """The same as :func:`reference_attention` through ``F.scaled_dot_product_attention``."""
     t, s = q.size(-2), k.size(-2)
     mask = as_4d(mask)
+    if is_causal and t == 1:  # one query at the end may see every key: nothing to mask
+        is_causal = False
     if is_causal and (mask is not None or t != s):
         # SDPA's is_causal aligns to the top-left corner; we want the end (KV cache).
         causal = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
