@@ -12,7 +12,7 @@
 
 All figures come from this one run on this machine; each timing is the median of ``--repeat``
 interleaved runs. The model is GPT-2 shaped (pre-norm, learned positions, tanh-GELU, tied
-embeddings, vocabulary 50257) with random weights: speed does not depend on the values.
+embeddings, vocabulary 50257 by default) with random weights: speed does not depend on the values.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from attnlab import DecoderLM, ModelConfig
 from attnlab.generate import generate, inference_layout
 
 
-def gpt2_like(layers: int, d_model: int, heads: int, max_len: int, seed: int = 0) -> DecoderLM:
+def gpt2_like(layers: int, d_model: int, heads: int, max_len: int, vocab: int = 50257,
+              seed: int = 0) -> DecoderLM:
     torch.manual_seed(seed)
-    cfg = ModelConfig(family="decoder", vocab_size=50257, d_model=d_model, n_heads=heads,
+    cfg = ModelConfig(family="decoder", vocab_size=vocab, d_model=d_model, n_heads=heads,
                       n_layers=layers, max_len=max_len, dropout=0.0, norm="pre",
                       ffn="gelu_tanh", pos="learned", scale_embeddings=False, final_norm=True,
                       pad_id=None)
@@ -75,7 +76,7 @@ def section_cache(model, args) -> None:
           f"{args.prompt_len} tokens\n")
     print("| new tokens | KV cache tok/s | full recompute tok/s | speed-up | same tokens |")
     print("|---:|---:|---:|---:|:---:|")
-    prompt = torch.randint(0, 50257, (1, args.prompt_len),
+    prompt = torch.randint(0, args.vocab, (1, args.prompt_len),
                            generator=torch.Generator().manual_seed(1))
     generate(model, prompt, 8, temperature=0)  # warm-up
     for n in args.cache_tokens:
@@ -98,7 +99,7 @@ def section_hf(model, args) -> None:
           "| ratio | same tokens as HF |")
     print("|---:|---:|---:|---:|---:|---:|:---:|")
     for batch in args.batches:
-        prompt = torch.randint(0, 50257, (batch, args.prompt_len),
+        prompt = torch.randint(0, args.vocab, (batch, args.prompt_len),
                                generator=torch.Generator().manual_seed(batch))
         res = interleaved({"hf": hf_greedy(hf, prompt, n), "ours": ours_greedy(model, prompt, n),
                            "fast": ours_greedy(fast, prompt, n)}, args.repeat)
@@ -113,7 +114,7 @@ def section_hf(model, args) -> None:
         print("|---:|---:|---:|---:|")
         hf16, ours16 = hf.to(torch.bfloat16), copy.deepcopy(model).to(torch.bfloat16)
         for batch in args.batches:
-            prompt = torch.randint(0, 50257, (batch, args.prompt_len),
+            prompt = torch.randint(0, args.vocab, (batch, args.prompt_len),
                                    generator=torch.Generator().manual_seed(batch))
             res = interleaved({"hf": hf_greedy(hf16, prompt, n),
                                "ours": ours_greedy(ours16, prompt, n)}, args.repeat)
@@ -128,6 +129,8 @@ def main() -> None:
     p.add_argument("--d-model", type=int, default=384)
     p.add_argument("--heads", type=int, default=6)
     p.add_argument("--max-len", type=int, default=1280)
+    p.add_argument("--vocab", type=int, default=50257,
+                   help="vocabulary size (65 = the Tiny Shakespeare char recipes)")
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--cache-tokens", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--hf-tokens", type=int, default=128)
@@ -143,10 +146,10 @@ def main() -> None:
     if args.quick:
         args.cache_tokens, args.hf_tokens, args.repeat = [64, 128], 32, 1
     torch.set_num_threads(args.threads)
-    model = gpt2_like(args.layers, args.d_model, args.heads, args.max_len)
+    model = gpt2_like(args.layers, args.d_model, args.heads, args.max_len, args.vocab)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {args.layers} layers, d_model {args.d_model}, {args.heads} heads, vocab 50257,"
-          f" max_len {args.max_len}, {n_params / 1e6:.1f}M parameters; torch "
+    print(f"model: {args.layers} layers, d_model {args.d_model}, {args.heads} heads, "
+          f"vocab {args.vocab}, max_len {args.max_len}, {n_params / 1e6:.1f}M parameters; torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads")
     if not args.skip_cache:
         section_cache(model, args)
