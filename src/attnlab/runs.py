@@ -4,17 +4,23 @@ Layout of a run dir::
 
     config.json          the resolved run config: {"model": {...}, "data": {...}, "train": {...}}
     tokenizer.json       the tokenizer (attnlab.tokenizers), when the run has one
+    metrics.csv, tb/, loss.png   training logs (train/monitor.py)
     best/model.safetensors, last/model.safetensors (+ training state beside it, see train/)
 
 Weights are safetensors (loading never unpickles); the model is rebuilt from the config.
-Every write is atomic: a temporary file in the same folder, then ``os.replace``.
+Every write is atomic: a temporary file in the same folder, then ``os.replace``. Checkpoint
+folders are written whole into ``.NAME.tmp/`` (``manifest.json`` last), then swapped in with
+two renames (``NAME`` -> ``.NAME.old``, ``.NAME.tmp`` -> ``NAME``); a kill at any moment leaves
+a complete copy that :func:`checkpoint_dir` finds.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +31,7 @@ from .config import ModelConfig
 from .models import build_model
 
 MODEL_FILE = "model.safetensors"
+MANIFEST = "manifest.json"
 
 
 class RunError(ValueError):
@@ -119,6 +126,68 @@ class Run:
     checkpoint: Path
 
 
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # not possible on every platform; the renames are atomic anyway
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def is_complete(folder: Path) -> bool:
+    """True if ``folder`` holds a manifest whose files all exist with the recorded sizes."""
+    try:
+        files = json.loads((folder / MANIFEST).read_text())["files"]
+        return all((folder / n).is_file() and (folder / n).stat().st_size == size
+                   for n, size in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _siblings(dest: Path) -> tuple[Path, Path]:
+    return dest.parent / f".{dest.name}.tmp", dest.parent / f".{dest.name}.old"
+
+
+def checkpoint_dir(dest: Path) -> Path | None:
+    """The usable copy of checkpoint folder ``dest``: ``dest`` itself, or after a kill between
+    the two renames of :func:`write_dir_atomic`, its complete temporary or previous copy."""
+    if (dest / MODEL_FILE).is_file():
+        return dest
+    for candidate in _siblings(dest):
+        if is_complete(candidate):
+            return candidate
+    return None
+
+
+def write_dir_atomic(dest: Path, write: Callable[[Path], None], meta: dict | None = None) -> None:
+    """Create folder ``dest`` so that readers see the old folder or the new one, never a mix.
+
+    ``write(tmp)`` fills a temporary sibling folder; then ``manifest.json`` (file sizes and
+    ``meta``) is written last and the folder is swapped in with two renames.
+    """
+    tmp, old = _siblings(dest)
+    found = checkpoint_dir(dest)
+    if found is not None and found != dest:  # a kill between the renames: put it back first
+        os.replace(found, dest)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+    atomic_write_json(tmp / MANIFEST, {"files": files, **(meta or {})})
+    _fsync_dir(tmp)
+    if dest.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(dest, old)
+    os.replace(tmp, dest)
+    _fsync_dir(dest.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def find_checkpoint(run_dir: Path, which: str = "best") -> Path:
     """``best`` falls back to ``last``; an explicit path to a .safetensors file is taken as is."""
     run_dir = Path(run_dir)
@@ -129,9 +198,9 @@ def find_checkpoint(run_dir: Path, which: str = "best") -> Path:
             return path
         raise RunError(f"checkpoint {which!r} is not 'best', 'last' or a .safetensors file")
     for name in order:
-        path = run_dir / name / MODEL_FILE
-        if path.is_file():
-            return path
+        folder = checkpoint_dir(run_dir / name)
+        if folder is not None:
+            return folder / MODEL_FILE
     raise RunError(f"run dir {run_dir} has no checkpoint yet (no best/ or last/{MODEL_FILE}): "
                    f"train first, or wait for the first checkpoint")
 

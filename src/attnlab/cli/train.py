@@ -1,0 +1,163 @@
+"""``attnlab train | eval | data``: train a recipe, evaluate a run dir, fetch a data set.
+
+Results go to stdout; bad input (config, data, run dir, checkpoint) is one line on stderr with
+exit code 2 (see :mod:`attnlab.cli.common`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from .common import UserError
+
+log = logging.getLogger(__name__)
+REPO_CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "train", help="train a model from a TOML recipe (no recipe: the demo)",
+        description="Train from a TOML recipe (configs/*.toml, or a recipe name such as "
+        "shakespeare_char). Without one, trains a small character-level LM on Python's own "
+        "documentation for a few minutes and prints samples. Under `torchrun "
+        "--nproc_per_node=K` the same command trains with DDP.")
+    p.add_argument("config", nargs="?", default=None,
+                   help="a .toml recipe file or the name of one in configs/")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="KEY=VALUE", help="override a config value, e.g. train.lr=3e-4 "
+                   "(repeatable; sections: model, data, train)")
+    p.add_argument("--out", default=None, help="run dir (default: runs/<recipe name>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its last checkpoint")
+    p.set_defaults(func=cmd_train)
+
+    p = subparsers.add_parser(
+        "eval", help="evaluate a trained run dir",
+        description="Loss and the task metric of a run: perplexity (LM, every window of the "
+        "split), BLEU with greedy decoding (translation), accuracy and F1 (classification).")
+    p.add_argument("run_dir", help="a training run dir (the --out of `attnlab train`)")
+    p.add_argument("--split", default="val", choices=("val", "test"))
+    p.add_argument("--data", nargs="+", default=None, metavar="PATH",
+                   help="evaluate on these files instead: a text file (LM), a TSV "
+                   "(classification), or SRC TGT (translation)")
+    p.add_argument("--checkpoint", default="best",
+                   help="'best' (default; falls back to 'last'), 'last', or a .safetensors file")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda, ...")
+    p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    p.set_defaults(func=cmd_eval)
+
+    p = subparsers.add_parser("data", help="fetch a public data set into the local cache",
+                              description="attnlab data fetch shakespeare|multi30k|sst2")
+    sub = p.add_subparsers(dest="action", metavar="ACTION")
+    f = sub.add_parser("fetch", help="download (or copy with --from) and verify a data set")
+    f.add_argument("name", help="shakespeare, multi30k or sst2")
+    f.add_argument("--from", dest="source_dir", default=None, metavar="DIR",
+                   help="copy from this local folder instead of downloading")
+    f.add_argument("--cache", dest="cache_dir", default=None, metavar="DIR",
+                   help="cache folder (default $ATTNLAB_DATA or ~/.cache/attnlab/data)")
+    f.set_defaults(func=cmd_data_fetch)
+    ls = sub.add_parser("list", help="the data sets that `fetch` knows")
+    ls.set_defaults(func=cmd_data_list)
+    p.set_defaults(func=lambda args: _usage(p))
+
+
+def _usage(p: argparse.ArgumentParser) -> int:
+    p.print_usage()
+    raise UserError("choose an action: fetch or list")
+
+
+def find_recipe(name: str) -> Path:
+    """A recipe path, or the name of a recipe in ./configs or the repository's configs/."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    if path.suffix != ".toml" and len(path.parts) == 1:
+        for folder in (Path("configs"), REPO_CONFIGS):
+            candidate = folder / f"{name}.toml"
+            if candidate.is_file():
+                return candidate
+    known = sorted(p.stem for p in REPO_CONFIGS.glob("*.toml")) if REPO_CONFIGS.is_dir() else []
+    hint = f"; recipes: {', '.join(known)}" if known else ""
+    raise FileNotFoundError(f"config file {name} does not exist (give a .toml file or a recipe "
+                            f"name{hint})")
+
+
+def _default_out(stem: str, resume: bool) -> Path:
+    from ..runs import checkpoint_dir
+
+    base = Path("runs") / stem
+    if resume:
+        return base
+    out, i = base, 1
+    while checkpoint_dir(out / "last") or checkpoint_dir(out / "best"):
+        i += 1
+        out = base.parent / f"{stem}-{i}"
+    return out
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from ..runs import read_run_config
+    from ..train import load_config, sample_texts, train_run
+
+    recipe = find_recipe(args.config) if args.config else None
+    stem = recipe.stem if recipe else "demo"
+    out = Path(args.out) if args.out else _default_out(stem, args.resume)
+    if recipe is None and args.resume and (out / "config.json").is_file():
+        rc = load_config(None, args.overrides, base=read_run_config(out))  # the run's own
+    else:
+        rc = load_config(recipe, args.overrides)
+    outcome = train_run(rc, out, resume=args.resume)
+    if not outcome.is_main:
+        return 0
+    r = outcome.result
+    metrics = "  ".join(f"{k} {v:.4f}" for k, v in r.metrics.items())
+    print(f"run dir: {out}")
+    early = ", stopped early" if r.stopped_early else ""
+    print(f"step {r.step}  {metrics}  ({r.wall_s:.1f} s{early})")
+    if r.best:
+        print(f"best {r.best['metric']} {r.best['value']:.4f} at step {r.best['step']} "
+              f"-> {out / 'best'}")
+    if rc.train.samples and rc.data.family == "decoder" and outcome.tokenizer is not None:
+        prompt = "\n" if "\n" in _vocab_text(outcome.tokenizer) else outcome.tokenizer.decode([0])
+        for i, text in enumerate(sample_texts(outcome.model, outcome.tokenizer, outcome.config,
+                                              prompt)):
+            print(f"\n--- sample {i + 1} ---\n{text.strip()}")
+    return 0
+
+
+def _vocab_text(tokenizer) -> str:
+    try:
+        return tokenizer.decode(list(range(tokenizer.vocab_size)))
+    except ValueError:
+        return ""
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from ..train import evaluate_run
+
+    result = evaluate_run(args.run_dir, args.split, args.data, args.checkpoint, args.device)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    for key, value in result.items():
+        print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+    return 0
+
+
+def cmd_data_fetch(args: argparse.Namespace) -> int:
+    from ..data import fetch
+
+    path = fetch(args.name, args.cache_dir, args.source_dir)
+    print(path)
+    return 0
+
+
+def cmd_data_list(args: argparse.Namespace) -> int:
+    from ..data import DATASETS
+
+    for name, info in DATASETS.items():
+        print(f"{name}\t{', '.join(f.name for f in info.files)}\t{info.description}")
+    return 0

@@ -1,0 +1,274 @@
+"""The run config: ``[model]`` + ``[data]`` + ``[train]`` sections, each a frozen dataclass.
+
+A recipe is a TOML file with those three tables; ``--set section.key=value`` overrides any
+field (the value is read as a TOML value, so ``--set train.lr=3e-4``, ``--set
+model.norm=pre`` and ``--set data.path=/tmp/x.txt`` all work without quotes). Unknown keys and
+wrong types raise :class:`~attnlab.config.ConfigError` (a ``ValueError``) naming the key, the
+value and what is allowed. ``RunConfig.explicit`` remembers which keys the user set, so values
+such as ``model.vocab_size`` can be filled in from the data unless they were given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from ..config import ConfigError, ModelConfig, _check, _check_literal, check_types
+
+DataName = Literal["embedded", "text", "shakespeare", "multi30k", "parallel", "sst2", "tsv",
+                   "copy", "reverse", "sort"]
+TokenizerKind = Literal["char", "bpe"]
+PreTokenizer = Literal["byte_level", "whitespace"]
+Schedule = Literal["cosine", "inverse_sqrt", "constant"]
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+SdpaBackend = Literal["auto", "default", "math", "flash", "efficient"]
+
+SECTIONS = ("model", "data", "train")
+# Which model family each data set trains.
+DATA_FAMILY = {"embedded": "decoder", "text": "decoder", "shakespeare": "decoder",
+               "multi30k": "encoder_decoder", "parallel": "encoder_decoder",
+               "copy": "encoder_decoder", "reverse": "encoder_decoder",
+               "sort": "encoder_decoder", "sst2": "encoder", "tsv": "encoder"}
+METRICS = ("auto", "val_loss", "ppl", "bleu", "accuracy", "f1")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the data comes from and how it is tokenized.
+
+    ``name`` picks a data set: ``embedded`` (the pydoc topics every Python has), a fetchable
+    one (``shakespeare``, ``multi30k``, ``sst2``: read from ``attnlab data fetch``'s cache,
+    downloaded if missing), your own files (``text``, ``parallel``, ``tsv``), or a synthetic
+    task (``copy``, ``reverse``, ``sort``). Local paths always win over the cache.
+    """
+
+    name: DataName = "embedded"
+    path: str = ""  # LM text file, or classification TSV (label and sentence columns)
+    val_path: str = ""  # a separate validation file (default: held out from path)
+    test_path: str = ""
+    src_path: str = ""  # translation: line-aligned source / target files
+    tgt_path: str = ""
+    val_src_path: str = ""
+    val_tgt_path: str = ""
+    test_src_path: str = ""
+    test_tgt_path: str = ""
+    cache_dir: str = ""  # data cache (default $ATTNLAB_DATA or ~/.cache/attnlab/data)
+    tokenizer: TokenizerKind = "char"
+    vocab_size: int = 8000  # BPE vocabulary to train
+    pre_tokenizer: PreTokenizer = "whitespace"  # BPE pre-tokenizer
+    train_frac: float = 0.9  # LM: first part train, rest val (nanoGPT)
+    holdout: float = 0.1  # classification: fraction of the training file held out as val
+    max_len: int = 0  # cut classification inputs / drop longer translation pairs; 0 = model's
+    src_add_special: bool = False  # wrap source sentences in bos ... eos
+    label_names: list[str] | None = None  # classification: names of the classes
+    synth_vocab: int = 16  # synthetic tasks: ids 0-2 are pad/bos/eos
+    seq_min: int = 3
+    seq_max: int = 10
+    val_size: int = 512  # synthetic validation examples
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name, lit in (("name", DataName), ("tokenizer", TokenizerKind),
+                          ("pre_tokenizer", PreTokenizer)):
+            _check_literal(self, name, lit)
+        _check(self.vocab_size >= 8, "vocab_size", self.vocab_size, "an integer >= 8")
+        for name in ("train_frac", "holdout"):
+            v = getattr(self, name)
+            _check(0.0 < v < 1.0, name, v, "a fraction strictly between 0 and 1")
+        _check(self.max_len >= 0, "max_len", self.max_len, "0 (the model's) or a positive int")
+        _check(self.synth_vocab > 3, "synth_vocab", self.synth_vocab, "an integer > 3")
+        _check(1 <= self.seq_min <= self.seq_max, "seq_min", self.seq_min,
+               f"1 <= seq_min <= seq_max (seq_max={self.seq_max})")
+        _check(self.val_size >= 1, "val_size", self.val_size, "a positive integer")
+        names = self.label_names
+        _check(names is None or (isinstance(names, list) and len(names) >= 2
+                                 and all(isinstance(n, str) for n in names)),
+               "label_names", names, "a list of at least two strings")
+
+    @property
+    def family(self) -> str:
+        """The model family this data trains."""
+        return DATA_FAMILY[self.name]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation, precision, evaluation, logging and checkpointing."""
+
+    seed: int = 1337
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    precision: Precision = "auto"  # auto = bf16 where it is fast (CUDA, CPUs with AMX/AVX512-BF16)
+    compile: bool = False  # torch.compile the model (falls back to eager with a warning)
+    sdpa_backend: SdpaBackend = "auto"  # auto = math for bf16 on CPU with blocks <= 128 (faster
+    # there: benchmarks/README.md), else torch's default choice
+    max_steps: int = 2000
+    batch_size: int = 12  # sequences / sentences per optimizer micro-step, over all processes
+    block_size: int = 0  # LM context; 0 = model.max_len
+    max_tokens: int = 4096  # translation: padded tokens per micro-batch (replaces batch_size)
+    grad_accum: int = 1  # micro-batches per optimizer step
+    lr: float = 1e-3  # peak learning rate (after warmup)
+    min_lr: float = 1e-4  # cosine: the final learning rate
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # on matrices only (biases, norms and positions are not decayed)
+    schedule: Schedule = "cosine"
+    warmup_steps: int = 100
+    decay_steps: int = 0  # cosine: steps until min_lr; 0 = max_steps
+    grad_clip: float = 1.0  # max global gradient norm; 0 = off
+    label_smoothing: float = 0.0
+    eval_every: int = 250  # steps between evaluations (and checkpoints); 0 = only at the end
+    eval_batches: int = 20  # LM: val batches per evaluation; 0 = the whole split
+    eval_batch_size: int = 0  # 0 = batch_size
+    final_eval_batches: int = 0  # LM: batches of the final evaluation; 0 = the whole split
+    log_every: int = 10  # steps between train-loss log rows (one host sync each)
+    patience: int = 0  # stop after this many evaluations without improvement; 0 = never
+    best_metric: str = "auto"  # auto | val_loss | ppl | bleu | accuracy | f1
+    progress: bool = True  # tqdm progress bar
+    tensorboard: bool = True
+    samples: int = 0  # LM: samples printed after training
+    sample_tokens: int = 300
+    temperature: float = 0.8
+    top_k: int = 40
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        _check_literal(self, "precision", Precision)
+        _check_literal(self, "schedule", Schedule)
+        _check_literal(self, "sdpa_backend", SdpaBackend)
+        dev = self.device
+        _check(dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:")
+                                                         and dev[5:].isdigit()),
+               "device", dev, "one of 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'")
+        for name in ("max_steps", "batch_size", "max_tokens", "grad_accum", "log_every",
+                     "sample_tokens"):
+            _check(getattr(self, name) >= 1, name, getattr(self, name), "a positive integer")
+        for name in ("block_size", "warmup_steps", "decay_steps", "eval_every", "eval_batches",
+                     "eval_batch_size", "final_eval_batches", "patience", "samples", "top_k"):
+            _check(getattr(self, name) >= 0, name, getattr(self, name), "an integer >= 0")
+        for name in ("lr", "eps"):
+            _check(getattr(self, name) > 0, name, getattr(self, name), "a positive float")
+        for name in ("min_lr", "weight_decay", "grad_clip", "temperature"):
+            _check(getattr(self, name) >= 0, name, getattr(self, name), "a float >= 0")
+        for name in ("beta1", "beta2"):
+            _check(0 <= getattr(self, name) < 1, name, getattr(self, name), "a float in [0, 1)")
+        _check(0 <= self.label_smoothing < 1, "label_smoothing", self.label_smoothing,
+               "a float in [0, 1)")
+        _check(self.best_metric in METRICS, "best_metric", self.best_metric,
+               "one of " + ", ".join(repr(m) for m in METRICS))
+
+
+_CLASSES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a training run needs; ``to_dict`` is what ``config.json`` stores."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    explicit: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        """Build from ``{"model": {...}, "data": {...}, "train": {...}}`` (sections optional)."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"a run config must be a table of sections, got {type(d).__name__}")
+        unknown = sorted(set(d) - set(SECTIONS))
+        if unknown:
+            raise ConfigError(f"unknown config section {unknown[0]!r}; allowed sections: "
+                              f"{', '.join(SECTIONS)}")
+        parts, explicit = {}, set()
+        for name in SECTIONS:
+            section = d.get(name, {})
+            if not isinstance(section, dict):
+                raise ConfigError(f"config section {name!r} must be a table, got {section!r}")
+            parts[name] = _build(_CLASSES[name], section, name)
+            explicit.update(f"{name}.{k}" for k in section)
+        return cls(**parts, explicit=frozenset(explicit))
+
+    def replace(self, section: str, **changes: Any) -> RunConfig:
+        """A copy with some fields of one section changed (not marked explicit)."""
+        new = dataclasses.replace(getattr(self, section), **changes)
+        return dataclasses.replace(self, **{section: new})
+
+
+def _build(cls: type, values: dict[str, Any], section: str) -> Any:
+    """``from_dict`` with the section name in front of the key in every error message."""
+    allowed = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - allowed)
+    if unknown:
+        raise ConfigError(f"unknown config key '{section}.{unknown[0]}'; allowed keys in "
+                          f"[{section}]: {', '.join(sorted(allowed))}")
+    try:
+        return cls(**values)
+    except ConfigError as e:
+        raise ConfigError(f"{section}.{e}") from None
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value: a TOML value (``3``, ``1e-3``, ``true``, ``"x"``, ``[1, 2]``), else
+    the text itself as a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``d`` with ``section.key=value`` assignments applied (a new dict; ``d`` is unchanged)."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not name:
+            raise ConfigError(f"--set {item!r} is not allowed: use section.key=value with "
+                              f"section one of {', '.join(SECTIONS)} (e.g. train.lr=3e-4)")
+        if section not in SECTIONS:
+            raise ConfigError(f"unknown config section {section!r} in --set {item!r}; allowed "
+                              f"sections: {', '.join(SECTIONS)}")
+        allowed = {f.name for f in fields(_CLASSES[section])}
+        if name not in allowed:
+            raise ConfigError(f"unknown config key '{section}.{name}' in --set; allowed keys "
+                              f"in [{section}]: {', '.join(sorted(allowed))}")
+        out.setdefault(section, {})[name] = parse_value(value.strip())
+    return out
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """The tables of a TOML recipe file, with clear errors for a missing or broken file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist (give a .toml recipe, e.g. "
+                                "configs/shakespeare_char.toml, or no config for the demo)")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> RunConfig:
+    """A recipe file (or ``base``, or the built-in demo when both are None) plus overrides."""
+    d = read_toml(path) if path is not None else (DEMO if base is None else base)
+    return RunConfig.from_dict(apply_overrides(d, overrides or []))
+
+
+# `attnlab train` with no config: a small character-level LM on the pydoc topics that every
+# Python install has, about 3 minutes on 2 CPU cores, then a few samples.
+DEMO: dict[str, dict[str, Any]] = {
+    "model": {"d_model": 128, "n_heads": 4, "n_layers": 4, "max_len": 128,
+              "dropout": 0.0, "norm": "pre", "ffn": "gelu", "pos": "learned", "bias": False,
+              "scale_embeddings": False},
+    "data": {"name": "embedded", "tokenizer": "char"},
+    "train": {"max_steps": 2500, "batch_size": 32, "lr": 2e-3, "min_lr": 2e-4,
+              "warmup_steps": 100, "eval_every": 500, "eval_batches": 20, "samples": 3,
+              "sample_tokens": 300},
+}

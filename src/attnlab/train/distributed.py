@@ -1,0 +1,88 @@
+"""Data-parallel training under ``torchrun``: process group set-up, batch sharding, reductions.
+
+The same ``attnlab train`` command runs as one process or as K under
+``torchrun --nproc_per_node=K``; ``WORLD_SIZE`` in the environment switches DDP on (gloo on
+CPU, nccl on CUDA). Every process draws the same global micro-batch from the same seeded
+generator and keeps its own rows (:func:`shard`), so K processes train exactly the model one
+process would train on the whole batch. Only rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process stands in the group (rank 0 of 1 without torchrun)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def env_info() -> DistInfo:
+    """Rank and world size from torchrun's environment variables."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return DistInfo(int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def init_distributed(device_type: str) -> DistInfo:
+    """Join the process group when launched by torchrun (idempotent); the info otherwise."""
+    info = env_info()
+    if info.enabled and not dist.is_initialized():
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        if device_type == "cuda":
+            torch.cuda.set_device(info.local_rank)
+        dist.init_process_group(backend=backend)
+    return info
+
+
+def cleanup() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def shard(batch: tuple[Tensor, ...], info: DistInfo) -> tuple[Tensor, ...]:
+    """This process's rows (rank, rank + K, ...) of every tensor of a global batch."""
+    if not info.enabled:
+        return batch
+    rows = batch[0].size(0)
+    if rows < info.world_size:
+        raise ValueError(f"a batch of {rows} rows cannot be split over {info.world_size} "
+                         "processes: raise train.batch_size (or train.max_tokens)")
+    return tuple(t[info.rank::info.world_size] for t in batch)
+
+
+def all_reduce_sum(t: Tensor, info: DistInfo) -> Tensor:
+    """Sum of ``t`` over processes (in place; returns ``t``)."""
+    if info.enabled:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def wrap_ddp(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
+    if not info.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids)
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()

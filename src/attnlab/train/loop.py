@@ -1,0 +1,312 @@
+"""The Trainer: one loop for the three families.
+
+Each optimizer step takes ``grad_accum`` micro-batches. Their loss is the SUM over targets
+divided by the number of targets in ALL of them (over every process too), so accumulating k
+micro-batches gives the gradient of one batch k times the size, however the padding falls.
+bf16 autocast (CPU or CUDA) or fp16 with a GradScaler (CUDA); optional ``torch.compile`` with
+a fallback to eager; no host-device sync inside the loop except every ``log_every`` steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..models import build_model
+from ..runs import RunError, checkpoint_dir
+from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .config import RunConfig
+from .distributed import DistInfo, all_reduce_sum, shard, wrap_ddp
+from .monitor import Monitor
+from .optim import build_optimizer, lr_at, set_lr
+from .tasks import Task
+
+log = logging.getLogger(__name__)
+LOWER_IS_BETTER = ("val_loss", "ppl")
+
+
+def resolve_device(name: str, info: DistInfo | None = None) -> torch.device:
+    """``auto`` = CUDA (this process's GPU under torchrun), else MPS, else CPU."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            name = "cuda"
+        elif getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            name = "mps"
+        else:
+            name = "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"train.device={name!r} but CUDA is not available here; allowed: "
+                         "'auto' or 'cpu'")
+    if name == "cuda" and info is not None and info.enabled:
+        name = f"cuda:{info.local_rank}"
+    return torch.device(name)
+
+
+def _cpu_has_fast_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    """``auto`` = bf16 on CUDA with bf16 support (else fp16) and on CPUs with bf16 matmul
+    instructions (AMX / AVX512-BF16); fp32 elsewhere."""
+    if name == "auto":
+        if device.type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "bf16" if device.type == "cpu" and _cpu_has_fast_bf16() else "fp32"
+    if name == "fp16" and device.type != "cuda":
+        raise ValueError(f"train.precision='fp16' needs CUDA (loss scaling), not "
+                         f"{device.type}; allowed here: 'bf16', 'fp32' or 'auto'")
+    return name
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The autocast context of a resolved precision (none for fp32)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def sdpa_backends(name: str, precision: str, device: torch.device, length: int) -> list | None:
+    """The attention kernels ``F.scaled_dot_product_attention`` may pick (None = torch's own
+    choice). ``auto``: on CPU under bf16, the math kernel for sequences up to 128 positions,
+    where the CPU flash kernel's bf16 backward is 1.6-2.5x slower (benchmarks/README.md)."""
+    from torch.nn.attention import SDPBackend
+
+    if name == "auto":
+        fast_math = device.type == "cpu" and precision == "bf16" and length <= 128
+        name = "math" if fast_math else "default"
+    table = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+             "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    return None if name == "default" else [table[name]]
+
+
+@dataclass
+class TrainResult:
+    """What a finished (or early-stopped) run reports."""
+
+    step: int
+    metrics: dict[str, float]  # the final evaluation (``final_eval_batches``)
+    best: dict[str, Any] | None  # {"step", "metric", "value"} of best/
+    stopped_early: bool
+    wall_s: float
+    train_losses: list[tuple[int, float]] = field(default_factory=list)
+
+
+class Trainer:
+    """Trains ``task``'s model under ``rc.train``; writes into ``run_dir`` on rank 0."""
+
+    def __init__(self, rc: RunConfig, task: Task, run_dir: Path | None = None,
+                 info: DistInfo | None = None):
+        self.rc, self.cfg, self.task = rc, rc.train, task
+        self.info = info or DistInfo()
+        self.run_dir = None if run_dir is None else Path(run_dir)
+        self.device = resolve_device(self.cfg.device, self.info)
+        self.precision = resolve_precision(self.cfg.precision, self.device)
+        torch.manual_seed(self.cfg.seed)  # the same initial weights on every process
+        self.model = build_model(task.model_config).to(self.device)
+        self.optimizer = build_optimizer(self.model, self.cfg, self.device.type)
+        self.backends = sdpa_backends(self.cfg.sdpa_backend, self.precision, self.device,
+                                      task.model_config.max_len)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        self.ddp = wrap_ddp(self.model, self.info, self.device)
+        self.fwd = self.ddp
+        self.compile_pending = False
+        if self.cfg.compile:
+            self.fwd, self.compile_pending = torch.compile(self.ddp), True
+        self.step = 0
+        self.best: dict[str, Any] | None = None
+        self.bad_evals = 0
+        self.window = [0.0, 0]  # summed step losses and steps since the last log row
+        metric = self.cfg.best_metric
+        self.metric = task.default_metric if metric == "auto" else metric
+        if self.metric not in ("val_loss", *task.metric_names):
+            raise ValueError(f"train.best_metric={metric!r} is not measured by this task; "
+                             f"allowed: auto, val_loss, {', '.join(task.metric_names)}")
+
+    # ---- precision -------------------------------------------------------------------------
+    def amp(self) -> contextlib.AbstractContextManager:
+        """Autocast (bf16 / fp16) and the chosen attention kernels, around every forward."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(autocast(self.precision, self.device))
+        if self.backends is not None:
+            from torch.nn.attention import sdpa_kernel
+
+            stack.enter_context(sdpa_kernel(self.backends))
+        return stack
+
+    # ---- one optimizer step ------------------------------------------------------------------
+    def accumulate(self, micro: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor,
+                                                                          torch.Tensor]:
+        """Backward over this process's micro-batches; gradients as of ONE batch holding all of
+        them (over all processes). Returns (mean loss per target, number of targets)."""
+        local = sum(self.task.count(b) for b in micro)
+        n = all_reduce_sum(local.clone(), self.info)  # targets over all micro-batches, ranks
+        scale = self.info.world_size / n  # DDP averages gradients over ranks
+        total = torch.zeros((), device=self.device)
+        for i, batch in enumerate(micro):
+            hold = self.info.enabled and i < len(micro) - 1  # all-reduce once, at the last
+            with self.ddp.no_sync() if hold else contextlib.nullcontext():
+                with self.amp():
+                    loss_sum = self.task.loss_sum(self.fwd, batch, self.cfg.label_smoothing)
+                self.scaler.scale(loss_sum * scale).backward()
+            total += loss_sum.detach()
+        return total / n, n
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over ``grad_accum`` micro-batches; (mean loss, targets)."""
+        micro = [tuple(t.to(self.device, non_blocking=True)
+                       for t in shard(self.task.next_batch(), self.info))
+                 for _ in range(self.cfg.grad_accum)]
+        loss, n = self.accumulate(micro)
+        if self.cfg.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, n
+
+    def _first_step_compiled(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first step of a compiled model; on a compilation error, eager from here on."""
+        data, rng = self.task.state_dict(), rng_state()
+        try:
+            return self.train_step()
+        except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
+            log.warning("torch.compile failed (%s: %s); training continues in eager mode",
+                        type(e).__name__, str(e).strip().splitlines()[0][:200] if str(e) else "")
+            self.fwd = self.ddp
+            self.optimizer.zero_grad(set_to_none=True)
+            self.task.load_state_dict(data)
+            set_rng_state(rng)
+            return self.train_step()
+        finally:
+            self.compile_pending = False
+
+    # ---- evaluation, checkpoints ------------------------------------------------------------
+    def evaluate(self, split: str = "val", max_batches: int | None = None) -> dict[str, float]:
+        self.model.eval()
+        try:
+            n = self.cfg.eval_batches if max_batches is None else max_batches
+            return self.task.evaluate(self.model, split, self.device, self.amp, n)
+        finally:
+            self.model.train()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(), "rng": rng_state(),
+                "data": self.task.state_dict(), "best": self.best, "bad_evals": self.bad_evals,
+                "window": list(self.window), "world_size": self.info.world_size}
+
+    def save(self, name: str = "last") -> None:
+        if self.run_dir is None or not self.info.is_main:
+            return
+        state = self.state_dict() if name == "last" else None
+        meta = {"step": self.step}
+        if name == "best" and self.best is not None:
+            meta.update(self.best)
+        save_checkpoint(self.run_dir / name, self.model, state, meta)
+
+    def resume(self) -> None:
+        """Continue from ``run_dir/last``: weights, optimizer, RNGs, data position, counters."""
+        folder = None if self.run_dir is None else checkpoint_dir(self.run_dir / "last")
+        if folder is None:
+            raise RunError(f"cannot resume: {self.run_dir} has no last/ checkpoint")
+        state = load_checkpoint(folder, self.model)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.task.load_state_dict(state["data"])
+        set_rng_state(state["rng"])
+        self.step, self.best, self.bad_evals = state["step"], state["best"], state["bad_evals"]
+        self.window = list(state["window"])
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def _improved(self, value: float) -> bool:
+        if self.best is None:
+            return True
+        if self.metric in LOWER_IS_BETTER:
+            return value < self.best["value"]
+        return value > self.best["value"]
+
+    def _after_eval(self, metrics: dict[str, float]) -> bool:
+        """Track best/ and patience; True when training should stop early."""
+        value = metrics.get(self.metric)
+        if value is None or math.isnan(value):
+            return False
+        if self._improved(value):
+            self.best = {"step": self.step, "metric": self.metric, "value": value}
+            self.bad_evals = 0
+            self.save("best")
+            return False
+        self.bad_evals += 1
+        return 0 < self.cfg.patience <= self.bad_evals
+
+    def _fold(self, win_loss: torch.Tensor, since: int) -> None:
+        """Move the losses summed on the device since step ``since`` into ``self.window``
+        (the one host sync of a log row; also before a checkpoint, which stores the window)."""
+        self.window[0] += float(all_reduce_sum(win_loss, self.info))
+        self.window[1] += self.step - since
+        win_loss.zero_()
+
+    def fit(self) -> TrainResult:
+        cfg = self.cfg
+        mon = Monitor(self.run_dir, self.task.metric_names, total=cfg.max_steps,
+                      start=self.step, progress=cfg.progress, tensorboard=cfg.tensorboard,
+                      enabled=self.info.is_main)
+        start_time = last_time = time.perf_counter()
+        folded = shown = self.step
+        stopped, losses, metrics = False, [], {}
+        win_loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        win_tokens = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.model.train()
+        try:
+            while self.step < cfg.max_steps and not stopped:
+                lr = lr_at(self.step, cfg)
+                set_lr(self.optimizer, lr)
+                loss, n = self._first_step_compiled() if self.compile_pending \
+                    else self.train_step()
+                self.step += 1
+                win_loss += loss.detach()
+                win_tokens += n
+                row: dict[str, Any] = {}
+                if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+                    self._fold(win_loss, folded)
+                    now = time.perf_counter()
+                    row = {"train_loss": self.window[0] / self.window[1], "lr": lr,
+                           "tokens_per_s": float(win_tokens) / max(now - last_time, 1e-9),
+                           "elapsed_s": now - start_time}
+                    losses.append((self.step, row["train_loss"]))
+                    mon.progress(self.step - shown, loss=row["train_loss"], lr=lr,
+                                 tok_s=round(row["tokens_per_s"]))
+                    folded = shown = self.step
+                    last_time, self.window = now, [0.0, 0]
+                    win_tokens.zero_()
+                if (cfg.eval_every and self.step % cfg.eval_every == 0) \
+                        or self.step == cfg.max_steps:
+                    metrics = self.evaluate()
+                    row.update(metrics)
+                    stopped = self._after_eval(metrics)
+                    self._fold(win_loss, folded)
+                    folded = self.step
+                    self.save("last")
+                    last_time = time.perf_counter()  # evaluation time is not training time
+                if row:
+                    mon.row(self.step, row)
+        finally:
+            mon.close()
+        resample = self.task.sampled_eval and cfg.final_eval_batches != cfg.eval_batches
+        if not metrics or resample:
+            metrics = self.evaluate(max_batches=cfg.final_eval_batches)  # 0 = the whole split
+        return TrainResult(self.step, metrics, self.best, stopped,
+                           time.perf_counter() - start_time, losses)

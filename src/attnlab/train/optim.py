@@ -1,0 +1,81 @@
+"""AdamW with decay / no-decay parameter groups, and the learning-rate schedules.
+
+Weight decay applies to matrices only (linear weights and embeddings, ``dim >= 2``); biases,
+norm gains and other vectors are not decayed (as in GPT-2 / nanoGPT). The schedule is a pure
+function of the step, so its whole state is the step counter the trainer checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .config import TrainConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two AdamW groups: matrices (decayed) and the rest (not). Shared (tied) parameters are
+    listed once, under their first name."""
+    decay, no_decay = [], []
+    for p in model.parameters():  # deduplicated: a tied embedding / head appears once
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.AdamW:
+    """AdamW over :func:`param_groups` with the fused kernel (CUDA and CPU: one kernel for all
+    parameters; on the 2-core CPU of benchmarks/README.md it beat the foreach one), falling back
+    to the multi-tensor (foreach) kernel on devices without a fused one (MPS)."""
+    impl = {"fused": True} if device_type in ("cuda", "cpu") else {"foreach": True}
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
+                             betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **impl)
+
+
+def cosine_lr(step: int, lr: float, min_lr: float, warmup: int, decay_steps: int) -> float:
+    """Linear warmup to ``lr`` over ``warmup`` steps, then half a cosine down to ``min_lr`` at
+    ``decay_steps``, constant after (nanoGPT's ``get_lr``). ``step`` counts from 0."""
+    if step < warmup:
+        return lr * (step + 1) / (warmup + 1)
+    if step >= decay_steps:
+        return min_lr
+    ratio = (step - warmup) / max(1, decay_steps - warmup)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+
+def inverse_sqrt_lr(step: int, lr: float, warmup: int) -> float:
+    """The paper's schedule (Vaswani et al. 2017, section 5.3, eq. 3): linear warmup, then
+    decay with the inverse square root of the step, peaking at ``lr`` after ``warmup`` steps.
+
+    The paper writes it as ``d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)`` with s = step + 1;
+    that is this function with ``lr = d_model^-0.5 * warmup^-0.5`` (see :func:`noam_peak`).
+    """
+    s = step + 1
+    if warmup == 0:
+        return lr / math.sqrt(s)
+    return lr * min(s / warmup, math.sqrt(warmup / s))
+
+
+def noam_peak(d_model: int, warmup: int, factor: float = 1.0) -> float:
+    """Peak learning rate of the paper's schedule: ``factor * d_model^-0.5 * warmup^-0.5``."""
+    return factor * d_model ** -0.5 * warmup ** -0.5
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate of optimizer step ``step`` (0-based) under ``cfg.schedule``."""
+    if cfg.schedule == "cosine":
+        return cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup_steps,
+                         cfg.decay_steps or cfg.max_steps)
+    if cfg.schedule == "inverse_sqrt":
+        return inverse_sqrt_lr(step, cfg.lr, cfg.warmup_steps)
+    if step < cfg.warmup_steps:  # constant after a linear warmup
+        return cfg.lr * (step + 1) / (cfg.warmup_steps + 1)
+    return cfg.lr
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

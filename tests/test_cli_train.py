@@ -1,0 +1,229 @@
+"""`attnlab train | eval | data` end to end, and one-line errors (exit 2) on bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+
+import pytest
+import torch
+
+from attnlab.cli import main
+from attnlab.train.monitor import read_metrics
+
+TEXT = "".join(f"to be or not to be, line {i}; that is the question.\n" for i in range(80))
+MODEL = ["--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.n_layers=1",
+         "--set", "model.max_len=16"]
+FAST = ["--set", "train.precision=fp32", "--set", "train.progress=false",
+        "--set", "train.tensorboard=false", "--set", "train.log_every=2"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread (and OpenMP spin-waits when jobs share CPUs)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def text(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_text(TEXT)
+    return path
+
+
+def lm_args(text, out, steps=4, *extra):
+    return ["train", "--set", "data.name=text", "--set", f"data.path={text}", *MODEL, *FAST,
+            "--set", f"train.max_steps={steps}", "--set", "train.eval_every=2",
+            "--set", "train.batch_size=4", "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    """One small LM run shared by the tests that only read it."""
+    base = tmp_path_factory.mktemp("lm")
+    text = base / "text.txt"
+    text.write_text(TEXT)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    args = lm_args(text, base / "run", 4, "--set", "train.samples=2", "--set",
+                   "train.sample_tokens=20", "--set", "train.tensorboard=true")
+    assert main(args) == 0
+    torch.set_num_threads(before)
+    return base / "run"
+
+
+def test_train_writes_the_run_dir_and_prints_samples(lm_run, capsys):
+    files = {p.name for p in lm_run.iterdir()}
+    assert {"config.json", "tokenizer.json", "metrics.csv", "results.json", "last", "best",
+            "tb"} <= files
+    rows = read_metrics(lm_run / "metrics.csv")
+    assert list(rows[0])[:4] == ["step", "train_loss", "val_loss", "lr"] and "ppl" in rows[0]
+    assert [r["step"] for r in rows] == [2, 4] and all(r["val_loss"] for r in rows)
+    cfg = json.loads((lm_run / "config.json").read_text())
+    assert cfg["model"]["vocab_size"] == len(set(TEXT)) and cfg["model"]["family"] == "decoder"
+    assert cfg["train"]["max_steps"] == 4
+    assert any(p.name.startswith("events") for p in (lm_run / "tb").iterdir())
+
+
+def test_eval_prints_loss_and_perplexity(lm_run, text, capsys):
+    assert main(["eval", str(lm_run)]) == 0
+    out = capsys.readouterr().out
+    assert "val_loss:" in out and "ppl:" in out
+    assert main(["eval", str(lm_run), "--split", "test", "--data", str(text), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["split"] == "test" and result["ppl"] == pytest.approx(
+        torch.tensor(result["val_loss"]).exp().item(), rel=1e-5)
+
+
+def test_demo_is_the_default_command(monkeypatch, tmp_path, capsys):
+    """`attnlab` alone = `attnlab train` with the built-in demo config (shortened here)."""
+    from attnlab.train import config
+
+    small = {"model": {**config.DEMO["model"], "d_model": 32, "n_layers": 1, "max_len": 16},
+             "data": {"name": "embedded"},
+             "train": {**config.DEMO["train"], "max_steps": 2, "eval_every": 0,
+                       "final_eval_batches": 1, "eval_batches": 1, "batch_size": 2,
+                       "samples": 1, "sample_tokens": 10, "progress": False,
+                       "tensorboard": False, "precision": "fp32"}}
+    monkeypatch.setattr(config, "DEMO", small)
+    monkeypatch.chdir(tmp_path)
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "run dir: runs/demo" in out and "--- sample 1 ---" in out
+    assert main([]) == 0  # a second demo does not clash with the first run dir
+    assert "run dir: runs/demo-2" in capsys.readouterr().out
+
+
+def test_classification_and_translation_end_to_end(tmp_path, capsys):
+    tsv = tmp_path / "train.tsv"
+    tsv.write_text("label\tsentence\n" + "".join(
+        f"{i % 2}\t{'great' if i % 2 else 'awful'} film {i}\n" for i in range(40)))
+    args = ["train", "--set", "data.name=tsv", "--set", f"data.path={tsv}", *MODEL, *FAST,
+            "--set", "data.tokenizer=char", "--set", "train.max_steps=2",
+            "--set", "train.batch_size=8", "--out", str(tmp_path / "cls")]
+    assert main(args) == 0
+    assert main(["eval", str(tmp_path / "cls")]) == 0
+    out = capsys.readouterr().out
+    assert "accuracy:" in out and "f1:" in out
+    src, tgt = tmp_path / "s.de", tmp_path / "t.en"
+    src.write_text("".join(f"ein hund {i}\n" for i in range(20)))
+    tgt.write_text("".join(f"a dog {i}\n" for i in range(20)))
+    args = ["train", "--set", "data.name=parallel", "--set", f"data.src_path={src}",
+            "--set", f"data.tgt_path={tgt}", "--set", f"data.val_src_path={src}",
+            "--set", f"data.val_tgt_path={tgt}", "--set", "data.tokenizer=bpe",
+            "--set", "data.vocab_size=300", "--set", "data.pre_tokenizer=byte_level", *MODEL,
+            *FAST, "--set", "train.max_steps=2", "--set", "train.max_tokens=64",
+            "--set", "train.label_smoothing=0.1", "--set", "train.schedule=inverse_sqrt",
+            "--out", str(tmp_path / "mt")]
+    assert main(args) == 0
+    assert main(["eval", str(tmp_path / "mt"), "--split", "test", "--data", str(src),
+                 str(tgt)]) == 0
+    assert "bleu:" in capsys.readouterr().out
+
+
+def test_synthetic_task_needs_no_files(tmp_path, capsys):
+    args = ["train", "--set", "data.name=reverse", *MODEL, *FAST, "--set", "train.max_steps=2",
+            "--set", "data.val_size=8", "--out", str(tmp_path / "rev")]
+    assert main(args) == 0
+    assert "accuracy" in capsys.readouterr().out
+
+
+def test_resume_continues_the_logged_losses(text, tmp_path, capsys):
+    args = lm_args(text, tmp_path / "a", 4, "--set", "train.decay_steps=4",
+                   "--set", "train.log_every=1")
+    assert main(args) == 0
+    half = lm_args(text, tmp_path / "b", 2, "--set", "train.decay_steps=4",
+                   "--set", "train.log_every=1")
+    assert main(half) == 0
+    # resume with the run's own config, only max_steps raised
+    assert main(["train", "--out", str(tmp_path / "b"), "--resume",
+                 "--set", "train.max_steps=4"]) == 0
+    a = read_metrics(tmp_path / "a" / "metrics.csv")
+    b = read_metrics(tmp_path / "b" / "metrics.csv")
+    assert [r["train_loss"] for r in a] == [r["train_loss"] for r in b]
+    assert len(a) == 4
+
+
+def digest(folder):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", [
+    "missing_file", "empty_file", "bad_label", "unknown_key", "wrong_type", "token_out_of_range",
+    "other_config", "unwritable", "existing_checkpoint", "no_checkpoint_to_resume",
+    "fetch_unknown", "fetch_offline", "eval_missing_run", "bad_recipe_name",
+])
+def test_bad_input_is_one_line_exit_2_and_leaves_checkpoints_alone(case, lm_run, text, tmp_path,
+                                                                   capsys, monkeypatch):
+    before = digest(lm_run)
+    tsv = tmp_path / "bad.tsv"
+    tsv.write_text("label\tsentence\n1\tfine\nmaybe\tnot a number\n")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    run = str(lm_run)
+    cases = {
+        "missing_file": (lm_args(tmp_path / "nope.txt", tmp_path / "o"), "does not exist"),
+        "empty_file": (lm_args(empty, tmp_path / "o"), "is empty"),
+        "bad_label": (["train", "--set", "data.name=tsv", "--set", f"data.path={tsv}",
+                       "--out", str(tmp_path / "o")], "'maybe' is not an integer"),
+        "unknown_key": (lm_args(text, tmp_path / "o", 4, "--set", "train.learning_rate=1"),
+                        "unknown config key 'train.learning_rate'"),
+        "wrong_type": (lm_args(text, tmp_path / "o", 4, "--set", "model.d_model=big"),
+                       "model.d_model='big' has the wrong type: expected int"),
+        "token_out_of_range": (lm_args(text, tmp_path / "o", 4, "--set", "model.vocab_size=5"),
+                               "out of range; allowed: >= "),
+        "other_config": (lm_args(text, run, 8, "--resume", "--set", "model.d_model=64"),
+                         "different config: model.d_model is 32 there but 64 here"),
+        "unwritable": (lm_args(text, blocker / "run"), "cannot write to run dir"),
+        "existing_checkpoint": (lm_args(text, run), "already holds a checkpoint; pass --resume"),
+        "no_checkpoint_to_resume": (lm_args(text, tmp_path / "fresh", 4, "--resume"),
+                                    "has no last/ checkpoint"),
+        "fetch_unknown": (["data", "fetch", "imagenet", "--cache", str(tmp_path)],
+                          "unknown data set 'imagenet'"),
+        "fetch_offline": (["train", "shakespeare_char", "--set",
+                           f"data.cache_dir={tmp_path / 'cache'}", "--out", str(tmp_path / "o")],
+                          "--set data.path=/path/to/input.txt"),
+        "eval_missing_run": (["eval", str(tmp_path / "nothing")], "does not exist"),
+        "bad_recipe_name": (["train", "no_such_recipe"], "recipes: "),
+    }
+    if case == "fetch_offline":
+        fetch_module = importlib.import_module("attnlab.data.fetch")  # (the package exports
+        # a function of the same name)
+
+        def offline(url, dest, timeout):
+            raise OSError("network is unreachable")
+
+        monkeypatch.setattr(fetch_module, "download_url", offline)
+    argv, message = cases[case]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert "Traceback" not in err
+    assert digest(lm_run) == before
+
+
+def test_data_fetch_copies_a_local_file(tmp_path, capsys, monkeypatch):
+    fetch_module = importlib.import_module("attnlab.data.fetch")
+    DATASETS, RemoteFile = fetch_module.DATASETS, fetch_module.RemoteFile  # noqa: N806
+
+    # a stand-in data set whose checksum we know (the real ones are not read by unit tests)
+    src = tmp_path / "src" / "tinyshakespeare"
+    src.mkdir(parents=True)
+    (src / "input.txt").write_text(TEXT)
+    sha = hashlib.sha256(TEXT.encode()).hexdigest()
+    info = DATASETS["shakespeare"]
+    fake = type(info)(info.name, info.description, (RemoteFile("input.txt", "http://x", sha),),
+                      info.local_dir, info.local_hint)
+    monkeypatch.setattr(fetch_module, "DATASETS", {**DATASETS, "shakespeare": fake})
+    args = ["data", "fetch", "shakespeare", "--from", str(tmp_path / "src"), "--cache",
+            str(tmp_path / "cache")]
+    assert main(args) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "cache" / "shakespeare")
+    assert (tmp_path / "cache" / "shakespeare" / "input.txt").read_text() == TEXT

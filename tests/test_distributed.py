@@ -1,0 +1,64 @@
+"""`attnlab train` under torchrun: 2 CPU processes (gloo) train exactly what one process trains
+on the same global batch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnlab.train.monitor import read_metrics
+
+TEXT = "".join(f"all the world's a stage, and all the men and women merely players {i}.\n"
+               for i in range(40))
+
+
+def command(text, out):
+    return ["train", "--set", "data.name=text", "--set", f"data.path={text}",
+            "--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.n_layers=1",
+            "--set", "model.max_len=16", "--set", "model.dropout=0.0",
+            "--set", "train.precision=fp32", "--set", "train.progress=false",
+            "--set", "train.tensorboard=false", "--set", "train.batch_size=6",
+            "--set", "train.grad_accum=2", "--set", "train.max_steps=3",
+            "--set", "train.log_every=1", "--set", "train.eval_every=0",
+            "--set", "train.eval_batches=2", "--set", "train.lr=1e-2",
+            "--out", str(out)]
+
+
+def run(args, nproc, tmp_path):
+    script = tmp_path / "attnlab_main.py"
+    script.write_text("import sys\nfrom attnlab.cli import main\nsys.exit(main())\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    launcher = [sys.executable, str(script)] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc_per_node={nproc}", str(script)]
+    proc = subprocess.run(launcher + args, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process_on_the_same_global_batch(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    run(command(text, tmp_path / "one"), 1, tmp_path)
+    ddp = run(command(text, tmp_path / "two"), 2, tmp_path)
+    assert "2 processes" in ddp.stderr
+    one = read_metrics(tmp_path / "one" / "metrics.csv")
+    two = read_metrics(tmp_path / "two" / "metrics.csv")
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2, 3]
+    for a, b in zip(one, two):  # the first step's loss, and the later ones
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-6)
+    assert one[-1]["val_loss"] == pytest.approx(two[-1]["val_loss"], abs=1e-5)
+    wa = load_file(tmp_path / "one" / "last" / "model.safetensors")
+    wb = load_file(tmp_path / "two" / "last" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-6)
+    # only rank 0 wrote: the run dirs hold the same files
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == \
+        sorted(p.name for p in (tmp_path / "two").iterdir())

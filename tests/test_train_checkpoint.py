@@ -1,0 +1,143 @@
+"""Checkpoints: no pickle, exact round trips, and atomic folder swaps that survive a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from attnlab import ModelConfig, build_model
+from attnlab.runs import MODEL_FILE, checkpoint_dir, find_checkpoint, load_run, write_dir_atomic
+from attnlab.train import TrainConfig, build_optimizer, load_checkpoint, save_checkpoint
+from attnlab.train.checkpoint import flatten, rng_state, set_rng_state, unflatten
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread (and OpenMP spin-waits when jobs share CPUs)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+def tiny_model(seed: int = 0):
+    torch.manual_seed(seed)
+    return build_model(ModelConfig(family="decoder", vocab_size=11, d_model=16, n_heads=2,
+                                   n_layers=1, max_len=8, dropout=0.0))
+
+
+def trained_optimizer(model):
+    opt = build_optimizer(model, TrainConfig(lr=0.01), "cpu")
+    for _ in range(2):
+        logits, loss = model(torch.randint(0, 11, (2, 8)), torch.randint(0, 11, (2, 8)))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return opt
+
+
+def test_flatten_round_trips_optimizer_and_rng_state_exactly():
+    model = tiny_model()
+    opt = trained_optimizer(model)
+    random.random()
+    np.random.rand()
+    state = {"optimizer": opt.state_dict(), "rng": rng_state(), "gen": torch.Generator()
+             .manual_seed(3).get_state(), "best": None, "window": [1.5, 3]}
+    tensors: dict = {}
+    doc = json.loads(json.dumps(flatten(state, tensors)))  # really JSON-able
+    back = unflatten(doc, tensors)
+    assert back["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
+    for k, v in state["optimizer"]["state"].items():
+        for name, t in v.items():
+            assert torch.equal(back["optimizer"]["state"][k][name], t)
+    # restoring the RNGs replays the same numbers
+    set_rng_state(back["rng"])
+    a = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    set_rng_state(state["rng"])
+    assert a == (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    opt2 = build_optimizer(model, TrainConfig(lr=0.01), "cpu")
+    opt2.load_state_dict(back["optimizer"])  # loads into a real optimizer
+
+
+def test_checkpoint_round_trip_without_pickle(tmp_path, monkeypatch):
+    model = tiny_model()
+    opt = trained_optimizer(model)
+    save_checkpoint(tmp_path / "last", model, {"step": 7, "optimizer": opt.state_dict()})
+    names = sorted(p.name for p in (tmp_path / "last").iterdir())
+    assert names == ["manifest.json", MODEL_FILE, "state.json", "state.safetensors"]
+
+    def no_pickle(*args, **kwargs):
+        raise AssertionError("checkpoint loading must not unpickle")
+
+    monkeypatch.setattr(pickle, "loads", no_pickle)
+    monkeypatch.setattr(pickle, "load", no_pickle)
+    monkeypatch.setattr(torch, "load", no_pickle)
+    other = tiny_model(seed=1)
+    state = load_checkpoint(tmp_path / "last", other)
+    assert state["step"] == 7
+    for a, b in zip(model.state_dict().values(), other.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_weights_saved_from_a_compiled_model_have_no_prefix(tmp_path):
+    model = tiny_model()
+    compiled = torch.compile(model)  # wrapping only; nothing is compiled until it is called
+    save_checkpoint(tmp_path / "best", compiled)
+    with safe_open(str(tmp_path / "best" / MODEL_FILE), "pt") as f:
+        keys = list(f.keys())
+    assert keys and not any(k.startswith(("_orig_mod.", "module.")) for k in keys)
+
+
+def fill(value: str):
+    def write(folder):
+        (folder / MODEL_FILE).write_text(value)
+    return write
+
+
+def test_a_kill_while_writing_leaves_the_old_checkpoint(tmp_path):
+    dest = tmp_path / "last"
+    write_dir_atomic(dest, fill("old"))
+
+    def crash(folder):
+        (folder / MODEL_FILE).write_text("half")
+        raise KeyboardInterrupt  # killed mid-write
+
+    with pytest.raises(KeyboardInterrupt):
+        write_dir_atomic(dest, crash)
+    assert (checkpoint_dir(dest) / MODEL_FILE).read_text() == "old"
+    write_dir_atomic(dest, fill("new"))  # the next save cleans up
+    assert (dest / MODEL_FILE).read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]
+
+
+def test_a_kill_between_the_two_renames_is_recovered(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text(json.dumps({"model": ModelConfig(
+        family="decoder", vocab_size=11, d_model=16, n_heads=2, n_layers=1, max_len=8,
+        dropout=0.0).to_dict()}))
+    model = tiny_model()
+    save_checkpoint(tmp_path / "last", model)
+    real_replace = os.replace
+
+    def replace_then_die(src, dst):
+        if str(dst) == str(tmp_path / "last"):  # old copy moved away, new one not yet in place
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path / "last", tiny_model(seed=5))
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert not (tmp_path / "last").exists()
+    found = find_checkpoint(tmp_path, "last")  # the complete new copy is still found
+    assert found.parent.name == ".last.tmp"
+    run = load_run(tmp_path, "last")
+    assert torch.equal(run.model.lm_head.weight, tiny_model(seed=5).lm_head.weight)
+    save_checkpoint(tmp_path / "last", model)  # the next save puts things back in order
+    assert checkpoint_dir(tmp_path / "last") == tmp_path / "last"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "last"]

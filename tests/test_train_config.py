@@ -1,0 +1,159 @@
+"""Run configs (TOML + --set overrides), optimizer groups and learning-rate schedules."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab import ModelConfig, build_model
+from attnlab.config import ConfigError
+from attnlab.train import DEMO, RunConfig, TrainConfig, load_config, lr_at, noam_peak
+from attnlab.train.config import apply_overrides, parse_value
+from attnlab.train.optim import build_optimizer, cosine_lr, inverse_sqrt_lr, param_groups
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_toml_sections_and_overrides(tmp_path):
+    toml = write(tmp_path / "r.toml", '[model]\nd_model = 64\nn_heads = 2\n'
+                 '[data]\nname = "shakespeare"\n[train]\nlr = 1e-3\n')
+    rc = load_config(toml, ["train.lr=3e-4", "model.norm=pre", "data.path=/tmp/x y.txt",
+                            "train.compile=true"])
+    assert rc.model.d_model == 64 and rc.model.norm == "pre"
+    assert rc.train.lr == 3e-4 and rc.train.compile is True
+    assert rc.data.path == "/tmp/x y.txt" and rc.data.name == "shakespeare"
+    assert {"model.d_model", "model.norm", "train.lr", "data.path"} <= rc.explicit
+    assert "model.vocab_size" not in rc.explicit
+    again = RunConfig.from_dict(rc.to_dict())
+    assert again == rc  # round trip through the dict config.json stores
+
+
+def test_parse_value_reads_toml_literals_else_text():
+    assert parse_value("3") == 3 and parse_value("1e-3") == 1e-3
+    assert parse_value("true") is True and parse_value("[1, 2]") == [1, 2]
+    assert parse_value('"quoted"') == "quoted" and parse_value("plain/path.txt") == "plain/path.txt"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.d_modl=64"], "unknown config key 'model.d_modl'"),
+    (["train.nope=1"], "allowed keys in [train]"),
+    (["optim.lr=1"], "unknown config section 'optim'"),
+    (["lr=1"], "use section.key=value"),
+    (["model.d_model=abc"], "model.d_model='abc' has the wrong type: expected int"),
+    (["train.max_steps=1.5"], "train.max_steps=1.5 has the wrong type"),
+    (["train.schedule=linear"], "train.schedule='linear' is not allowed: one of 'cosine'"),
+    (["data.name=imagenet"], "data.name='imagenet' is not allowed"),
+    (["train.device=tpu"], "train.device='tpu' is not allowed"),
+    (["train.best_metric=loss"], "train.best_metric='loss' is not allowed"),
+    (["data.label_names=[1, 2]"], "data.label_names=[1, 2] is not allowed"),
+])
+def test_bad_keys_and_values_name_key_value_and_allowed(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert message in str(e.value)
+
+
+def test_unknown_key_in_toml_file(tmp_path):
+    toml = write(tmp_path / "r.toml", "[train]\nlearning_rate = 0.1\n")
+    with pytest.raises(ConfigError, match="unknown config key 'train.learning_rate'.*lr"):
+        load_config(toml)
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(write(tmp_path / "bad.toml", "[train\n"))
+
+
+def test_overrides_do_not_mutate_the_base():
+    before = {k: dict(v) for k, v in DEMO.items()}
+    apply_overrides(DEMO, ["train.lr=5.0"])
+    assert DEMO == before
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.stem)
+def test_shipped_recipes_load(path):
+    rc = load_config(path)
+    assert rc.model.family in (rc.data.family, "decoder")
+
+
+def test_recipes_exist_and_demo_file_equals_builtin_demo():
+    names = {p.stem for p in CONFIGS.glob("*.toml")}
+    assert {"shakespeare_char", "shakespeare_char_cpu", "multi30k_de_en", "sst2", "copy",
+            "reverse", "sort"} <= names
+    assert load_config(CONFIGS / "demo.toml") == load_config(None)
+    assert tomllib.loads((CONFIGS / "demo.toml").read_text()) == DEMO
+
+
+def test_nanogpt_cpu_recipe_matches_the_documented_config():
+    rc = load_config(CONFIGS / "shakespeare_char_cpu.toml")
+    m, t = rc.model, rc.train
+    assert (m.n_layers, m.n_heads, m.d_model, m.ff_dim, m.max_len) == (4, 4, 128, 512, 64)
+    assert (m.ffn, m.norm, m.pos, m.bias, m.tie_embeddings, m.dropout) == \
+        ("gelu", "pre", "learned", False, True, 0.0)
+    assert (t.batch_size, t.max_steps, t.lr, t.min_lr, t.warmup_steps) == (12, 2000, 1e-3, 1e-4,
+                                                                          100)
+    assert (t.beta1, t.beta2, t.weight_decay, t.grad_clip) == (0.9, 0.99, 0.1, 1.0)
+    assert rc.data.train_frac == 0.9
+
+
+def test_cosine_schedule_is_nanogpts():
+    # nanoGPT get_lr with warmup 100, decay 2000, lr 1e-3, min 1e-4
+    assert cosine_lr(0, 1e-3, 1e-4, 100, 2000) == pytest.approx(1e-3 / 101)
+    assert cosine_lr(99, 1e-3, 1e-4, 100, 2000) == pytest.approx(1e-3 * 100 / 101)
+    assert cosine_lr(100, 1e-3, 1e-4, 100, 2000) == pytest.approx(1e-3)
+    assert cosine_lr(1050, 1e-3, 1e-4, 100, 2000) == pytest.approx(1e-4 + 0.5 * 9e-4)
+    assert cosine_lr(2000, 1e-3, 1e-4, 100, 2000) == pytest.approx(1e-4)
+    assert cosine_lr(5000, 1e-3, 1e-4, 100, 2000) == pytest.approx(1e-4)
+
+
+def test_inverse_sqrt_is_the_papers_formula():
+    d, warmup = 512, 4000
+    peak = noam_peak(d, warmup)
+    for step in (0, 10, 3998, 3999, 4000, 10_000, 100_000):
+        s = step + 1
+        paper = d ** -0.5 * min(s ** -0.5, s * warmup ** -1.5)  # Vaswani et al., eq. 3
+        assert inverse_sqrt_lr(step, peak, warmup) == pytest.approx(paper, rel=1e-9)
+    cfg = TrainConfig(schedule="inverse_sqrt", lr=peak, warmup_steps=warmup)
+    lrs = [lr_at(s, cfg) for s in range(0, 20_000, 500)]
+    top = lrs.index(max(lrs))
+    assert all(a < b for a, b in zip(lrs[:top], lrs[1:top + 1]))  # warmup rises
+    assert all(a > b for a, b in zip(lrs[top:], lrs[top + 1:]))  # then decays
+
+
+def test_constant_schedule_with_warmup():
+    cfg = TrainConfig(schedule="constant", lr=0.01, warmup_steps=3)
+    assert [round(lr_at(s, cfg), 6) for s in range(5)] == [0.0025, 0.005, 0.0075, 0.01, 0.01]
+
+
+def test_decay_groups_hold_matrices_only_and_every_parameter_once():
+    model = build_model(ModelConfig(family="decoder", vocab_size=20, d_model=16, n_heads=2,
+                                    n_layers=1, max_len=8, pos="learned", bias=True))
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"])
+    assert all(p.dim() < 2 for p in no_decay["params"]) and no_decay["params"]
+    ids = [id(p) for p in decay["params"] + no_decay["params"]]
+    assert len(ids) == len(set(ids)) == len(list(model.parameters()))
+    assert id(model.lm_head.weight) in ids  # tied with the embedding: listed once
+    opt = build_optimizer(model, TrainConfig(weight_decay=0.1), "cpu")
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["betas"] == (0.9, 0.99)
+
+
+def test_fp16_on_cpu_is_refused_and_auto_resolves():
+    from attnlab.train import resolve_device, resolve_precision
+
+    cpu = resolve_device("cpu")
+    with pytest.raises(ValueError, match="fp16.*needs CUDA"):
+        resolve_precision("fp16", cpu)
+    assert resolve_precision("auto", cpu) in ("bf16", "fp32")
+    assert resolve_precision("fp32", cpu) == "fp32"
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device("cuda")
+    assert math.isfinite(noam_peak(256, 4000))

@@ -1,0 +1,171 @@
+"""The training loop: accumulation = one big batch, resume = uninterrupted, compile fallback,
+best checkpoint and early stopping. Tiny models and data made in tmp_path; CPU."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnlab.data import pad_batch
+from attnlab.train import RunConfig, Trainer, build_task, train_run
+from attnlab.train.monitor import read_metrics
+
+TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog; {i * 7 % 13}.\n"
+               for i in range(60))
+PAIRS = [(f"ein {w} hund {i}", f"a {w} dog {i}") for i, w in
+         enumerate(["kleiner", "grosser", "roter", "alter", "junger", "brauner"] * 6)]
+SENTENCES = [(f"a {'good' if i % 2 else 'bad'} movie number {i}", i % 2) for i in range(60)]
+
+TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "dropout": 0.1, "norm": "pre"}
+TRAIN = {"precision": "fp32", "progress": False, "tensorboard": False, "log_every": 1,
+         "warmup_steps": 2, "lr": 3e-3, "seed": 3}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread (and OpenMP spin-waits when jobs share CPUs)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+def lm_dict(tmp_path, **train) -> dict:
+    path = tmp_path / "text.txt"
+    path.write_text(TEXT)
+    return {"model": {**TINY, "max_len": 16}, "data": {"name": "text", "path": str(path)},
+            "train": {**TRAIN, "batch_size": 4, "max_steps": 6, "eval_every": 3, **train}}
+
+
+def translation_dict(tmp_path, **train) -> dict:
+    src, tgt = tmp_path / "s.txt", tmp_path / "t.txt"
+    src.write_text("\n".join(s for s, _ in PAIRS) + "\n")
+    tgt.write_text("\n".join(t for _, t in PAIRS) + "\n")
+    data = {"name": "parallel", "src_path": str(src), "tgt_path": str(tgt),
+            "val_src_path": str(src), "val_tgt_path": str(tgt), "tokenizer": "char"}
+    return {"model": {**TINY, "max_len": 32}, "data": data,
+            "train": {**TRAIN, "max_tokens": 120, "max_steps": 6, "eval_every": 3, **train}}
+
+
+def classify_dict(tmp_path, **train) -> dict:
+    path = tmp_path / "train.tsv"
+    path.write_text("label\tsentence\n" + "".join(f"{y}\t{s}\n" for s, y in SENTENCES))
+    return {"model": {**TINY, "max_len": 32}, "data": {"name": "tsv", "path": str(path),
+                                                      "tokenizer": "char"},
+            "train": {**TRAIN, "batch_size": 8, "max_steps": 6, "eval_every": 3, **train}}
+
+
+def test_accumulated_micro_batches_equal_one_big_batch_with_uneven_padding(tmp_path):
+    rc = RunConfig.from_dict({"model": {**TINY, "dropout": 0.0, "max_len": 16},
+                              "data": {"name": "copy", "synth_vocab": 12},
+                              "train": {**TRAIN, "grad_accum": 4}})
+    trainer = Trainer(rc, build_task(rc))
+    gen = torch.Generator().manual_seed(0)
+    rows = []  # (src, tgt) of very different lengths: micro-batches pad very differently
+    for n in (1, 2, 9, 3, 8, 2, 1, 9, 5, 1, 4, 7):
+        toks = torch.randint(3, 12, (n,), generator=gen).tolist()
+        rows.append((toks, [1, *toks, 2]))
+
+    def batch(part):
+        src = pad_batch([s for s, _ in part], 0)
+        tgt = pad_batch([t for _, t in part], 0)
+        return src, tgt[:, :-1], tgt[:, 1:]
+
+    micro = [batch(rows[i:i + 3]) for i in range(0, 12, 3)]
+
+    def grads(batches):
+        trainer.optimizer.zero_grad(set_to_none=True)
+        loss, n = trainer.accumulate(batches)
+        return loss, n, [p.grad.clone() for p in trainer.model.parameters()]
+
+    loss_a, n_a, g_a = grads(micro)
+    loss_b, n_b, g_b = grads([batch(rows)])
+    assert float(n_a) == float(n_b) == sum(len(t) - 1 for _, t in rows)
+    assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-6)
+    for a, b in zip(g_a, g_b):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    # averaging per-micro-batch means instead would NOT match: the test can tell them apart
+    trainer.optimizer.zero_grad(set_to_none=True)
+    for b in micro:
+        (trainer.task.loss_sum(trainer.model, b) / trainer.task.count(b) / 4).backward()
+    wrong = [p.grad for p in trainer.model.parameters()]
+    assert not all(torch.allclose(a, b, rtol=1e-3) for a, b in zip(wrong, g_b))
+
+
+@pytest.mark.parametrize("make", [lm_dict, translation_dict, classify_dict],
+                         ids=["lm", "translation", "classification"])
+def test_resume_gives_the_same_losses_and_weights(tmp_path, make):
+    d = make(tmp_path, grad_accum=2, decay_steps=6)
+    whole = train_run(RunConfig.from_dict(d), tmp_path / "whole")
+    half = {**d, "train": {**d["train"], "max_steps": 3}}
+    train_run(RunConfig.from_dict(half), tmp_path / "split")
+    resumed = train_run(RunConfig.from_dict(d), tmp_path / "split", resume=True)
+    assert resumed.result.step == whole.result.step == 6
+    a = read_metrics(tmp_path / "whole" / "metrics.csv")
+    b = read_metrics(tmp_path / "split" / "metrics.csv")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
+    for key in ("train_loss", "val_loss", "lr"):
+        assert [r[key] for r in a] == [r[key] for r in b], key
+    wa = load_file(tmp_path / "whole" / "last" / "model.safetensors")
+    wb = load_file(tmp_path / "split" / "last" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+class Broken(torch.nn.Module):
+    """What torch.compile returns when the compiler cannot handle the model."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("backend compiler failed: no C++ compiler found")
+
+
+def test_compile_failure_falls_back_to_eager_with_a_warning(tmp_path, monkeypatch, caplog):
+    eager = train_run(RunConfig.from_dict(lm_dict(tmp_path)), tmp_path / "eager")
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: Broken(model))
+    with caplog.at_level(logging.WARNING):
+        run = train_run(RunConfig.from_dict(lm_dict(tmp_path, compile=True)), tmp_path / "c")
+    assert "torch.compile failed" in caplog.text and "eager" in caplog.text
+    assert run.result.train_losses == eager.result.train_losses  # the failed try left no trace
+
+
+def test_best_checkpoint_and_early_stopping(tmp_path):
+    rc = RunConfig.from_dict(lm_dict(tmp_path, max_steps=20, eval_every=1, patience=2))
+    task = build_task(rc)
+    trainer = Trainer(rc, task, tmp_path / "run")
+    scores = iter([3.0, 2.0, 2.5, 2.1, 1.0])  # best at step 2, then two evals without gain
+    task.evaluate = lambda *args, **kwargs: {"val_loss": next(scores), "ppl": 1.0}
+    result = trainer.fit()
+    assert result.stopped_early and result.step == 4
+    assert result.best == {"step": 2, "metric": "val_loss", "value": 2.0}
+    import json
+
+    meta = json.loads((tmp_path / "run" / "best" / "manifest.json").read_text())
+    assert meta["step"] == 2 and meta["value"] == 2.0
+    assert not (tmp_path / "run" / "best" / "state.json").exists()  # best/ holds weights only
+    assert json.loads((tmp_path / "run" / "last" / "manifest.json").read_text())["step"] == 4
+
+
+def test_bf16_autocast_trains_on_cpu(tmp_path):
+    run = train_run(RunConfig.from_dict(lm_dict(tmp_path, precision="bf16", max_steps=3)),
+                    tmp_path / "bf16")
+    losses = [loss for _, loss in run.result.train_losses]
+    assert len(losses) == 3 and all(0 < x < 10 for x in losses)
+    assert next(run.model.parameters()).dtype == torch.float32  # master weights stay fp32
+
+
+def test_label_smoothing_raises_the_loss_of_a_confident_model(tmp_path):
+    d = translation_dict(tmp_path)
+    rc0 = RunConfig.from_dict(d)
+    task = build_task(rc0)
+    batch = task.next_batch()
+    trainer = Trainer(rc0, task)
+    plain = float(task.loss_sum(trainer.model, batch, 0.0))
+    smooth = float(task.loss_sum(trainer.model, batch, 0.1))
+    assert plain != smooth
