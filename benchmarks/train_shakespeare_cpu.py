@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from attnlab.models import token_loss  # noqa: E402
 from attnlab.train import build_optimizer, build_task, load_config, train_run  # noqa: E402
-from attnlab.train.loop import autocast, resolve_precision  # noqa: E402
+from attnlab.train.loop import autocast, resolve_precision, sdpa_backends  # noqa: E402
 
 
 def train_recipe(args) -> dict:
@@ -77,10 +77,21 @@ def step_speed(args) -> dict:
     batches = [task.next_batch() for _ in range(8)]
     tokens = batches[0][0].numel()
 
+    kernels = sdpa_backends(args.sdpa, precision, torch.device("cpu"), cfg.max_len)
+
+    def context():
+        stack = contextlib.ExitStack()
+        stack.enter_context(autocast(precision, torch.device("cpu")))
+        if kernels is not None:
+            from torch.nn.attention import sdpa_kernel
+
+            stack.enter_context(sdpa_kernel(kernels))
+        return stack
+
     def step(name, i):
         model, opt = models[name], opts[name]
         x, y = batches[i % len(batches)]
-        with autocast(precision, torch.device("cpu")):
+        with context():
             if name == "attnlab":
                 logits, _ = model(x)
             else:
@@ -108,6 +119,7 @@ def step_speed(args) -> dict:
     out["params_attnlab"] = sum(p.numel() for p in models["attnlab"].parameters())
     out["params_hf"] = sum(p.numel() for p in models["hf_gpt2"].parameters())
     out["precision"] = precision
+    out["kernel"] = "torch default" if kernels is None else kernels[0].name
     return out
 
 
@@ -120,6 +132,8 @@ def main() -> None:
                    "train.compile=true")
     p.add_argument("--precision", default=None, help="speed part: fp32 or bf16 (default: the "
                    "recipe's auto)")
+    p.add_argument("--sdpa", default="auto", help="speed part: attention kernel for both "
+                   "models: auto (the trainer's choice), default, math, flash")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--warmup", type=int, default=10)
@@ -137,8 +151,8 @@ def main() -> None:
     if not args.skip_speed:
         with contextlib.suppress(KeyboardInterrupt):
             s = step_speed(args)
-            print(f"\ntraining step, batch 12 x 64, {s['precision']}, "
-                  f"{args.rounds} x {args.steps} steps each (alternating)")
+            print(f"\ntraining step, batch 12 x 64, {s['precision']}, attention kernel "
+                  f"{s['kernel']}, {args.rounds} x {args.steps} steps each (alternating)")
             print("| model | params | ms/step | tokens/s |")
             print("| --- | --- | --- | --- |")
             print(f"| attnlab DecoderLM | {s['params_attnlab']:,} | {s['ms_attnlab']:.1f} | "

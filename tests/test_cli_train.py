@@ -19,14 +19,6 @@ FAST = ["--set", "train.precision=fp32", "--set", "train.progress=false",
         "--set", "train.tensorboard=false", "--set", "train.log_every=2"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and OpenMP spin-waits when jobs share CPUs)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture
 def text(tmp_path):
@@ -59,7 +51,7 @@ def lm_run(tmp_path_factory):
 def test_train_writes_the_run_dir_and_prints_samples(lm_run, capsys):
     files = {p.name for p in lm_run.iterdir()}
     assert {"config.json", "tokenizer.json", "metrics.csv", "results.json", "last", "best",
-            "tb"} <= files
+            "tb", "loss.png"} <= files
     rows = read_metrics(lm_run / "metrics.csv")
     assert list(rows[0])[:4] == ["step", "train_loss", "val_loss", "lr"] and "ppl" in rows[0]
     assert [r["step"] for r in rows] == [2, 4] and all(r["val_loss"] for r in rows)
@@ -156,7 +148,8 @@ def digest(folder):
 @pytest.mark.parametrize("case", [
     "missing_file", "empty_file", "bad_label", "unknown_key", "wrong_type", "token_out_of_range",
     "other_config", "unwritable", "existing_checkpoint", "no_checkpoint_to_resume",
-    "fetch_unknown", "fetch_offline", "eval_missing_run", "bad_recipe_name",
+    "fetch_unknown", "fetch_offline", "eval_missing_run", "bad_recipe_name", "eval_unknown_chars",
+    "eval_wrong_data_count",
 ])
 def test_bad_input_is_one_line_exit_2_and_leaves_checkpoints_alone(case, lm_run, text, tmp_path,
                                                                    capsys, monkeypatch):
@@ -167,6 +160,8 @@ def test_bad_input_is_one_line_exit_2_and_leaves_checkpoints_alone(case, lm_run,
     empty.write_text("")
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
+    unknown = tmp_path / "unknown.txt"
+    unknown.write_text("ZZZ qqq ~~~ @@@\n")
     run = str(lm_run)
     cases = {
         "missing_file": (lm_args(tmp_path / "nope.txt", tmp_path / "o"), "does not exist"),
@@ -192,6 +187,9 @@ def test_bad_input_is_one_line_exit_2_and_leaves_checkpoints_alone(case, lm_run,
                           "--set data.path=/path/to/input.txt"),
         "eval_missing_run": (["eval", str(tmp_path / "nothing")], "does not exist"),
         "bad_recipe_name": (["train", "no_such_recipe"], "recipes: "),
+        "eval_unknown_chars": (["eval", run, "--data", str(unknown)], "not in the vocabulary"),
+        "eval_wrong_data_count": (["eval", run, "--data", str(text), str(text)],
+                                  "takes one file, got 2 paths"),
     }
     if case == "fetch_offline":
         fetch_module = importlib.import_module("attnlab.data.fetch")  # (the package exports

@@ -18,14 +18,6 @@ from attnlab.train import TrainConfig, build_optimizer, load_checkpoint, save_ch
 from attnlab.train.checkpoint import flatten, rng_state, set_rng_state, unflatten
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and OpenMP spin-waits when jobs share CPUs)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 def tiny_model(seed: int = 0):
     torch.manual_seed(seed)
     return build_model(ModelConfig(family="decoder", vocab_size=11, d_model=16, n_heads=2,

@@ -157,3 +157,16 @@ def test_fp16_on_cpu_is_refused_and_auto_resolves():
         with pytest.raises(ValueError, match="CUDA is not available"):
             resolve_device("cuda")
     assert math.isfinite(noam_peak(256, 4000))
+
+
+def test_attention_kernel_choice():
+    from torch.nn.attention import SDPBackend
+
+    from attnlab.train.loop import sdpa_backends
+
+    cpu = torch.device("cpu")
+    assert sdpa_backends("auto", "bf16", cpu, 128) == [SDPBackend.MATH]
+    assert sdpa_backends("auto", "bf16", cpu, 256) is None  # torch's choice (flash) for long
+    assert sdpa_backends("auto", "fp32", cpu, 64) is None
+    assert sdpa_backends("flash", "fp32", cpu, 64) == [SDPBackend.FLASH_ATTENTION]
+    assert sdpa_backends("default", "bf16", cpu, 64) is None

@@ -24,14 +24,6 @@ TRAIN = {"precision": "fp32", "progress": False, "tensorboard": False, "log_ever
          "warmup_steps": 2, "lr": 3e-3, "seed": 3}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and OpenMP spin-waits when jobs share CPUs)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 def lm_dict(tmp_path, **train) -> dict:
     path = tmp_path / "text.txt"
     path.write_text(TEXT)
