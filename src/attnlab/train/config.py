@@ -102,6 +102,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     precision: Precision = "auto"  # auto = bf16 where it is fast (CUDA, CPUs with AMX/AVX512-BF16)
     compile: bool = False  # torch.compile the model (falls back to eager with a warning)
+    threads: int = 0  # CPU threads for torch (torch.set_num_threads); 0 = torch's default
     sdpa_backend: SdpaBackend = "auto"  # auto = math for bf16 on CPU with blocks <= 128 (faster
     # there: benchmarks/README.md), else torch's default choice
     max_steps: int = 2000
@@ -146,8 +147,9 @@ class TrainConfig:
         for name in ("max_steps", "batch_size", "max_tokens", "grad_accum", "log_every",
                      "sample_tokens"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "a positive integer")
-        for name in ("block_size", "warmup_steps", "decay_steps", "eval_every", "eval_batches",
-                     "eval_batch_size", "final_eval_batches", "patience", "samples", "top_k"):
+        for name in ("threads", "block_size", "warmup_steps", "decay_steps", "eval_every",
+                     "eval_batches", "eval_batch_size", "final_eval_batches", "patience",
+                     "samples", "top_k"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "an integer >= 0")
         for name in ("lr", "eps"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a positive float")

@@ -114,6 +114,8 @@ class Trainer:
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.device = resolve_device(self.cfg.device, self.info)
         self.precision = resolve_precision(self.cfg.precision, self.device)
+        if self.cfg.threads:
+            torch.set_num_threads(self.cfg.threads)  # process-wide, as torch has it
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every process
         self.model = build_model(task.model_config).to(self.device)
         self.optimizer = build_optimizer(self.model, self.cfg, self.device.type)
