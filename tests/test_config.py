@@ -24,6 +24,8 @@ from attnlab import ConfigError, ModelConfig, build_model
     (dict(pos="rope", d_model=20, n_heads=4), r"head_dim=5 .*even"),
     (dict(norm=3), r"norm=3 has the wrong type: expected str"),
     (dict(pos="rope", head_dim=5), r"head_dim=5 .*even"),
+    (dict(init_std=0.0), r"init_std=0.0 .*positive float"),
+    (dict(init_residual_scale="yes"), r"init_residual_scale='yes' has the wrong type"),
 ])
 def test_bad_configs_raise_clear_value_errors(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):

@@ -225,7 +225,7 @@ def test_gradients_pass_finite_difference_check(family):
     args = {"decoder": (x, x), "encoder": (x, torch.tensor([0, 1])),
             "encoder_decoder": (x, x[:, :3], x[:, 1:])}[family]
     names = [n for n, _ in model.named_parameters()
-             if n.endswith(("q_proj.weight", "w1.weight", "norm1.weight"))]
+             if n.endswith(("qkv_proj.weight", "w1.weight", "norm1.weight"))]
     params = dict(model.named_parameters())
     inputs = tuple(params[n].detach().clone().requires_grad_() for n in names)
 
@@ -274,3 +274,18 @@ def test_inputs_are_not_modified_in_place():
     mem0 = mem.clone()
     model.decode(tgt, mem)
     assert torch.equal(mem, mem0)
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+def test_init_std_and_residual_scaling(scaled):
+    """Weights start N(0, init_std); attention out_proj and FFN w2 (which write into the
+    residual stream) at init_std / sqrt(2L) only with init_residual_scale (GPT-2's rule)."""
+    torch.manual_seed(0)
+    c = cfg("decoder", d_model=64, n_heads=4, n_layers=8, init_std=0.05,
+            init_residual_scale=scaled, scale_embeddings=False, pos="learned")
+    model = build_model(c)
+    std = {n: p.std().item() for n, p in model.named_parameters() if p.dim() == 2}
+    residual = 0.05 / (2 * 8) ** 0.5 if scaled else 0.05
+    for name, s in std.items():
+        want = residual if name.endswith(("out_proj.weight", "w2.weight")) else 0.05
+        assert s == pytest.approx(want, rel=0.1), name

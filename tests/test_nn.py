@@ -179,9 +179,10 @@ def test_numpy_reference_equals_torch_mha():
     mask = torch.rand(5, 7) > 0.3
     out, w = mha(x[None], ctx[None], mask=mask, need_weights=True)
     p = {n: t.detach().numpy() for n, t in mha.named_parameters()}
+    wq, wk, wv = np.split(p["qkv_proj.weight"], 3)
+    bq, bk, bv = np.split(p["qkv_proj.bias"], 3)
     np_out, np_w = numpy_ref.multi_head_attention(
-        x.numpy(), ctx.numpy(), p["q_proj.weight"], p["k_proj.weight"], p["v_proj.weight"],
-        p["out_proj.weight"], 3, p["q_proj.bias"], p["k_proj.bias"], p["v_proj.bias"],
+        x.numpy(), ctx.numpy(), wq, wk, wv, p["out_proj.weight"], 3, bq, bk, bv,
         p["out_proj.bias"], mask=mask.numpy())
     np.testing.assert_allclose(out[0].detach().numpy(), np_out, atol=1e-10)
     np.testing.assert_allclose(w[0].detach().numpy(), np_w, atol=1e-10)

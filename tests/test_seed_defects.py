@@ -49,9 +49,10 @@ def test_001_attention_scales_by_sqrt_head_dim_and_sums_over_keys():
     mha = MultiHeadAttention(16, 4).eval()  # head dim 4, not 16
     x = torch.randn(1, 5, 16)
     out, w = mha(x, need_weights=True)
-    q = mha.q_proj(x).view(1, 5, 4, 4).transpose(1, 2)
-    k = mha.k_proj(x).view(1, 5, 4, 4).transpose(1, 2)
-    v = mha.v_proj(x).view(1, 5, 4, 4).transpose(1, 2)
+    w_q, w_k, w_v = mha.qkv_proj.weight.chunk(3)  # stacked W^Q, W^K, W^V
+    b_q, b_k, b_v = mha.qkv_proj.bias.chunk(3)
+    q, k, v = ((x @ w.T + b).view(1, 5, 4, 4).transpose(1, 2)
+               for w, b in ((w_q, b_q), (w_k, b_k), (w_v, b_v)))
     expected_w = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(4), -1)
     torch.testing.assert_close(w, expected_w, atol=1e-6, rtol=1e-5)
     heads = torch.einsum("bhts,bhsd->bhtd", expected_w, v)  # contract over keys s, not queries

@@ -106,6 +106,7 @@ class ModelConfig:
     n_classes: int = 2  # encoder classifier
     pooling: Pooling = "cls"
     init_std: float = 0.02
+    init_residual_scale: bool = True  # residual output projections start at init_std/sqrt(2L)
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -124,6 +125,7 @@ class ModelConfig:
             v = getattr(self, name)
             _check(v is None or 0.0 <= v < 1.0, name, v, "a probability in [0, 1)")
         _check(self.norm_eps > 0, "norm_eps", self.norm_eps, "a positive float")
+        _check(self.init_std > 0, "init_std", self.init_std, "a positive float")
         _check(self.n_classes >= 2, "n_classes", self.n_classes, "an integer >= 2")
         if self.head_dim is None:
             _check(

@@ -135,9 +135,7 @@ def gpt2_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
     }
     for i in range(cfg.n_layers):
         src, dst = f"h.{i}.", f"decoder.layers.{i}."
-        qkv_w, qkv_b = sd[src + "attn.c_attn.weight"].t(), sd[src + "attn.c_attn.bias"]
-        for name, w, b in zip(("q_proj", "k_proj", "v_proj"), qkv_w.chunk(3), qkv_b.chunk(3)):
-            mapped[f"{dst}self_attn.{name}.weight"], mapped[f"{dst}self_attn.{name}.bias"] = w, b
+        mapped |= _linear(sd, src + "attn.c_attn", dst + "self_attn.qkv_proj", conv1d=True)
         mapped |= _linear(sd, src + "attn.c_proj", dst + "self_attn.out_proj", conv1d=True)
         mapped |= _linear(sd, src + "mlp.c_fc", dst + "ffn.w1", conv1d=True)
         mapped |= _linear(sd, src + "mlp.c_proj", dst + "ffn.w2", conv1d=True)
@@ -190,19 +188,13 @@ def gpt2_to_hf(model: DecoderLM) -> Any:
     for i in range(cfg.n_layers):
         src, dst = f"decoder.layers.{i}.", f"transformer.h.{i}."
         attn = src + "self_attn."
-        mapped[dst + "attn.c_attn.weight"] = _cat_qkv(sd, attn, "weight").t()  # (D, 3D)
-        mapped[dst + "attn.c_attn.bias"] = _cat_qkv(sd, attn, "bias")
+        mapped |= _linear(sd, attn + "qkv_proj", dst + "attn.c_attn", conv1d=True)  # (D, 3D)
         mapped |= _linear(sd, attn + "out_proj", dst + "attn.c_proj", conv1d=True)
         mapped |= _linear(sd, src + "ffn.w1", dst + "mlp.c_fc", conv1d=True)
         mapped |= _linear(sd, src + "ffn.w2", dst + "mlp.c_proj", conv1d=True)
         mapped |= _norm(sd, src + "norm1", dst + "ln_1") | _norm(sd, src + "norm2", dst + "ln_2")
     load_mapped(hf, mapped)
     return hf.to(sd["emb.tok.weight"]).eval()
-
-
-def _cat_qkv(sd: dict[str, Tensor], prefix: str, kind: str) -> Tensor:
-    """q, k, v weights (or biases) of attnlab concatenated in GPT-2's c_attn order."""
-    return torch.cat([sd[f"{prefix}{n}.{kind}"] for n in ("q_proj", "k_proj", "v_proj")])
 
 
 # ---- BERT -----------------------------------------------------------------------------------
@@ -278,8 +270,9 @@ def bert_from_hf(model_or_dir: Any, *, n_classes: int = 2, pooling: str = "cls",
     }
     for i in range(cfg.n_layers):
         src, dst = f"encoder.layer.{i}.", f"encoder.layers.{i}."
-        for hf_name, name in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
-            mapped |= _linear(sd, f"{src}attention.self.{hf_name}", f"{dst}self_attn.{name}")
+        qkv = [f"{src}attention.self.{n}" for n in ("query", "key", "value")]
+        mapped[dst + "self_attn.qkv_proj.weight"] = torch.cat([sd[n + ".weight"] for n in qkv])
+        mapped[dst + "self_attn.qkv_proj.bias"] = torch.cat([sd[n + ".bias"] for n in qkv])
         mapped |= _linear(sd, src + "attention.output.dense", dst + "self_attn.out_proj")
         mapped |= _norm(sd, src + "attention.output.LayerNorm", dst + "norm1")
         mapped |= _linear(sd, src + "intermediate.dense", dst + "ffn.w1")

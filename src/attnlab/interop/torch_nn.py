@@ -38,14 +38,12 @@ def _check_mha(m: nn.MultiheadAttention) -> None:
 
 def mha_state(m: nn.MultiheadAttention, prefix: str = "") -> dict[str, Tensor]:
     """attnlab ``MultiHeadAttention`` parameters from a torch one: the packed
-    ``in_proj_weight`` (3D, D) splits into q/k/v (in that order); ``out_proj`` maps directly."""
+    ``in_proj_weight`` (3D, D), q/k/v in that order, is attnlab's ``qkv_proj``; ``out_proj``
+    maps directly."""
     _check_mha(m)
-    out: dict[str, Tensor] = {}
-    for name, w in zip(("q_proj", "k_proj", "v_proj"), m.in_proj_weight.chunk(3, dim=0)):
-        out[f"{prefix}{name}.weight"] = w
+    out: dict[str, Tensor] = {f"{prefix}qkv_proj.weight": m.in_proj_weight}
     if m.in_proj_bias is not None:
-        for name, b in zip(("q_proj", "k_proj", "v_proj"), m.in_proj_bias.chunk(3, dim=0)):
-            out[f"{prefix}{name}.bias"] = b
+        out[f"{prefix}qkv_proj.bias"] = m.in_proj_bias
     out[f"{prefix}out_proj.weight"] = m.out_proj.weight
     if m.out_proj.bias is not None:
         out[f"{prefix}out_proj.bias"] = m.out_proj.bias
@@ -163,7 +161,7 @@ def _ffn_state(layer: nn.Module, prefix: str) -> dict[str, Tensor]:
 def transformer_from_torch(t: nn.Transformer) -> TransformerStacks:
     """attnlab encoder and decoder stacks with the weights of ``t`` (same dtype and device).
 
-    Mapping: ``in_proj_weight`` -> q/k/v_proj, ``out_proj`` -> out_proj, ``linear1/2`` ->
+    Mapping: ``in_proj_weight`` -> qkv_proj, ``out_proj`` -> out_proj, ``linear1/2`` ->
     ffn.w1/w2; encoder ``norm1/norm2`` -> norm1/norm2; decoder ``norm1`` (self-attention),
     ``norm2`` (cross-attention), ``norm3`` (FFN) -> norm1, norm_cross, norm2; the final
     ``encoder.norm``/``decoder.norm`` -> ``.norm``.

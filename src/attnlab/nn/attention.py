@@ -120,7 +120,7 @@ class MultiHeadAttention(nn.Module):
         n_heads: number of heads H.
         head_dim: Dh; defaults to D // H, which then must divide exactly.
         dropout: dropout on the attention weights.
-        bias: whether the four projections have biases.
+        bias: whether the projections (stacked q/k/v and output) have biases.
         rope: rotary embedding applied to queries and keys (self-attention).
 
     Shape:
@@ -140,12 +140,28 @@ class MultiHeadAttention(nn.Module):
                 )
             head_dim = d_model // n_heads
         self.n_heads, self.head_dim, self.dropout = n_heads, head_dim, dropout
-        inner = n_heads * head_dim
-        self.q_proj = nn.Linear(d_model, inner, bias=bias)
-        self.k_proj = nn.Linear(d_model, inner, bias=bias)
-        self.v_proj = nn.Linear(d_model, inner, bias=bias)
+        self.inner = inner = n_heads * head_dim
+        # W^Q, W^K, W^V of all heads stacked into one (3*H*Dh, D) matrix, in that order (as
+        # torch.nn.MultiheadAttention's in_proj and GPT-2's c_attn): self-attention projects x
+        # with one matmul instead of three; cross-attention applies the W^Q rows to x and the
+        # W^K, W^V rows to the context (see `project`).
+        self.qkv_proj = nn.Linear(d_model, 3 * inner, bias=bias)
         self.out_proj = nn.Linear(inner, d_model, bias=bias)  # W^O: (H*Dh) -> D
         self.rope = rope
+
+    def _rows(self, x: Tensor, start: int, stop: int) -> Tensor:
+        """``x`` times rows ``start:stop`` of the stacked projection (plus their bias)."""
+        w, b = self.qkv_proj.weight, self.qkv_proj.bias
+        return F.linear(x, w[start:stop], None if b is None else b[start:stop])
+
+    def project(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries x W^Q (B, T, H*Dh) and keys, values ``context`` W^K, W^V (B, S, H*Dh);
+        ``context`` defaults to ``x`` (self-attention)."""
+        if context is None:
+            q, k, v = self.qkv_proj(x).split(self.inner, dim=-1)
+            return q, k, v
+        k, v = self._rows(context, self.inner, 3 * self.inner).split(self.inner, dim=-1)
+        return self._rows(x, 0, self.inner), k, v
 
     def _heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
@@ -162,17 +178,17 @@ class MultiHeadAttention(nn.Module):
         ``need_weights`` takes the reference path and returns the (B, H, T, S) weights.
         """
         b, t, _ = x.shape
-        q = self._heads(self.q_proj(x))  # (B, H, T, Dh)
         if context is None:  # self-attention
-            k, v = self._heads(self.k_proj(x)), self._heads(self.v_proj(x))  # (B, H, T, Dh)
+            q, k, v = (self._heads(z) for z in self.project(x))  # (B, H, T, Dh) each
             if self.rope is not None:
                 q, k = self.rope(q, positions), self.rope(k, positions)
             if cache is not None:
                 k, v = cache.update(layer, k, v)  # (B, H, S, Dh)
         elif cache is not None and cache.cross[layer] is not None:
+            q = self._heads(self._rows(x, 0, self.inner))
             k, v = cache.cross[layer]  # (B, H, S, Dh), computed at the first step
         else:
-            k, v = self._heads(self.k_proj(context)), self._heads(self.v_proj(context))
+            q, k, v = (self._heads(z) for z in self.project(x, context))
             if cache is not None:
                 cache.cross[layer] = (k, v)
         p = self.dropout if self.training else 0.0
