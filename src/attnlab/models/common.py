@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from ..nn.attention import KVCache
 from ..nn.dtypes import upcast
-from ..nn.layers import DecoderLayer, EncoderLayer, make_norm
+from ..nn.layers import DecoderLayer, EncoderLayer, make_dropout, make_norm
 from ..nn.positional import (
     LearnedPositions,
     RotaryEmbedding,
@@ -89,11 +89,13 @@ class Embeddings(nn.Module):
             self.pos = None
         self.norm = (make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.bias)
                      if cfg.embed_norm else None)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = make_dropout(cfg.dropout)
 
     def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
         """ids (B, T), positions (T,) or (B, T) -> (B, T, D)."""
-        x = self.tok(ids) * self.scale  # (B, T, D)
+        x = self.tok(ids)  # (B, T, D)
+        if self.scale != 1.0:
+            x = x * self.scale
         if self.pos is not None:
             x = x + self.pos(positions)  # out of place: never touches the caller's tensors
         if self.norm is not None:

@@ -20,6 +20,12 @@ from .dtypes import upcast
 from .positional import RotaryEmbedding
 
 
+def make_dropout(p: float) -> nn.Module:
+    """``nn.Dropout(p)``, or ``nn.Identity()`` when ``p == 0`` (a dropout that never drops still
+    costs a call per use: ~5% of a small model's one-token decoding step on CPU)."""
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 class LayerNorm(nn.Module):
     """Layer normalisation (Ba et al. 2016), written out: (x - mean) / sqrt(var + eps) * g + b.
 
@@ -86,7 +92,7 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(d_model, d_ff, bias=bias)
         self.w3 = nn.Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
         self.w2 = nn.Linear(d_ff, d_model, bias=bias)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = make_dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, T, D) -> (B, T, D)."""
@@ -133,7 +139,7 @@ class EncoderLayer(_Sublayers):
         self.ffn = FeedForward(d_model, d_ff, ffn, dropout, bias)
         self.norm1 = make_norm(norm_type, d_model, norm_eps, bias)
         self.norm2 = make_norm(norm_type, d_model, norm_eps, bias)
-        self.drop = nn.Dropout(dropout)
+        self.drop = make_dropout(dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -172,7 +178,7 @@ class DecoderLayer(_Sublayers):
             self.cross_attn = self.norm_cross = None
         self.ffn = FeedForward(d_model, d_ff, ffn, dropout, bias)
         self.norm2 = make_norm(norm_type, d_model, norm_eps, bias)
-        self.drop = nn.Dropout(dropout)
+        self.drop = make_dropout(dropout)
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, is_causal: bool = True,

@@ -268,9 +268,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 DEMO: dict[str, dict[str, Any]] = {
     "model": {"d_model": 128, "n_heads": 4, "n_layers": 4, "max_len": 128,
               "dropout": 0.0, "norm": "pre", "ffn": "gelu", "pos": "learned", "bias": False,
-              "scale_embeddings": False},
+              "scale_embeddings": False, "init_std": 0.06, "init_residual_scale": False},
     "data": {"name": "embedded", "tokenizer": "char"},
-    "train": {"max_steps": 2500, "batch_size": 32, "lr": 2e-3, "min_lr": 2e-4,
-              "warmup_steps": 100, "eval_every": 500, "eval_batches": 20, "samples": 3,
+    "train": {"max_steps": 1600, "batch_size": 32, "lr": 2e-3, "min_lr": 2e-4,
+              "warmup_steps": 100, "eval_every": 400, "eval_batches": 20, "samples": 3,
               "sample_tokens": 300},
 }
