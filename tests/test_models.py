@@ -124,16 +124,20 @@ def test_transformer_kv_cache_equals_full(variant):
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
 
 
-def test_cache_reorder_selects_rows():
+@pytest.mark.parametrize("rows", [[2, 2, 0], [1, 0], [2, 0, 1, 1]])
+def test_cache_reorder_selects_rows(rows):
+    """Same, fewer (sentences leaving the batch) or more rows, then two more steps."""
     model = DecoderLM(cfg("decoder")).eval()
     x = ids(3, 4)
     cache = model.new_cache(3)
     model(x, cache=cache)
-    cache.reorder(torch.tensor([2, 2, 0]))
-    nxt = ids(1, 1).expand(3, 1)
-    out, _ = model(nxt, cache=cache)
-    ref, _ = model(torch.cat([x[[2, 2, 0]], nxt], 1))
-    torch.testing.assert_close(out[:, 0], ref[:, -1], atol=1e-5, rtol=1e-5)
+    cache.reorder(torch.tensor(rows))
+    nxt = ids(len(rows), 2)
+    out1, _ = model(nxt[:, :1], cache=cache)
+    out2, _ = model(nxt[:, 1:], cache=cache)
+    ref, _ = model(torch.cat([x[rows], nxt], 1))
+    torch.testing.assert_close(out1[:, 0], ref[:, -2], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out2[:, 0], ref[:, -1], atol=1e-5, rtol=1e-5)
 
 
 # ---- attention capture -------------------------------------------------------------------------

@@ -172,9 +172,10 @@ def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, *, beam:
             keep_rows = (keep[:, None] * k + torch.arange(k, device=dev)).reshape(-1)
             seqs, memory = seqs[keep_rows], memory[keep_rows]
             valid = None if valid is None else valid[keep_rows]
+            cache.reorder_cross(keep_rows)  # the beams of one sentence share its memory
             tok = tok[keep]
             b = keep.numel()
-        cache.reorder(from_rows)
+        cache.reorder_self(from_rows)
         cur = tok.reshape(-1, 1)
     return [results[i] if return_scores else results[i][0] for i in range(src.size(0))]
 

@@ -103,9 +103,25 @@ class KVCache:
         self.length += t
 
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (B',) of every cached tensor, e.g. surviving beams."""
-        self.k = [k.index_select(0, index) for k in self.k]
-        self.v = [v.index_select(0, index) for v in self.v]
+        """Keep batch rows ``index`` (B',) of every cached tensor, e.g. unfinished sentences."""
+        self.reorder_self(index)
+        self.reorder_cross(index)
+
+    def reorder_self(self, index: Tensor) -> None:
+        """Self-attention keys/values of batch rows ``index`` (B',), e.g. the beams each
+        surviving hypothesis came from; only the filled positions are copied, in place."""
+        n, end = index.numel(), self.length
+        for buffers in (self.k, self.v):
+            for i, buf in enumerate(buffers):
+                if n > buf.size(0):  # more rows than before: a new buffer
+                    buffers[i] = buf.index_select(0, index)
+                    continue
+                buf[:n, :, :end] = buf[:, :, :end].index_select(0, index)
+                buffers[i] = buf[:n]  # a view of the first B' rows
+
+    def reorder_cross(self, index: Tensor) -> None:
+        """Cross-attention keys/values of batch rows ``index``. Beam search calls it only when
+        sentences leave the batch: all beams of a sentence share one memory."""
         self.cross = [
             None if c is None else (c[0].index_select(0, index), c[1].index_select(0, index))
             for c in self.cross
