@@ -293,3 +293,30 @@ def test_init_std_and_residual_scaling(scaled):
     for name, s in std.items():
         want = residual if name.endswith(("out_proj.weight", "w2.weight")) else 0.05
         assert s == pytest.approx(want, rel=0.1), name
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder_decoder"])
+@pytest.mark.parametrize("positions, error, pattern", [
+    (torch.tensor([0, 1, 2, 32]), ValueError, r"positions must be in 0\.\.31 .*from 0 to 32"),
+    (torch.tensor([[0, 1, 2, -1]]), ValueError, r"positions must be in 0\.\.31 .*from -1 to 2"),
+    (torch.tensor([0, 1, 2]), ValueError, r"shape \(T,\) or \(B, T\) with T=4, got \(3,\)"),
+    (torch.tensor([0.0, 1.0, 2.0, 3.0]), TypeError, r"integer token positions"),
+])
+def test_explicit_positions_are_checked(family, positions, error, pattern):
+    model = build_model(cfg(family, pos="learned")).eval()
+    x = ids(1, 4)
+    with pytest.raises(error, match=pattern):
+        if family == "decoder":
+            model(x, positions=positions)
+        else:
+            model.decode(x, model.encode(x), positions=positions)
+
+
+def test_explicit_positions_in_range_are_used():
+    model = build_model(cfg("decoder", pos="learned")).eval()
+    x = ids(2, 4)
+    shifted, _ = model(x, positions=torch.arange(3, 7))
+    default, _ = model(x)
+    explicit, _ = model(x, positions=torch.arange(4).expand(2, 4))
+    torch.testing.assert_close(explicit, default)
+    assert not torch.allclose(shifted, default)

@@ -182,6 +182,21 @@ def make_positions(t: int, cache: KVCache | None, max_len: int, device) -> Tenso
     return torch.arange(offset, offset + t, device=device)  # (T,)
 
 
+def check_positions(positions: Tensor, t: int, max_len: int) -> None:
+    """Explicit positions must be (T,) or (B, T) integers in 0..max_len-1. (One host sync: only
+    for positions a caller passes, e.g. left-padded decoding, never in training.)"""
+    if positions.dtype.is_floating_point or positions.dtype == torch.bool:
+        raise TypeError(f"positions must be integer token positions, got dtype {positions.dtype}")
+    if positions.dim() not in (1, 2) or positions.size(-1) != t:
+        raise ValueError(f"positions must have shape (T,) or (B, T) with T={t}, got "
+                         f"{tuple(positions.shape)}")
+    if positions.numel() and not torch.compiler.is_compiling():
+        low, high = int(positions.min()), int(positions.max())
+        if low < 0 or high >= max_len:
+            raise ValueError(f"positions must be in 0..{max_len - 1} (the model's max_len is "
+                             f"{max_len}), got values from {low} to {high}")
+
+
 def key_mask(valid: Tensor | None) -> Tensor | None:
     """(B, S) bool of real tokens -> (B, 1, 1, S) attention mask."""
     return None if valid is None else valid[:, None, None, :]

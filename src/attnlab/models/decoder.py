@@ -16,6 +16,7 @@ from .common import (
     AttentionMaps,
     Decoder,
     Embeddings,
+    check_positions,
     count_parameters,
     init_weights,
     key_mask,
@@ -46,6 +47,8 @@ class DecoderLM(nn.Module):
                 cache: KVCache | None, capture: Collection[int]):
         if positions is None:
             positions = make_positions(idx.size(1), cache, self.config.max_len, idx.device)
+        else:
+            check_positions(positions, idx.size(1), self.config.max_len)
         x = self.emb(idx, positions)  # (B, T, D)
         return self.decoder(x, self_mask=key_mask(mask), positions=positions, cache=cache,
                             capture=capture)

@@ -17,6 +17,7 @@ from .common import (
     Decoder,
     Embeddings,
     Encoder,
+    check_positions,
     count_parameters,
     init_weights,
     key_mask,
@@ -83,6 +84,8 @@ class Transformer(nn.Module):
     def _decode(self, tgt, memory, src_valid, tgt_valid, cache, positions, capture):
         if positions is None:
             positions = make_positions(tgt.size(1), cache, self.config.max_len, tgt.device)
+        else:
+            check_positions(positions, tgt.size(1), self.config.max_len)
         y = self.tgt_emb(tgt, positions)  # (B, T, D)
         return self.decoder(y, memory, self_mask=key_mask(tgt_valid),
                             memory_mask=key_mask(src_valid), positions=positions, cache=cache,
