@@ -2,6 +2,8 @@
 
     python benchmarks/sample_speed.py                 # the figures in benchmarks/README.md
     python benchmarks/sample_speed.py --quick         # a smaller, faster run
+    python benchmarks/sample_speed.py --layers 4 --d-model 192 --heads 4 --vocab 65 \
+        --max-len 256 --skip-cache --no-bf16         # configs/shakespeare_char's shape
 
 (a) greedy tokens/s of ``attnlab.generate`` with the KV cache and with full recomputation at
     every step (``use_cache=False``), at 256 and 1024 new tokens, batch 1;
