@@ -61,14 +61,23 @@ def test_train_writes_the_run_dir_and_prints_samples(lm_run, capsys):
     assert any(p.name.startswith("events") for p in (lm_run / "tb").iterdir())
 
 
-def test_eval_prints_loss_and_perplexity(lm_run, text, capsys):
+def test_eval_prints_loss_and_perplexity(lm_run, text, tmp_path, capsys, caplog):
     assert main(["eval", str(lm_run)]) == 0
     out = capsys.readouterr().out
     assert "val_loss:" in out and "ppl:" in out
-    assert main(["eval", str(lm_run), "--split", "test", "--data", str(text), "--json"]) == 0
+    other = tmp_path / "other.txt"
+    other.write_text(TEXT[::-1])
+    assert main(["eval", str(lm_run), "--split", "test", "--data", str(other), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["split"] == "test" and result["ppl"] == pytest.approx(
         torch.tensor(result["val_loss"]).exp().item(), rel=1e-5)
+    assert "trained on" not in caplog.text
+
+
+def test_eval_on_the_training_file_warns(lm_run, caplog):
+    trained_on = json.loads((lm_run / "config.json").read_text())["data"]["path"]
+    assert main(["eval", str(lm_run), "--data", trained_on, "--json"]) == 0
+    assert "is the file this run trained on" in caplog.text
 
 
 def test_demo_is_the_default_command(monkeypatch, tmp_path, capsys):

@@ -134,6 +134,13 @@ def _eval_overrides(rc: RunConfig, split: str, data: list[str]) -> RunConfig:
     for path in data:
         if not Path(path).is_file():
             raise FileNotFoundError(f"--data file {path} does not exist")
+    trained_on = [Path(p) for p in (rc.data.path, rc.data.src_path, rc.data.tgt_path)
+                  if p and Path(p).is_file()]
+    for path in data:
+        if any(os.path.samefile(path, t) for t in trained_on):
+            log.warning("--data %s is the file this run trained on: the %s metrics include "
+                        "text the model has seen (leave --data out to evaluate the held-out "
+                        "%s split)", path, split, split)
     if want == 2:
         return rc.replace("data", **{f"{split}_src_path": data[0], f"{split}_tgt_path": data[1]})
     return rc.replace("data", **{f"{split}_path": data[0]})
