@@ -51,18 +51,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="GNMT length-penalty alpha for beam search (default 0.6)")
     p.add_argument("--max-len", type=int, default=None,
                    help="most target tokens per sentence (default: the model's max_len)")
-    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default 64)")
-    p.add_argument("--input", default=None, help="a text file, one sentence per line "
-                   "(default: stdin)")
+    _add_input_args(p, "sentence")
     p.set_defaults(func=cmd_translate)
 
     p = subparsers.add_parser("classify", help="classify texts with an encoder classifier run",
                               description="Classify one text per line (from --input or stdin); "
                               "prints label<TAB>probability<TAB>text.")
     _add_run_args(p)
-    p.add_argument("--batch-size", type=int, default=64, help="texts per batch (default 64)")
-    p.add_argument("--input", default=None, help="a text file, one text per line (default: stdin)")
+    _add_input_args(p, "text")
     p.set_defaults(func=cmd_classify)
+
+
+def _add_input_args(p: argparse.ArgumentParser, item: str) -> None:
+    """--batch-size and --input of the commands that read one ``item`` per line."""
+    p.add_argument("--batch-size", type=int, default=64, help=f"{item}s per batch (default 64)")
+    p.add_argument("--input", default=None,
+                   help=f"a text file, one {item} per line (default: stdin)")
 
 
 def _load(args: argparse.Namespace, family: str):
