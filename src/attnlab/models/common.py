@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from ..nn.attention import KVCache
 from ..nn.dtypes import upcast
-from ..nn.layers import DecoderLayer, EncoderLayer, make_dropout, make_norm
+from ..nn.layers import DecoderLayer, EncoderLayer, apply_dropout, make_dropout, make_norm
 from ..nn.positional import (
     LearnedPositions,
     RotaryEmbedding,
@@ -100,7 +100,7 @@ class Embeddings(nn.Module):
             x = x + self.pos(positions)  # out of place: never touches the caller's tensors
         if self.norm is not None:
             x = self.norm(x)
-        return self.drop(x)
+        return apply_dropout(self.drop, x)
 
 
 def _layer_kwargs(cfg: ModelConfig) -> dict:

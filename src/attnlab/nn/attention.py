@@ -76,28 +76,30 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
 class KVCache:
     """Keys and values of every layer, preallocated to ``max_len`` for step-by-step decoding.
 
-    Each layer appends its new K/V with :meth:`update`; the model advances ``length`` once per
-    forward (:meth:`advance`). :meth:`reorder` picks batch rows (beam search).
+    Layer i's keys and values live in one (2, B, H, max_len, Dh) buffer ``kv[i]`` (keys at
+    index 0), so a step writes both with one copy. Each layer appends its new K/V with
+    :meth:`update`; the model advances ``length`` once per forward (:meth:`advance`).
+    :meth:`reorder` picks batch rows (beam search).
     """
 
     def __init__(self, n_layers: int, batch: int, n_heads: int, head_dim: int, max_len: int,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
-        shape = (batch, n_heads, max_len, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
+        shape = (2, batch, n_heads, max_len, head_dim)
+        self.kv = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
         self.length = 0
         self.max_len = max_len
         # Cross-attention keys/values of the encoder memory, computed once per layer.
         self.cross: list[tuple[Tensor, Tensor] | None] = [None] * n_layers
 
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write k, v (B, H, t, Dh) after the cached positions; return all of them so far."""
-        end = self.length + k.size(2)
+    def update(self, layer: int, kv: Tensor) -> Tensor:
+        """Write keys and values kv (2, B, H, t, Dh) after the cached positions; return all of
+        them so far, (2, B, H, S, Dh)."""
+        end = self.length + kv.size(3)
         if end > self.max_len:
             raise ValueError(f"KV cache is full: {end} positions > max_len {self.max_len}")
-        self.k[layer][:, :, self.length:end] = k
-        self.v[layer][:, :, self.length:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]  # (B, H, S, Dh)
+        buf = self.kv[layer]
+        buf[:, :, :, self.length:end] = kv
+        return buf[:, :, :, :end]
 
     def advance(self, t: int) -> None:
         self.length += t
@@ -111,13 +113,12 @@ class KVCache:
         """Self-attention keys/values of batch rows ``index`` (B',), e.g. the beams each
         surviving hypothesis came from; only the filled positions are copied, in place."""
         n, end = index.numel(), self.length
-        for buffers in (self.k, self.v):
-            for i, buf in enumerate(buffers):
-                if n > buf.size(0):  # more rows than before: a new buffer
-                    buffers[i] = buf.index_select(0, index)
-                    continue
-                buf[:n, :, :end] = buf[:, :, :end].index_select(0, index)
-                buffers[i] = buf[:n]  # a view of the first B' rows
+        for i, buf in enumerate(self.kv):
+            if n > buf.size(1):  # more rows than before: a new buffer
+                self.kv[i] = buf.index_select(1, index)
+                continue
+            buf[:, :n, :, :end] = buf[:, :, :, :end].index_select(1, index)
+            self.kv[i] = buf[:, :n]  # a view of the first B' rows
 
     def reorder_cross(self, index: Tensor) -> None:
         """Cross-attention keys/values of batch rows ``index``. Beam search calls it only when
@@ -170,12 +171,9 @@ class MultiHeadAttention(nn.Module):
         w, b = self.qkv_proj.weight, self.qkv_proj.bias
         return F.linear(x, w[start:stop], None if b is None else b[start:stop])
 
-    def project(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries x W^Q (B, T, H*Dh) and keys, values ``context`` W^K, W^V (B, S, H*Dh);
-        ``context`` defaults to ``x`` (self-attention)."""
-        if context is None:
-            q, k, v = self.qkv_proj(x).split(self.inner, dim=-1)
-            return q, k, v
+    def project(self, x: Tensor, context: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Cross-attention projections: queries x W^Q (B, T, H*Dh) and keys, values
+        ``context`` W^K, W^V (B, S, H*Dh)."""
         k, v = self._rows(context, self.inner, 3 * self.inner).split(self.inner, dim=-1)
         return self._rows(x, 0, self.inner), k, v
 
@@ -194,12 +192,16 @@ class MultiHeadAttention(nn.Module):
         ``need_weights`` takes the reference path and returns the (B, H, T, S) weights.
         """
         b, t, _ = x.shape
-        if context is None:  # self-attention
-            q, k, v = (self._heads(z) for z in self.project(x))  # (B, H, T, Dh) each
+        if context is None:  # self-attention: one matmul, viewed as (3, B, H, T, Dh)
+            qkv = self.qkv_proj(x).view(b, t, 3, self.n_heads, self.head_dim)
+            qkv = qkv.permute(2, 0, 3, 1, 4)
+            q, kv = qkv[0], qkv[1:]  # (B, H, T, Dh), (2, B, H, T, Dh)
             if self.rope is not None:
-                q, k = self.rope(q, positions), self.rope(k, positions)
+                q = self.rope(q, positions)
+                kv = torch.stack((self.rope(kv[0], positions), kv[1]))
             if cache is not None:
-                k, v = cache.update(layer, k, v)  # (B, H, S, Dh)
+                kv = cache.update(layer, kv)  # (2, B, H, S, Dh): the cached positions too
+            k, v = kv.unbind(0)
         elif cache is not None and cache.cross[layer] is not None:
             q = self._heads(self._rows(x, 0, self.inner))
             k, v = cache.cross[layer]  # (B, H, S, Dh), computed at the first step
