@@ -131,7 +131,7 @@ def _token_steps(model: nn.Module, ids: Tensor, mask: Tensor, max_new_tokens: in
             if cache is not None:
                 cache.length = 0
             padded = not bool(valid[:, start:end].all())
-        window = valid[:, start:end]
+        window = valid[:, start:end] if padded else None
         if cached == 0 or cache is None:
             feed = tokens[:, start:end]
             positions = _positions(window) if padded else None
@@ -142,8 +142,8 @@ def _token_steps(model: nn.Module, ids: Tensor, mask: Tensor, max_new_tokens: in
             positions = next_pos if padded else None  # None: after the cached positions
             if padded:
                 next_pos = next_pos + 1
-        logits, _ = model(feed, mask=window if padded else None, positions=positions,
-                          cache=cache, last_only=True)  # (B, 1, V)
+        logits, _ = model(feed, mask=window, positions=positions, cache=cache,
+                          last_only=True)  # (B, 1, V)
         nxt = sampler(logits[:, -1], generator)  # (B,)
         tokens[:, end] = nxt
         cached, end = end - start, end + 1

@@ -71,7 +71,7 @@ class DecoderLM(nn.Module):
             logits (B, T, V) and the loss (scalar) or None.
         """
         h, _, _ = self._hidden(idx, mask, positions, cache, ())
-        if last_only:
+        if last_only and h.size(1) > 1:
             h = h[:, -1:]
         logits = self.lm_head(h)  # (B, T, V)
         loss = None if targets is None else token_loss(logits, targets, self.config.pad_id)
