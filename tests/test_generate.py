@@ -69,6 +69,30 @@ def test_kv_cache_logits_equal_full_recomputation(pos):
         torch.testing.assert_close(logits, full[:, p - 1 + t], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
+def test_cache_derives_positions_of_left_padded_rows(pos):
+    """A cache told each row's left padding (``KVCache.pad``) gives the same logits as explicit
+    per-row positions, also after its rows are reordered (no positions tensor per step)."""
+    model = tiny_lm(pos=pos)
+    ids, mask = left_pad(PROMPTS, "cpu")
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    explicit, derived = model.new_cache(len(PROMPTS)), model.new_cache(len(PROMPTS))
+    derived.pad = (~mask).sum(-1)
+    rows = torch.tensor([3, 1, 1])
+    with torch.no_grad():
+        want, _ = model(ids, mask=mask, positions=positions, cache=explicit)
+        got, _ = model(ids, mask=mask, cache=derived)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        explicit.reorder(rows)
+        derived.reorder(rows)
+        nxt = want[rows, -1:].argmax(-1)  # (3, 1)
+        m = torch.cat([mask[rows], torch.ones_like(nxt, dtype=torch.bool)], 1)
+        want, _ = model(nxt, mask=m, positions=positions[rows, -1:] + 1, cache=explicit)
+        got, _ = model(nxt, mask=m, cache=derived)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert derived.positions(2).tolist() == [[5, 6], [8, 9], [8, 9]]  # 4 + 1 tokens; 7 + 1
+
+
 def test_cached_and_recomputed_generation_agree_also_when_the_window_slides():
     model = tiny_lm(max_len=10)
     for kwargs in (dict(temperature=0), dict(temperature=1.0, top_k=8, seed=3)):

@@ -5,7 +5,8 @@ Shapes: B rows (prompts x samples), P padded prompt length, V vocab.
 * :func:`generate` returns the new token ids of every row; :func:`stream` yields them step by
   step as they are produced; :func:`generate_text` / :func:`stream_text` work on strings.
 * Several prompts run as one batch, LEFT-padded: ``mask`` marks the real tokens and each row's
-  positions are ``cumsum(mask) - 1`` (clamped at 0), so a row gives the same tokens as the
+  positions are ``cumsum(mask) - 1`` (clamped at 0; with the KV cache, the cache derives them
+  from each row's padding, ``KVCache.pad``), so a row gives the same tokens as the
   prompt alone (greedy; sampled rows draw from one shared generator, so they differ).
 * Decoding runs the prompt once (the "prefill", logits of the last position only) and then
   feeds one token per step, reusing the keys/values of earlier positions from a preallocated
@@ -123,27 +124,23 @@ def _token_steps(model: nn.Module, ids: Tensor, mask: Tensor, max_new_tokens: in
     tokens[:, :p], valid[:, :p] = ids, mask
     cache = model.new_cache(b, min(max_len, p + max_new_tokens)) if use_cache else None
     start, end, cached = 0, p, 0  # the window is columns [start, end); cached of them in cache
-    padded, next_pos = False, None
+    padded = False
     for _ in range(max_new_tokens):
         if end - start > max_len:  # slide the window: keep the last `keep` columns, recompute
             start, cached = end - keep, 0
+        window = valid[:, start:end] if padded or cached == 0 else None
         if cached == 0:  # (re)start: one sync to learn whether the window has padding
-            if cache is not None:
-                cache.length = 0
-            padded = not bool(valid[:, start:end].all())
-        window = valid[:, start:end] if padded else None
+            padded = not bool(window.all())
+            if cache is not None:  # the cache derives each row's positions from its padding
+                cache.length, cache.pad = 0, (~window).sum(-1) if padded else None
         if cached == 0 or cache is None:
             feed = tokens[:, start:end]
-            positions = _positions(window) if padded else None
-            if padded and cache is not None:
-                next_pos = positions[:, -1:] + 1  # (B, 1)
         else:
             feed = tokens[:, end - 1:end]  # (B, 1): the token sampled last step
-            positions = next_pos if padded else None  # None: after the cached positions
-            if padded:
-                next_pos = next_pos + 1
-        logits, _ = model(feed, mask=window, positions=positions, cache=cache,
-                          last_only=True)  # (B, 1, V)
+        # Without a cache, padded rows need explicit positions (with one, the cache has them).
+        positions = _positions(window) if padded and cache is None else None
+        logits, _ = model(feed, mask=window if padded else None, positions=positions,
+                          cache=cache, last_only=True)  # (B, 1, V)
         nxt = sampler(logits[:, -1], generator)  # (B,)
         tokens[:, end] = nxt
         cached, end = end - start, end + 1

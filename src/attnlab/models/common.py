@@ -176,16 +176,19 @@ class Decoder(nn.Module):
 
 
 def make_positions(t: int, cache: KVCache | None, max_len: int, device) -> Tensor:
-    """Positions of the next T tokens: offset by what the cache already holds."""
+    """Positions of the next T tokens: (T,) offset by what the cache already holds, or (B, T)
+    when the cache's rows are left-padded (:meth:`KVCache.positions`)."""
     offset = 0 if cache is None else cache.length
     check_length(offset + t, max_len)
-    return torch.arange(offset, offset + t, device=device)  # (T,)
+    if cache is not None:
+        return cache.positions(t)
+    return torch.arange(t, device=device)  # (T,)
 
 
 def check_positions(positions: Tensor, t: int, max_len: int) -> None:
     """Explicit positions must be (T,) or (B, T) integers in 0..max_len-1. (One host sync of
-    two numbers: only for positions a caller passes, e.g. left-padded decoding, which checks
-    each step; never in training, where positions are made here.)"""
+    two numbers, only for positions a caller passes: never in training or in KV-cache decoding,
+    where positions are made here or by the cache.)"""
     if positions.dtype.is_floating_point or positions.dtype == torch.bool:
         raise TypeError(f"positions must be integer token positions, got dtype {positions.dtype}")
     if positions.dim() not in (1, 2) or positions.size(-1) != t:

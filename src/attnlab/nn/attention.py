@@ -88,8 +88,21 @@ class KVCache:
         self.kv = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
         self.length = 0
         self.max_len = max_len
+        # Left padding of each row (B,), or None: row b's real tokens start at column pad[b],
+        # so the token in column j has position j - pad[b] (see `positions`).
+        self.pad: Tensor | None = None
         # Cross-attention keys/values of the encoder memory, computed once per layer.
         self.cross: list[tuple[Tensor, Tensor] | None] = [None] * n_layers
+
+    def positions(self, t: int) -> Tensor:
+        """Positions of the next ``t`` tokens, after the cached ones: (t,), or (B, t) when the
+        rows are left-padded (``pad``; pad columns get position 0). Computed on the device,
+        without a host sync."""
+        device = self.kv[0].device if self.kv else None
+        pos = torch.arange(self.length, self.length + t, device=device)  # (t,)
+        if self.pad is None:
+            return pos
+        return (pos - self.pad[:, None]).clamp(min=0)  # (B, t)
 
     def update(self, layer: int, kv: Tensor) -> Tensor:
         """Write keys and values kv (2, B, H, t, Dh) after the cached positions; return all of
@@ -113,6 +126,8 @@ class KVCache:
         """Self-attention keys/values of batch rows ``index`` (B',), e.g. the beams each
         surviving hypothesis came from; only the filled positions are copied, in place."""
         n, end = index.numel(), self.length
+        if self.pad is not None:
+            self.pad = self.pad.index_select(0, index)
         for i, buf in enumerate(self.kv):
             if n > buf.size(1):  # more rows than before: a new buffer
                 self.kv[i] = buf.index_select(1, index)
