@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import numbers
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor, nn
@@ -188,8 +189,11 @@ def _stream_rows(model: nn.Module, rows: list[list[int]], max_new_tokens: int, s
         done = torch.zeros(len(rows), dtype=torch.bool, device=device)
     steps = _token_steps(model, ids, mask, max_new_tokens, sampler, gen, use_cache)
     watch = eos_id is not None or checker is not None
+    # Each step runs in inference mode, but not the consumer's code between steps; a caller
+    # already in inference mode (`generate`) saves entering it again at every step.
+    step_mode = nullcontext if torch.is_inference_mode_enabled() else torch.inference_mode
     while True:
-        with torch.inference_mode():
+        with step_mode():
             nxt = next(steps, None)
             if nxt is None:
                 return
@@ -233,9 +237,11 @@ def generate(model: nn.Module, prompts, max_new_tokens: int = 100, *,
     Returns:
         The new ids of each row (``len(prompts) * num_samples`` lists, prompt-major).
     """
-    steps = list(stream(model, prompts, max_new_tokens, temperature=temperature, top_k=top_k,
-                        top_p=top_p, seed=seed, generator=generator, eos_id=eos_id, stop=stop,
-                        tokenizer=tokenizer, num_samples=num_samples, use_cache=use_cache))
+    with torch.inference_mode():
+        steps = list(stream(model, prompts, max_new_tokens, temperature=temperature,
+                            top_k=top_k, top_p=top_p, seed=seed, generator=generator,
+                            eos_id=eos_id, stop=stop, tokenizer=tokenizer,
+                            num_samples=num_samples, use_cache=use_cache))
     n_rows = len(_prompt_list(prompts)) * num_samples
     if not steps:
         return [[] for _ in range(n_rows)]
