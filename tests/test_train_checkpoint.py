@@ -130,6 +130,8 @@ def test_a_kill_between_the_two_renames_is_recovered(tmp_path, monkeypatch):
     assert found.parent.name == ".last.tmp"
     run = load_run(tmp_path, "last")
     assert torch.equal(run.model.lm_head.weight, tiny_model(seed=5).lm_head.weight)
+    # Loaded for inference: eval mode, and on CPU column-major weights (`inference_layout`).
+    assert not run.model.training and run.model.lm_head.weight.stride(0) == 1
     save_checkpoint(tmp_path / "last", model)  # the next save puts things back in order
     assert checkpoint_dir(tmp_path / "last") == tmp_path / "last"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "last"]

@@ -206,14 +206,21 @@ def find_checkpoint(run_dir: Path, which: str = "best") -> Path:
 
 
 def load_run(run_dir: str | Path, which: str = "best", device: str = "cpu") -> Run:
-    """Rebuild the model of a run from its config.json and load its weights."""
+    """Rebuild the model of a run from its config.json and load its weights, for inference:
+    eval mode and, on CPU, models that decode token by token get
+    :func:`~attnlab.generate.inference_layout` (column-major weights, same values)."""
+    from .generate import inference_layout
     from .tokenizers import load_tokenizer
 
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)
-    model = build_model(ModelConfig.from_dict(cfg["model"]))
+    model_cfg = ModelConfig.from_dict(cfg["model"])
+    model = build_model(model_cfg)
     ckpt = find_checkpoint(run_dir, which)
     load_weights(model, ckpt)
+    model = model.to(device).eval()
+    if model_cfg.family != "encoder" and next(model.parameters()).device.type == "cpu":
+        inference_layout(model)
     tok_path = run_dir / "tokenizer.json"
     tokenizer = load_tokenizer(tok_path) if tok_path.is_file() else None
-    return Run(model.to(device).eval(), cfg, tokenizer, run_dir, ckpt)
+    return Run(model, cfg, tokenizer, run_dir, ckpt)

@@ -79,10 +79,6 @@ def _load(args: argparse.Namespace, family: str):
         raise UserError(f"`attnlab {args.command}` needs {FAMILY_NAMES[family]} run, but "
                         f"{args.run_dir} holds {FAMILY_NAMES[got]} model")
     run = load_run(args.run_dir, args.checkpoint, device=args.device)
-    if family != "encoder" and next(run.model.parameters()).device.type == "cpu":
-        from ..generate import inference_layout
-
-        inference_layout(run.model)  # faster token-by-token decoding on CPU, same values
     if run.tokenizer is None and args.command != "translate":
         raise UserError(f"run dir {args.run_dir} has no tokenizer.json: cannot turn text into ids")
     return run
