@@ -78,11 +78,12 @@ def test_mha_unsupported_settings() -> None:
 
 # ---- torch.nn.Transformer ---------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "norm_first, activation, bias, batch_first",
-    [(False, "relu", True, True), (True, "gelu", False, True), (False, "relu", True, False)],
+    "norm_first, activation, bias, batch_first, causal",
+    [(False, "relu", True, True, True), (True, "gelu", False, True, True),
+     (False, "relu", True, False, True), (True, "relu", True, True, False)],
 )
 def test_transformer_matches_torch(norm_first: bool, activation: str, bias: bool,
-                                   batch_first: bool) -> None:
+                                   batch_first: bool, causal: bool) -> None:
     torch.manual_seed(1)
     b, s, t, d = 3, 7, 5, 32
     ref = nn.Transformer(d, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
@@ -98,13 +99,14 @@ def test_transformer_matches_torch(norm_first: bool, activation: str, bias: bool
 
     src, tgt = torch.randn(b, s, d), torch.randn(b, t, d)
     src_valid, tgt_valid = right_padding([7, 4, 6], s), right_padding([5, 5, 3], t)
-    tgt_mask = ~causal_mask(t)  # torch: True = may NOT attend
+    tgt_mask = ~causal_mask(t) if causal else None  # torch: True = may NOT attend
     seq = (lambda x: x) if batch_first else (lambda x: x.transpose(0, 1))
     with torch.no_grad():
         want = seq(ref(seq(src), seq(tgt), tgt_mask=tgt_mask, src_key_padding_mask=~src_valid,
                        tgt_key_padding_mask=~tgt_valid, memory_key_padding_mask=~src_valid))
         want_mem = seq(ref.encoder(seq(src), src_key_padding_mask=~src_valid))
-        got = stacks(src, tgt, src_valid=src_valid, tgt_valid=tgt_valid, memory_valid=src_valid)
+        got = stacks(src, tgt, src_valid=src_valid, tgt_valid=tgt_valid, memory_valid=src_valid,
+                     tgt_is_causal=causal)
         got_mem, _ = stacks.encoder(src, src_valid[:, None, None, :])
     torch.testing.assert_close(got_mem[src_valid], want_mem[src_valid], atol=1e-5, rtol=0)
     torch.testing.assert_close(got[tgt_valid], want[tgt_valid], atol=1e-5, rtol=0)

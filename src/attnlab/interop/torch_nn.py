@@ -11,7 +11,8 @@ differ and the caller converts them:
 ``nn.Transformer`` has no embeddings and no output projection, so the result is a
 :class:`TransformerStacks` (an attnlab :class:`~attnlab.models.common.Encoder` and
 :class:`~attnlab.models.common.Decoder`), not a full :class:`~attnlab.models.Transformer`.
-attnlab's decoder is always causal: it matches torch called with a causal ``tgt_mask``.
+The decoder is causal by default (torch called with a causal ``tgt_mask``);
+``tgt_is_causal=False`` matches torch called without one.
 """
 
 from __future__ import annotations
@@ -136,15 +137,17 @@ class TransformerStacks(nn.Module):
         self.decoder = Decoder(config, config.dec_layers, cross=True)
 
     def forward(self, src: Tensor, tgt: Tensor, *, src_valid: Tensor | None = None,
-                tgt_valid: Tensor | None = None, memory_valid: Tensor | None = None) -> Tensor:
-        """src (B, S, D), tgt (B, T, D) -> (B, T, D); causal in the decoder.
+                tgt_valid: Tensor | None = None, memory_valid: Tensor | None = None,
+                tgt_is_causal: bool = True) -> Tensor:
+        """src (B, S, D), tgt (B, T, D) -> (B, T, D); causal in the decoder unless
+        ``tgt_is_causal=False``.
 
         ``src_valid``/``tgt_valid``/``memory_valid`` (B, S|T|S) bool, True at real positions,
         are ``~src_key_padding_mask`` etc. of torch.
         """
         memory, _ = self.encoder(src, key_mask(src_valid))
         h, _, _ = self.decoder(tgt, memory, self_mask=key_mask(tgt_valid),
-                               memory_mask=key_mask(memory_valid))
+                               memory_mask=key_mask(memory_valid), is_causal=tgt_is_causal)
         return h
 
 

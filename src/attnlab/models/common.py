@@ -154,12 +154,16 @@ class Decoder(nn.Module):
     def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, positions: Tensor | None = None,
                 cache: KVCache | None = None, capture: Collection[int] = (),
+                is_causal: bool = True,
                 ) -> tuple[Tensor, dict[int, Tensor], dict[int, Tensor]]:
-        """x (B, T, D), memory (B, S, D) -> (B, T, D), {layer: self weights}, {layer: cross}."""
+        """x (B, T, D), memory (B, S, D) -> (B, T, D), {layer: self weights}, {layer: cross}.
+
+        ``is_causal=False`` lets every target position attend to every other (a plain
+        ``nn.TransformerDecoder`` without ``tgt_mask``); language models keep the default."""
         self_maps, cross_maps = {}, {}
         for i, layer in enumerate(self.layers):
             x, ws, wc = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask,
-                              positions=positions, cache=cache, layer=i,
+                              is_causal=is_causal, positions=positions, cache=cache, layer=i,
                               need_weights=i in capture)
             if ws is not None:
                 self_maps[i] = ws
