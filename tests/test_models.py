@@ -250,6 +250,9 @@ def test_parameter_counts_by_component(family):
     assert parts[f"{stack}.0.attention"] == 4 * (32 * 32 + 32)
     assert parts[f"{stack}.1.ffn"] == 32 * 128 + 128 + 128 * 32 + 32
     assert parts["embeddings"] > 0 and parts["head"] > 0 and parts["norms"] > 0
+    names = list(parts)  # reading order: embeddings, blocks in order, norms, head
+    assert names[0] == "embeddings" and names[-2:] == ["norms", "head"]
+    assert names.index(f"{stack}.0.attention") < names.index(f"{stack}.1.attention")
     if family == "encoder_decoder":
         assert parts["decoder.0.cross_attention"] == 4 * (32 * 32 + 32)
 

@@ -268,4 +268,6 @@ def count_parameters(model: nn.Module, by_component: bool = False) -> int | dict
         else:
             comp = "head"
         out[comp] += p.numel()
-    return dict(out)
+    # Print order: embeddings, the blocks in order, then the norms and the head.
+    last = [k for k in ("norms", "head") if k in out]
+    return {k: out[k] for k in [*(k for k in out if k not in last), *last]}
