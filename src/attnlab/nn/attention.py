@@ -76,16 +76,15 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
 class KVCache:
     """Keys and values of every layer, preallocated to ``max_len`` for step-by-step decoding.
 
-    Layer i's keys and values live in one (2, B, H, max_len, Dh) buffer ``kv[i]`` (keys at
-    index 0), so a step writes both with one copy. Each layer appends its new K/V with
-    :meth:`update`; the model advances ``length`` once per forward (:meth:`advance`).
-    :meth:`reorder` picks batch rows (beam search).
+    Each layer appends its new K/V with :meth:`update`; the model advances ``length`` once per
+    forward (:meth:`advance`). :meth:`reorder` picks batch rows (beam search).
     """
 
     def __init__(self, n_layers: int, batch: int, n_heads: int, head_dim: int, max_len: int,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
-        shape = (2, batch, n_heads, max_len, head_dim)
-        self.kv = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
+        shape = (batch, n_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
         self.length = 0
         self.max_len = max_len
         # Left padding of each row (B,), or None: row b's real tokens start at column pad[b],
@@ -98,21 +97,20 @@ class KVCache:
         """Positions of the next ``t`` tokens, after the cached ones: (t,), or (B, t) when the
         rows are left-padded (``pad``; pad columns get position 0). Computed on the device,
         without a host sync."""
-        device = self.kv[0].device if self.kv else None
+        device = self.k[0].device if self.k else None
         pos = torch.arange(self.length, self.length + t, device=device)  # (t,)
         if self.pad is None:
             return pos
         return (pos - self.pad[:, None]).clamp(min=0)  # (B, t)
 
-    def update(self, layer: int, kv: Tensor) -> Tensor:
-        """Write keys and values kv (2, B, H, t, Dh) after the cached positions; return all of
-        them so far, (2, B, H, S, Dh)."""
-        end = self.length + kv.size(3)
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write k, v (B, H, t, Dh) after the cached positions; return all of them so far."""
+        end = self.length + k.size(2)
         if end > self.max_len:
             raise ValueError(f"KV cache is full: {end} positions > max_len {self.max_len}")
-        buf = self.kv[layer]
-        buf[:, :, :, self.length:end] = kv
-        return buf[:, :, :, :end]
+        self.k[layer][:, :, self.length:end] = k
+        self.v[layer][:, :, self.length:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]  # (B, H, S, Dh)
 
     def advance(self, t: int) -> None:
         self.length += t
@@ -128,13 +126,13 @@ class KVCache:
         n, end = index.numel(), self.length
         if self.pad is not None:
             self.pad = self.pad.index_select(0, index)
-        for i, buf in enumerate(self.kv):
-            if n > buf.size(1):  # more rows than before: a new buffer
-                self.kv[i] = buf.index_select(1, index)
-                continue
-            for half in (buf[0], buf[1]):  # keys, values: selecting along dim 0 is ~1.5x faster
-                half[:n, :, :end] = half[:, :, :end].index_select(0, index)
-            self.kv[i] = buf[:, :n]  # a view of the first B' rows
+        for buffers in (self.k, self.v):
+            for i, buf in enumerate(buffers):
+                if n > buf.size(0):  # more rows than before: a new buffer
+                    buffers[i] = buf.index_select(0, index)
+                    continue
+                buf[:n, :, :end] = buf[:, :, :end].index_select(0, index)
+                buffers[i] = buf[:n]  # a view of the first B' rows
 
     def reorder_cross(self, index: Tensor) -> None:
         """Cross-attention keys/values of batch rows ``index``. Beam search calls it only when
@@ -210,14 +208,11 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         if context is None:  # self-attention: one matmul, viewed as (3, B, H, T, Dh)
             qkv = self.qkv_proj(x).view(b, t, 3, self.n_heads, self.head_dim)
-            qkv = qkv.permute(2, 0, 3, 1, 4)
-            q, kv = qkv[0], qkv[1:]  # (B, H, T, Dh), (2, B, H, T, Dh)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, Dh) each
             if self.rope is not None:
-                q = self.rope(q, positions)
-                kv = torch.stack((self.rope(kv[0], positions), kv[1]))
+                q, k = self.rope(q, positions), self.rope(k, positions)
             if cache is not None:
-                kv = cache.update(layer, kv)  # (2, B, H, S, Dh): the cached positions too
-            k, v = kv.unbind(0)
+                k, v = cache.update(layer, k, v)  # (B, H, S, Dh): the cached positions too
         elif cache is not None and cache.cross[layer] is not None:
             q = self._heads(self._rows(x, 0, self.inner))
             k, v = cache.cross[layer]  # (B, H, S, Dh), computed at the first step
