@@ -239,6 +239,22 @@ def test_gradients_pass_finite_difference_check(family):
     assert torch.autograd.gradcheck(loss, inputs, eps=1e-6, atol=1e-5)
 
 
+# ---- dropout --------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder"])
+def test_dropout_acts_in_training_only(family):
+    """Embedding, residual and FFN dropout (attention dropout off) change the output in training
+    mode only; with dropout 0 training mode is deterministic."""
+    model = build_model(cfg(family, dropout=0.5, attn_dropout=0.0))
+    no_drop = build_model(cfg(family, dropout=0.0)).train()
+    x = ids(2, 8)
+    args = (x, x) if family == "encoder_decoder" else (x,)
+    torch.testing.assert_close(no_drop(*args)[0], no_drop(*args)[0])
+    model.eval()
+    torch.testing.assert_close(model(*args)[0], model(*args)[0])
+    model.train()
+    assert not torch.allclose(model(*args)[0], model(*args)[0])
+
+
 # ---- bookkeeping ------------------------------------------------------------------------------
 @pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder"])
 def test_parameter_counts_by_component(family):
