@@ -12,9 +12,10 @@
     against attnlab greedy, batch 1 and batch 8, fp32; attnlab as loaded and after
     ``inference_layout`` (column-major weights); bf16 weights reported separately.
 
-All figures come from this one run on this machine; each timing is the median of ``--repeat``
-interleaved runs. The model is GPT-2 shaped (pre-norm, learned positions, tanh-GELU, tied
-embeddings, vocabulary 50257 by default) with random weights: speed does not depend on the values.
+All figures come from this one run on this machine; each rate is the median of ``--repeat``
+interleaved rounds, each ratio the median (and range) of the per-round ratios. The model is
+GPT-2 shaped (pre-norm, learned positions, tanh-GELU, tied embeddings, vocabulary 50257 by
+default) with random weights: speed does not depend on the values.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
-def interleaved(fns: dict, repeat: int) -> dict[str, tuple[float, object]]:
-    """Time several functions in turns (A B C A B C ...), so load drifts hit all alike."""
+def interleaved(fns: dict, repeat: int) -> dict[str, tuple[list[float], object]]:
+    """Time several functions in turns (A B C A B C ...), so load drifts hit all alike.
+    Returns each function's seconds per round and its last result."""
     results: dict[str, list[float]] = {k: [] for k in fns}
     outs = {k: f() for k, f in fns.items()}  # warm-up
     for _ in range(repeat):
@@ -57,7 +59,19 @@ def interleaved(fns: dict, repeat: int) -> dict[str, tuple[float, object]]:
             start = time.perf_counter()
             outs[k] = f()
             results[k].append(time.perf_counter() - start)
-    return {k: (statistics.median(v), outs[k]) for k, v in results.items()}
+    return {k: (v, outs[k]) for k, v in results.items()}
+
+
+def speedup(times: dict, ours: str, ref: str = "hf") -> str:
+    """Median over rounds of ref's time / ours's time in the same round (adjacent in time, so a
+    change of machine load mostly cancels), with its range."""
+    r = sorted(a / b for a, b in zip(times[ref][0], times[ours][0]))
+    return f"{statistics.median(r):.2f}x ({r[0]:.2f}-{r[-1]:.2f})"
+
+
+def rates(times: dict, tokens: int) -> dict[str, float]:
+    """Tokens/s from each function's median round."""
+    return {k: tokens / statistics.median(v) for k, (v, _) in times.items()}
 
 
 def hf_greedy(hf, prompt: torch.Tensor, n: int):
@@ -105,11 +119,11 @@ def section_hf(model, args) -> None:
                                generator=torch.Generator().manual_seed(batch))
         res = interleaved({"hf": hf_greedy(hf, prompt, n), "ours": ours_greedy(model, prompt, n),
                            "fast": ours_greedy(fast, prompt, n)}, args.repeat)
-        rate = {k: batch * n / t for k, (t, _) in res.items()}
+        rate = rates(res, batch * n)
         same = res["hf"][1] == res["ours"][1] == res["fast"][1]
-        print(f"| {batch} | {rate['hf']:.1f} | {rate['ours']:.1f} | "
-              f"{rate['ours'] / rate['hf']:.2f}x | {rate['fast']:.1f} | "
-              f"{rate['fast'] / rate['hf']:.2f}x | {'yes' if same else 'NO'} |", flush=True)
+        print(f"| {batch} | {rate['hf']:.1f} | {rate['ours']:.1f} | {speedup(res, 'ours')} | "
+              f"{rate['fast']:.1f} | {speedup(res, 'fast')} | {'yes' if same else 'NO'} |",
+              flush=True)
     if args.bf16:
         print("\nbf16 weights (reported separately: not comparable with fp32)\n")
         print("| batch | HF bf16 tok/s | attnlab bf16 tok/s | ratio |")
@@ -120,9 +134,9 @@ def section_hf(model, args) -> None:
                                    generator=torch.Generator().manual_seed(batch))
             res = interleaved({"hf": hf_greedy(hf16, prompt, n),
                                "ours": ours_greedy(ours16, prompt, n)}, args.repeat)
-            rate = {k: batch * n / t for k, (t, _) in res.items()}
+            rate = rates(res, batch * n)
             print(f"| {batch} | {rate['hf']:.1f} | {rate['ours']:.1f} | "
-                  f"{rate['ours'] / rate['hf']:.2f}x |", flush=True)
+                  f"{speedup(res, 'ours')} |", flush=True)
 
 
 def main() -> None:
