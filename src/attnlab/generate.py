@@ -47,6 +47,7 @@ from .decoding.text import (
     translate_texts,
 )
 from .decoding.translate import beam_search, greedy_search, translate
+from .nn.attention import padded_positions
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +109,6 @@ def left_pad(prompts: list[list[int]], device) -> tuple[Tensor, Tensor]:
     return ids.to(device), mask.to(device)
 
 
-def _positions(valid: Tensor) -> Tensor:
-    """Per-row positions (B, T) of a left-padded window: cumsum of the mask - 1, from 0."""
-    return (valid.long().cumsum(-1) - 1).clamp(min=0)
-
-
 def _token_steps(model: nn.Module, ids: Tensor, mask: Tensor, max_new_tokens: int,
                  sampler: Sampler, generator: torch.Generator | None,
                  use_cache: bool) -> Iterator[Tensor]:
@@ -125,21 +121,23 @@ def _token_steps(model: nn.Module, ids: Tensor, mask: Tensor, max_new_tokens: in
     tokens[:, :p], valid[:, :p] = ids, mask
     cache = model.new_cache(b, min(max_len, p + max_new_tokens)) if use_cache else None
     start, end, cached = 0, p, 0  # the window is columns [start, end); cached of them in cache
-    padded = False
+    padded, pad = False, None
     for _ in range(max_new_tokens):
         if end - start > max_len:  # slide the window: keep the last `keep` columns, recompute
             start, cached = end - keep, 0
         window = valid[:, start:end] if padded or cached == 0 else None
         if cached == 0:  # (re)start: one sync to learn whether the window has padding
             padded = not bool(window.all())
+            pad = (~window).sum(-1) if padded else None  # (B,) pad columns of each row
             if cache is not None:  # the cache derives each row's positions from its padding
-                cache.length, cache.pad = 0, (~window).sum(-1) if padded else None
+                cache.length, cache.pad = 0, pad
         if cached == 0 or cache is None:
             feed = tokens[:, start:end]
         else:
             feed = tokens[:, end - 1:end]  # (B, 1): the token sampled last step
         # Without a cache, padded rows need explicit positions (with one, the cache has them).
-        positions = _positions(window) if padded and cache is None else None
+        positions = (padded_positions(0, end - start, pad, ids.device)
+                     if padded and cache is None else None)
         logits, _ = model(feed, mask=window if padded else None, positions=positions,
                           cache=cache, last_only=True)  # (B, 1, V)
         nxt = sampler(logits[:, -1], generator)  # (B,)

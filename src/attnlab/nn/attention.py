@@ -73,6 +73,13 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     )
 
 
+def padded_positions(start: int, t: int, pad: Tensor | None, device=None) -> Tensor:
+    """Positions of columns ``start..start+t-1``: (t,), or (B, t) for rows left-padded by
+    ``pad`` (B,) columns, whose column j holds position j - pad (pad columns get 0)."""
+    pos = torch.arange(start, start + t, device=device)  # (t,)
+    return pos if pad is None else (pos - pad[:, None]).clamp(min=0)
+
+
 class KVCache:
     """Keys and values of every layer, preallocated to ``max_len`` for step-by-step decoding.
 
@@ -97,11 +104,7 @@ class KVCache:
         """Positions of the next ``t`` tokens, after the cached ones: (t,), or (B, t) when the
         rows are left-padded (``pad``; pad columns get position 0). Computed on the device,
         without a host sync."""
-        device = self.k[0].device if self.k else None
-        pos = torch.arange(self.length, self.length + t, device=device)  # (t,)
-        if self.pad is None:
-            return pos
-        return (pos - self.pad[:, None]).clamp(min=0)  # (B, t)
+        return padded_positions(self.length, t, self.pad, self.k[0].device if self.k else None)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write k, v (B, H, t, Dh) after the cached positions; return all of them so far."""
