@@ -3,7 +3,7 @@
     python benchmarks/beam_speed.py RUN_DIR           # a trained multi30k run (attnlab train)
     python benchmarks/beam_speed.py                   # no run: a tiny random model (plumbing)
 
-Translates ``val.de`` (1,014 sentences) with ``attnlab.decoding.text.translate_texts``, which
+Translates ``val.de`` (1,014 sentences) with ``attnlab.decoding.translate_texts``, which
 encodes as in training, sorts sentences by length into batches, and decodes with the
 decoder's KV cache: greedy, then beam search (``--beam``, default 4; the cache is reordered by
 beam each step and finished sentences leave the batch). Prints sentences/s and, for a trained
@@ -26,8 +26,7 @@ import torch
 
 from attnlab import ModelConfig, Transformer
 from attnlab.data import read_lines, read_parallel
-from attnlab.decoding.text import translate_texts
-from attnlab.generate import inference_layout
+from attnlab.decoding import inference_layout, translate_texts
 from attnlab.runs import Run, load_run
 
 DATA = Path("/work/shared/data/multi30k")
@@ -76,13 +75,15 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|")
     for beam in (1, args.beam):
         start = time.perf_counter()
-        hyps = translate_texts(run, src, beam=beam, length_penalty=args.length_penalty,
+        hyps = translate_texts(run.model, src, run.tokenizer,
+                               add_special=bool(run.data.get("src_add_special", False)),
+                               beam=beam, length_penalty=args.length_penalty,
                                batch_size=args.batch_size)
         seconds = time.perf_counter() - start
         words = sum(len(h.split()) for h in hyps) / len(hyps)
         score = "n/a"
         if args.run_dir:
-            from attnlab.evaluate import bleu
+            from attnlab.metrics import bleu
 
             score = f"{bleu(hyps, ref):.2f}"
         name = "greedy" if beam == 1 else f"beam {beam} (alpha {args.length_penalty})"

@@ -5,8 +5,8 @@
     python benchmarks/sample_speed.py --layers 4 --d-model 192 --heads 4 --vocab 65 \
         --max-len 256 --skip-cache --no-bf16         # configs/shakespeare_char's shape
 
-(a) greedy tokens/s of ``attnlab.generate`` with the KV cache and with full recomputation at
-    every step (``use_cache=False``), at 256 and 1024 new tokens, batch 1;
+(a) greedy tokens/s of ``attnlab.decoding.generate`` with the KV cache and with full
+    recomputation at every step (``use_cache=False``), at 256 and 1024 new tokens, batch 1;
 (b) a ``transformers.GPT2LMHeadModel`` with the same configuration and the same weights
     (``attnlab.interop.gpt2_to_hf``): HF ``generate`` (greedy, its default dynamic KV cache)
     against attnlab greedy, batch 1 and batch 8, fp32; attnlab as loaded and after
@@ -29,7 +29,7 @@ import time
 import torch
 
 from attnlab import DecoderLM, ModelConfig
-from attnlab.generate import generate, inference_layout
+from attnlab.decoding import generate, inference_layout
 
 
 def gpt2_like(layers: int, d_model: int, heads: int, max_len: int, vocab: int = 50257,

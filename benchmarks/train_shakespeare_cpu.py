@@ -31,7 +31,9 @@ DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 sys.path.insert(0, str(ROOT / "src"))
 
 from attnlab.models import token_loss  # noqa: E402
-from attnlab.train import build_optimizer, build_task, load_config, train_run  # noqa: E402
+from attnlab.runs import RunDir  # noqa: E402
+from attnlab.tasks import build_task  # noqa: E402
+from attnlab.train import build_optimizer, load_config, train_run  # noqa: E402
 from attnlab.train.loop import autocast, resolve_precision, sdpa_backends  # noqa: E402
 
 
@@ -43,9 +45,7 @@ def train_recipe(args) -> dict:
         t0 = time.perf_counter()
         outcome = train_run(rc, Path(tmp) / "run")
         wall = time.perf_counter() - t0
-        import csv
-
-        rows = list(csv.DictReader(open(Path(tmp) / "run" / "metrics.csv")))
+        rows = RunDir(Path(tmp) / "run").read_metrics()
     at_end = [r for r in rows if r["val_loss"]][-1]
     return {"step": outcome.result.step, "val_loss_20": float(at_end["val_loss"]),
             "val_loss": outcome.result.metrics["val_loss"], "wall_s": wall,

@@ -6,13 +6,12 @@ input-dependent outputs (the default init makes a tiny tied model repeat one tok
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from attnlab import DecoderLM, EncoderClassifier, ModelConfig, Transformer
-from attnlab.runs import MODEL_FILE, save_weights
+from attnlab.runs import RunDir
 from attnlab.tokenizers import CharTokenizer
 
 TEXT = "the quick brown fox jumps over the lazy dog.\n"
@@ -55,14 +54,15 @@ def char_tokenizer(specials: tuple[str, ...] = ()) -> CharTokenizer:
 
 def write_run(run_dir: Path, model: torch.nn.Module, tokenizer=None, data: dict | None = None,
               checkpoint: bool = True) -> Path:
-    """A run dir as training writes it: config.json, tokenizer.json, best/model.safetensors."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = {"model": model.config.to_dict(), "data": data or {}, "train": {"steps": 0}}
-    (run_dir / "config.json").write_text(json.dumps(config))
+    """A run dir as training writes it: the config, the tokenizer and a best/ checkpoint."""
+    run = RunDir(run_dir)
+    run.path.mkdir(parents=True, exist_ok=True)
+    run.write_config({"model": model.config.to_dict(), "data": data or {},
+                      "train": {"max_steps": 1}})
     if tokenizer is not None:
-        tokenizer.save(run_dir / "tokenizer.json")
+        run.save_tokenizer(tokenizer)
     if checkpoint:
-        save_weights(model, run_dir / "best" / MODEL_FILE)
+        run.save_checkpoint("best", model)
     return run_dir
 
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from _runs import tiny_classifier, tiny_lm, tiny_seq2seq
-from attnlab.decoding.translate import beam_search, length_penalty_of, pad_sources
-from attnlab.generate import classify, greedy_search, translate
+from attnlab.data.batching import pad
+from attnlab.decoding import beam_search, classify, greedy_search, translate
+from attnlab.decoding.translate import length_penalty_of
 
 BOS, EOS = 1, 2
 SOURCES = [[3, 4, 5, 6], [7, 8, 9], [5, 5], [9, 9, 8, 7, 6], [4, 4, 4, 4, 4, 4], [10, 11, 12],
@@ -19,7 +20,7 @@ SOURCES = [[3, 4, 5, 6], [7, 8, 9], [5, 5], [9, 9, 8, 7, 6], [4, 4, 4, 4, 4, 4],
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_beam_one_equals_greedy_exactly(seed):
     model = tiny_seq2seq(seed)
-    ids, mask = pad_sources(SOURCES, 0, "cpu")
+    ids, mask = pad(SOURCES, 0)
     greedy = greedy_search(model, ids, mask, max_len=12, bos_id=BOS, eos_id=EOS)
     for alpha in (0.0, 0.6, 2.0):
         assert beam_search(model, ids, mask, beam=1, length_penalty=alpha, max_len=12,
@@ -86,7 +87,7 @@ def test_beam_scores_match_teacher_forcing(alpha):
     """The score beam search reports for its answer (computed step by step through the
     reordered KV cache) equals the teacher-forced score of that answer."""
     model = tiny_seq2seq(1)
-    ids, mask = pad_sources(SOURCES, 0, "cpu")
+    ids, mask = pad(SOURCES, 0)
     out = beam_search(model, ids, mask, beam=4, length_penalty=alpha, max_len=12, bos_id=BOS,
                       eos_id=EOS, return_scores=True)
     assert any(len(hyp) > 2 for hyp, _ in out)
@@ -119,7 +120,7 @@ def test_translate_input_checks():
         translate(model, [[3], []], bos_id=BOS, eos_id=EOS)
     with pytest.raises(ValueError, match="encoder-decoder"):
         translate(tiny_lm(), SOURCES, bos_id=BOS, eos_id=EOS)
-    padded, _ = pad_sources(SOURCES, 0, "cpu")  # a padded tensor works like the lists
+    padded, _ = pad(SOURCES, 0)  # a padded tensor works like the lists
     assert translate(model, padded, beam=3, bos_id=BOS, eos_id=EOS) == translate(
         model, SOURCES, beam=3, bos_id=BOS, eos_id=EOS)
 

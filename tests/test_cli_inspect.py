@@ -1,13 +1,11 @@
 """`attnlab info` and `attnlab viz` end to end on tiny run dirs made here."""
 
-import json
-
 import pytest
 import torch
 
 from attnlab import ModelConfig, build_model
 from attnlab.cli import main
-from attnlab.runs import save_weights
+from attnlab.runs import RunDir
 from attnlab.tokenizers import BPETokenizer, CharTokenizer
 
 TEXT = "the quick brown fox jumps over the lazy dog. " * 20
@@ -25,11 +23,11 @@ def make_run(path, family, pos="learned"):
                       n_layers=2, max_len=40, pos=pos, pad_id=pad, dropout=0.0)
     torch.manual_seed(0)
     model = build_model(cfg)
+    run = RunDir(path)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({"model": cfg.to_dict(), "data": {},
-                                                  "train": {}}))
-    tok.save(path / "tokenizer.json")
-    save_weights(model, path / "best" / "model.safetensors")
+    run.write_config({"model": cfg.to_dict(), "data": {}, "train": {}})
+    run.save_tokenizer(tok)
+    run.save_checkpoint("best", model)
     return path
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.train.monitor import read_metrics
+from attnlab.runs import read_metrics
 
 TEXT = "".join(f"to be or not to be, line {i}; that is the question.\n" for i in range(80))
 MODEL = ["--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.n_layers=1",

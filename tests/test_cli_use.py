@@ -9,7 +9,7 @@ import pytest
 
 from _runs import TEXT, classifier_run, lm_run, seq2seq_run
 from attnlab.cli import main
-from attnlab.decoding.text import classify_texts, translate_texts
+from attnlab.decoding import classify_texts, translate_texts
 from attnlab.runs import load_run
 
 
@@ -79,11 +79,14 @@ def test_translate_file_and_stdin(runs, capsys, tmp_path, monkeypatch):
     lines = out.split("\n")[:-1]
     assert len(lines) == 4 and lines[1] == ""  # aligned with the input, blanks kept
     run = load_run(runs["mt"])
-    expected = translate_texts(run, ["the dog", "quick fox.", "lazy"], beam=3, max_len=10)
+    add = bool(run.data.get("src_add_special", False))
+    expected = translate_texts(run.model, ["the dog", "quick fox.", "lazy"], run.tokenizer,
+                               add_special=add, beam=3, max_len=10)
     assert [lines[0], lines[2], lines[3]] == expected
     monkeypatch.setattr(sys, "stdin", io.StringIO("the dog\nquick fox.\n"))
     code, out, _ = run_cli(capsys, "translate", runs["mt"], "--max-len", 10)
-    greedy = translate_texts(run, ["the dog", "quick fox."], beam=1, max_len=10)
+    greedy = translate_texts(run.model, ["the dog", "quick fox."], run.tokenizer,
+                             add_special=add, beam=1, max_len=10)
     assert code == 0 and out == "\n".join(greedy) + "\n"
 
 
@@ -95,7 +98,9 @@ def test_classify_prints_label_probability_text(runs, capsys, tmp_path):
     rows = [line.split("\t") for line in out.splitlines()]
     assert [r[2] for r in rows] == ["the quick dog", "lazy fox.", "over"]
     assert all(r[0] in {"neg", "neutral", "pos"} and 1 / 3 <= float(r[1]) <= 1 for r in rows)
-    expected = classify_texts(load_run(runs["cls"]), ["the quick dog", "lazy fox.", "over"])
+    run = load_run(runs["cls"])
+    expected = classify_texts(run.model, run.tokenizer, ["the quick dog", "lazy fox.", "over"],
+                              label_names=run.label_names, max_len=run.data.get("max_len"))
     assert [(r[0], round(p, 4)) for r, (_, p) in zip(rows, expected)] == [
         (label, float(r[1])) for r, (label, _) in zip(rows, expected)]
 

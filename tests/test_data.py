@@ -21,9 +21,9 @@ from attnlab.data import (
     DownloadError,
     LMData,
     Seq2SeqBatches,
-    SyntheticTask,
+    SyntheticData,
     embedded_corpus,
-    pad_batch,
+    pad,
     read_labelled_tsv,
     read_parallel,
     read_text,
@@ -158,12 +158,12 @@ def test_split_holdout_is_deterministic_and_disjoint() -> None:
 @pytest.mark.parametrize("name, expected", [
     ("copy", [5, 3, 9, 4]), ("reverse", [4, 9, 3, 5]), ("sort", [3, 4, 5, 9])])
 def test_synthetic_answers(name, expected) -> None:
-    assert SyntheticTask(name, 10, 1, 5).answer([5, 3, 9, 4, 0, 0]) == expected
+    assert SyntheticData(name, 10, 1, 5).answer([5, 3, 9, 4, 0, 0]) == expected
 
 
 def test_synthetic_sample_layout() -> None:
-    task = SyntheticTask("reverse", vocab_size=12, min_len=2, max_len=6)
-    src, tgt = task.sample(64, gen(3))
+    data = SyntheticData("reverse", vocab_size=12, min_len=2, max_len=6)
+    src, tgt = data.sample(64, gen(3))
     assert src.dtype == tgt.dtype == torch.long and tgt.shape[1] == src.shape[1] + 2
     lengths = (src != 0).sum(1)
     assert int(lengths.min()) >= 2 and int(lengths.max()) == src.shape[1] <= 6
@@ -171,27 +171,33 @@ def test_synthetic_sample_layout() -> None:
         assert bool((s[:n] >= 3).all() and (s[:n] < 12).all() and (s[n:] == 0).all())
         assert t[: n + 2].tolist() == [1, *s[:n].flip(0).tolist(), 2]
         assert bool((t[n + 2:] == 0).all())
-    assert torch.equal(task.sample(64, gen(3))[0], src)
+    assert torch.equal(data.sample(64, gen(3))[0], src)
 
 
 def test_synthetic_errors() -> None:
     with pytest.raises(DataError, match="allowed: copy, reverse, sort"):
-        SyntheticTask("add", 10, 1, 5)
+        SyntheticData("add", 10, 1, 5)
     with pytest.raises(DataError, match="vocab_size must be > 3"):
-        SyntheticTask("copy", 3, 1, 5)
+        SyntheticData("copy", 3, 1, 5)
     with pytest.raises(DataError, match="min_len <= max_len"):
-        SyntheticTask("copy", 10, 5, 2)
+        SyntheticData("copy", 10, 5, 2)
     with pytest.raises(DataError, match="not content tokens"):
-        SyntheticTask("copy", 10, 1, 5).answer([1, 4])
+        SyntheticData("copy", 10, 1, 5).answer([1, 4])
 
 
 # --- batching ----------------------------------------------------------------------------------
 
-def test_pad_batch() -> None:
-    assert pad_batch([[1, 2, 3], [4]], pad_id=0).tolist() == [[1, 2, 3], [4, 0, 0]]
-    assert pad_batch([[1, 2, 3], [4]], pad_id=9, left=True).tolist() == [[1, 2, 3], [9, 9, 4]]
+def test_pad() -> None:
+    ids, mask = pad([[1, 2, 3], [4]], pad_id=0)
+    assert ids.tolist() == [[1, 2, 3], [4, 0, 0]] and ids.dtype == torch.long
+    assert mask.tolist() == [[True, True, True], [True, False, False]]
+    ids, mask = pad([[1, 2, 3], [4]], pad_id=9, left=True)
+    assert ids.tolist() == [[1, 2, 3], [9, 9, 4]]
+    assert mask.tolist() == [[True, True, True], [False, False, True]]
+    ids, mask = pad([torch.tensor([5, 6]), []], pad_id=None)  # tensors, empty rows, pad 0
+    assert ids.tolist() == [[5, 6], [0, 0]] and mask.tolist() == [[True, True], [False, False]]
     with pytest.raises(DataError, match="at least one"):
-        pad_batch([], 0)
+        pad([], 0)
 
 
 def _pairs(n: int = 200) -> list[tuple[list[int], list[int]]]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attnlab.train.monitor import read_metrics
+from attnlab.runs import read_metrics
 
 TEXT = "".join(f"all the world's a stage, and all the men and women merely players {i}.\n"
                for i in range(40))

@@ -6,14 +6,15 @@ import pytest
 import torch
 
 from _runs import char_tokenizer, tiny_classifier, tiny_lm
-from attnlab.decoding.sampling import Sampler, filter_logits
-from attnlab.decoding.text import TextStream
-from attnlab.generate import (
+from attnlab.data.batching import pad
+from attnlab.decoding import (
     FINISHED,
+    Sampler,
+    TextStream,
+    filter_logits,
     generate,
     generate_text,
     inference_layout,
-    left_pad,
     stream,
     stream_text,
     window_keep,
@@ -24,7 +25,7 @@ PROMPTS = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [20], [1, 2, 3, 4]]
 
 def last_logits(model, prompts):
     """Next-token logits (B, V) of left-padded prompts, with mask and per-row positions."""
-    ids, mask = left_pad(prompts, "cpu")
+    ids, mask = pad(prompts, 0, left=True)
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         logits, _ = model(ids, mask=mask, positions=positions)
@@ -50,7 +51,7 @@ def test_left_padded_batch_equals_each_prompt_alone(pos):
 @pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
 def test_kv_cache_logits_equal_full_recomputation(pos):
     model = tiny_lm(pos=pos)
-    ids, mask = left_pad(PROMPTS, "cpu")
+    ids, mask = pad(PROMPTS, 0, left=True)
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     cache = model.new_cache(len(PROMPTS))
     with torch.no_grad():
@@ -74,7 +75,7 @@ def test_cache_derives_positions_of_left_padded_rows(pos):
     """A cache told each row's left padding (``KVCache.pad``) gives the same logits as explicit
     per-row positions, also after its rows are reordered (no positions tensor per step)."""
     model = tiny_lm(pos=pos)
-    ids, mask = left_pad(PROMPTS, "cpu")
+    ids, mask = pad(PROMPTS, 0, left=True)
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     explicit, derived = model.new_cache(len(PROMPTS)), model.new_cache(len(PROMPTS))
     derived.pad = (~mask).sum(-1)
@@ -236,11 +237,11 @@ def test_inference_layout_changes_memory_order_only():
     model = tiny_lm(tie_embeddings=True)
     before = generate(model, PROMPTS, 12, temperature=0)
     logits = last_logits(model, PROMPTS)
-    weight = model.lm_head.weight.detach().clone()
+    weight = model.head.weight.detach().clone()
     assert inference_layout(model) is model
-    assert model.lm_head.weight.stride() == (1, model.config.vocab_size)
-    assert model.lm_head.weight is model.emb.tok.weight  # still tied
-    torch.testing.assert_close(model.lm_head.weight, weight, rtol=0, atol=0)
+    assert model.head.weight.stride() == (1, model.config.vocab_size)
+    assert model.head.weight is model.emb.tok.weight  # still tied
+    torch.testing.assert_close(model.head.weight, weight, rtol=0, atol=0)
     torch.testing.assert_close(last_logits(model, PROMPTS), logits, atol=1e-5, rtol=1e-5)
     assert generate(model, PROMPTS, 12, temperature=0) == before
 

@@ -275,9 +275,9 @@ def test_parameter_counts_by_component(family):
 
 def test_tied_embeddings_share_one_matrix():
     model = DecoderLM(cfg("decoder"))
-    assert model.lm_head.weight is model.emb.tok.weight
+    assert model.head.weight is model.emb.tok.weight
     t = Transformer(cfg("encoder_decoder", share_embeddings=True))
-    assert t.src_emb.tok.weight is t.tgt_emb.tok.weight is t.generator.weight
+    assert t.src_emb.tok.weight is t.tgt_emb.tok.weight is t.head.weight
 
 
 def test_too_long_input_says_so():
@@ -287,7 +287,7 @@ def test_too_long_input_says_so():
 
 
 def test_inputs_are_not_modified_in_place():
-    """Seed 000 did ``src += pos``, changing the caller's tensor."""
+    """A common bug adds the positions in place (``src += pos``), changing the caller's tensor."""
     model = Transformer(cfg("encoder_decoder")).eval()
     src, tgt = ids(2, 5), ids(2, 4)
     src0, tgt0 = src.clone(), tgt.clone()

@@ -119,7 +119,7 @@ def test_attention_matches_the_formula_written_with_loops():
 
 
 def test_batched_3d_input_works():
-    """Seed 003 used ``K.T``, which transposes the batch axis too on (B, S, D) input."""
+    """A common bug uses ``K.T``, which on (B, S, D) input transposes the batch axis too."""
     q, k, v = torch.randn(4, 5, 8), torch.randn(4, 6, 8), torch.randn(4, 6, 8)
     out, w = reference_attention(q, k, v)
     assert out.shape == (4, 5, 8) and w.shape == (4, 5, 6)
@@ -200,7 +200,8 @@ def test_numpy_scaled_dot_product_equals_torch():
 def test_sinusoidal_table_equals_the_papers_formula():
     table = sinusoidal_table(50, 16)
     np.testing.assert_allclose(table.numpy(), numpy_ref.sinusoidal_table(50, 16), atol=1e-6)
-    # The seed-000 bug gave every position the same encoding; ours are all distinct.
+    # A common bug (exponent `dim // d_model`, always 0) gives every position the same
+    # encoding; ours are all distinct.
     assert torch.cdist(table, table).add(torch.eye(50)).min() > 0.1
     assert table[0, 0::2].abs().max() == 0 and torch.all(table[0, 1::2] == 1)
 

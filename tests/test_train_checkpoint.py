@@ -13,9 +13,11 @@ import torch
 from safetensors import safe_open
 
 from attnlab import ModelConfig, build_model
-from attnlab.runs import MODEL_FILE, checkpoint_dir, find_checkpoint, load_run, write_dir_atomic
-from attnlab.train import TrainConfig, build_optimizer, load_checkpoint, save_checkpoint
-from attnlab.train.checkpoint import flatten, rng_state, set_rng_state, unflatten
+from attnlab.decoding import inference_layout
+from attnlab.runs import MODEL_FILE, RunDir, load_run, write_dir_atomic
+from attnlab.state_tree import flatten, unflatten
+from attnlab.train import TrainConfig, build_optimizer
+from attnlab.train.loop import rng_state, set_rng_state
 
 
 def tiny_model(seed: int = 0):
@@ -60,7 +62,8 @@ def test_flatten_round_trips_optimizer_and_rng_state_exactly():
 def test_checkpoint_round_trip_without_pickle(tmp_path, monkeypatch):
     model = tiny_model()
     opt = trained_optimizer(model)
-    save_checkpoint(tmp_path / "last", model, {"step": 7, "optimizer": opt.state_dict()})
+    run = RunDir(tmp_path)
+    run.save_checkpoint("last", model, {"step": 7, "optimizer": opt.state_dict()})
     names = sorted(p.name for p in (tmp_path / "last").iterdir())
     assert names == ["manifest.json", MODEL_FILE, "state.json", "state.safetensors"]
 
@@ -71,7 +74,8 @@ def test_checkpoint_round_trip_without_pickle(tmp_path, monkeypatch):
     monkeypatch.setattr(pickle, "load", no_pickle)
     monkeypatch.setattr(torch, "load", no_pickle)
     other = tiny_model(seed=1)
-    state = load_checkpoint(tmp_path / "last", other)
+    state = run.load_state("last")
+    run.load_weights(other, "last")
     assert state["step"] == 7
     for a, b in zip(model.state_dict().values(), other.state_dict().values()):
         assert torch.equal(a, b)
@@ -80,7 +84,7 @@ def test_checkpoint_round_trip_without_pickle(tmp_path, monkeypatch):
 def test_weights_saved_from_a_compiled_model_have_no_prefix(tmp_path):
     model = tiny_model()
     compiled = torch.compile(model)  # wrapping only; nothing is compiled until it is called
-    save_checkpoint(tmp_path / "best", compiled)
+    RunDir(tmp_path).save_checkpoint("best", compiled)
     with safe_open(str(tmp_path / "best" / MODEL_FILE), "pt") as f:
         keys = list(f.keys())
     assert keys and not any(k.startswith(("_orig_mod.", "module.")) for k in keys)
@@ -102,7 +106,7 @@ def test_a_kill_while_writing_leaves_the_old_checkpoint(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         write_dir_atomic(dest, crash)
-    assert (checkpoint_dir(dest) / MODEL_FILE).read_text() == "old"
+    assert (RunDir(tmp_path).checkpoint_dir("last") / MODEL_FILE).read_text() == "old"
     write_dir_atomic(dest, fill("new"))  # the next save cleans up
     assert (dest / MODEL_FILE).read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]
@@ -113,7 +117,8 @@ def test_a_kill_between_the_two_renames_is_recovered(tmp_path, monkeypatch):
         family="decoder", vocab_size=11, d_model=16, n_heads=2, n_layers=1, max_len=8,
         dropout=0.0).to_dict()}))
     model = tiny_model()
-    save_checkpoint(tmp_path / "last", model)
+    run_dir = RunDir(tmp_path)
+    run_dir.save_checkpoint("last", model)
     real_replace = os.replace
 
     def replace_then_die(src, dst):
@@ -123,15 +128,32 @@ def test_a_kill_between_the_two_renames_is_recovered(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", replace_then_die)
     with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(tmp_path / "last", tiny_model(seed=5))
+        run_dir.save_checkpoint("last", tiny_model(seed=5))
     monkeypatch.setattr(os, "replace", real_replace)
     assert not (tmp_path / "last").exists()
-    found = find_checkpoint(tmp_path, "last")  # the complete new copy is still found
+    found = run_dir.find_checkpoint("last")  # the complete new copy is still found
     assert found.parent.name == ".last.tmp"
     run = load_run(tmp_path, "last")
-    assert torch.equal(run.model.lm_head.weight, tiny_model(seed=5).lm_head.weight)
-    # Loaded for inference: eval mode, and on CPU column-major weights (`inference_layout`).
-    assert not run.model.training and run.model.lm_head.weight.stride(0) == 1
-    save_checkpoint(tmp_path / "last", model)  # the next save puts things back in order
-    assert checkpoint_dir(tmp_path / "last") == tmp_path / "last"
+    assert torch.equal(run.model.head.weight, tiny_model(seed=5).head.weight)
+    # Loaded for inference: eval mode, weights as saved; the decoding speed layout
+    # (column-major weights, `inference_layout`) is the caller's choice.
+    assert not run.model.training and run.model.head.weight.stride(1) == 1
+    inference_layout(run.model)
+    assert run.model.head.weight.stride(0) == 1
+    run_dir.save_checkpoint("last", model)  # the next save puts things back in order
+    assert run_dir.checkpoint_dir("last") == tmp_path / "last"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "last"]
+
+
+def test_load_run_gives_the_data_section_and_label_names(tmp_path):
+    from _runs import classifier_run, lm_run
+
+    run = load_run(classifier_run(tmp_path / "cls"))
+    assert run.data["label_names"] == ["neg", "neutral", "pos"]
+    assert run.label_names == ["neg", "neutral", "pos"]
+    # names that do not fit n_classes (3) are not used: the class ids stand in
+    (tmp_path / "cls2").mkdir()
+    RunDir(tmp_path / "cls2").write_config({**run.config, "data": {"label_names": ["a", "b"]}})
+    RunDir(tmp_path / "cls2").save_checkpoint("best", run.model)
+    assert load_run(tmp_path / "cls2").label_names == ["0", "1", "2"]
+    assert load_run(lm_run(tmp_path / "lm")).data == {}

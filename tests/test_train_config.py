@@ -140,7 +140,7 @@ def test_decay_groups_hold_matrices_only_and_every_parameter_once():
     assert all(p.dim() < 2 for p in no_decay["params"]) and no_decay["params"]
     ids = [id(p) for p in decay["params"] + no_decay["params"]]
     assert len(ids) == len(set(ids)) == len(list(model.parameters()))
-    assert id(model.lm_head.weight) in ids  # tied with the embedding: listed once
+    assert id(model.head.weight) in ids  # tied with the embedding: listed once
     opt = build_optimizer(model, TrainConfig(weight_decay=0.1), "cpu")
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["betas"] == (0.9, 0.99)
 

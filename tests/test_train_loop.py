@@ -9,9 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attnlab.data import pad_batch
-from attnlab.train import RunConfig, Trainer, build_task, train_run
-from attnlab.train.monitor import read_metrics
+from attnlab.data import pad
+from attnlab.runs import read_metrics
+from attnlab.tasks import build_task
+from attnlab.train import RunConfig, Trainer, train_run
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog; {i * 7 % 13}.\n"
                for i in range(60))
@@ -61,8 +62,8 @@ def test_accumulated_micro_batches_equal_one_big_batch_with_uneven_padding(tmp_p
         rows.append((toks, [1, *toks, 2]))
 
     def batch(part):
-        src = pad_batch([s for s, _ in part], 0)
-        tgt = pad_batch([t for _, t in part], 0)
+        src = pad([s for s, _ in part], 0)[0]
+        tgt = pad([t for _, t in part], 0)[0]
         return src, tgt[:, :-1], tgt[:, 1:]
 
     micro = [batch(rows[i:i + 3]) for i in range(0, 12, 3)]

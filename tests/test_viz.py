@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from attnlab import viz
+from attnlab.nn.positional import sinusoidal_table as model_sinusoidal_table
+from attnlab.runs import read_metrics
 from attnlab.viz.attention import _tick_positions
 from attnlab.viz.explorer import MAX_PAGE_BYTES, SCALE
 
@@ -125,8 +127,7 @@ def test_sinusoidal_table_matches_the_formula_loop() -> None:
 
 
 def test_sinusoidal_table_agrees_with_the_model_table() -> None:
-    positional = pytest.importorskip("attnlab.nn.positional")
-    model_table = positional.sinusoidal_table(50, 16)
+    model_table = model_sinusoidal_table(50, 16)
     np.testing.assert_allclose(viz.sinusoidal_table(50, 16), model_table.numpy(), atol=1e-6)
 
 
@@ -189,11 +190,12 @@ def test_plot_loss_csv_reads_empty_cells(tmp_path: Path) -> None:
         "step,train_loss,val_loss,lr,tokens_per_s\n"
         "0,4.0,,0.0001,10\n10,3.0,3.5,0.0002,10\n20,2.5,,0.0002,\n"
     )
-    steps, cols = viz.read_loss_csv(csv_path)
-    np.testing.assert_array_equal(steps, [0, 10, 20])
-    assert sorted(cols) == ["lr", "train_loss", "val_loss"]
-    np.testing.assert_array_equal(np.isnan(cols["val_loss"]), [True, False, True])
+    rows = read_metrics(csv_path)  # the one reader of the trainer's log
+    assert [r["step"] for r in rows] == [0, 10, 20]
+    assert list(rows[0]) == ["step", "train_loss", "val_loss", "lr", "tokens_per_s"]
+    assert [r["val_loss"] is None for r in rows] == [True, False, True]
     assert _is_png(viz.plot_loss_csv(csv_path, tmp_path / "loss.png"))
+    assert _is_png(viz.plot_loss_csv(rows, tmp_path / "rows.png"))  # from rows as well
 
 
 @pytest.mark.parametrize(

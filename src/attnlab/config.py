@@ -24,15 +24,17 @@ class ConfigError(ValueError):
     """A configuration value that is not allowed."""
 
 
-def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
+def check(cond: bool, name: str, value: Any, allowed: str) -> None:
+    """Raise :class:`ConfigError` ``name=value is not allowed: allowed`` unless ``cond``."""
     if not cond:
         raise ConfigError(f"{name}={value!r} is not allowed: {allowed}")
 
 
-def _check_literal(obj: Any, name: str, lit: Any) -> None:
+def check_literal(obj: Any, name: str, lit: Any) -> None:
+    """Check that field ``name`` of ``obj`` is one of the values of Literal type ``lit``."""
     allowed = get_args(lit)
     value = getattr(obj, name)
-    _check(value in allowed, name, value, "one of " + ", ".join(repr(a) for a in allowed))
+    check(value in allowed, name, value, "one of " + ", ".join(repr(a) for a in allowed))
 
 
 def check_types(obj: Any) -> None:
@@ -110,43 +112,43 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        _check_literal(self, "family", Family)
-        _check_literal(self, "norm", NormPlacement)
-        _check_literal(self, "norm_type", NormType)
-        _check_literal(self, "ffn", FFNKind)
-        _check_literal(self, "pos", PosKind)
-        _check_literal(self, "pooling", Pooling)
+        check_literal(self, "family", Family)
+        check_literal(self, "norm", NormPlacement)
+        check_literal(self, "norm_type", NormType)
+        check_literal(self, "ffn", FFNKind)
+        check_literal(self, "pos", PosKind)
+        check_literal(self, "pooling", Pooling)
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_len"):
-            _check(getattr(self, name) > 0, name, getattr(self, name), "a positive integer")
+            check(getattr(self, name) > 0, name, getattr(self, name), "a positive integer")
         for name in ("tgt_vocab_size", "head_dim", "n_decoder_layers", "d_ff"):
             v = getattr(self, name)
-            _check(v is None or v > 0, name, v, "a positive integer or None")
+            check(v is None or v > 0, name, v, "a positive integer or None")
         for name in ("dropout", "attn_dropout"):
             v = getattr(self, name)
-            _check(v is None or 0.0 <= v < 1.0, name, v, "a probability in [0, 1)")
-        _check(self.norm_eps > 0, "norm_eps", self.norm_eps, "a positive float")
-        _check(self.init_std > 0, "init_std", self.init_std, "a positive float")
-        _check(self.n_classes >= 2, "n_classes", self.n_classes, "an integer >= 2")
+            check(v is None or 0.0 <= v < 1.0, name, v, "a probability in [0, 1)")
+        check(self.norm_eps > 0, "norm_eps", self.norm_eps, "a positive float")
+        check(self.init_std > 0, "init_std", self.init_std, "a positive float")
+        check(self.n_classes >= 2, "n_classes", self.n_classes, "an integer >= 2")
         if self.head_dim is None:
-            _check(
+            check(
                 self.d_model % self.n_heads == 0,
                 "n_heads",
                 self.n_heads,
                 f"a divisor of d_model={self.d_model} (or set head_dim explicitly)",
             )
         if self.pos == "rope":
-            _check(self.dh % 2 == 0, "head_dim", self.dh, "an even number for rope positions")
+            check(self.dh % 2 == 0, "head_dim", self.dh, "an even number for rope positions")
         if self.pos == "sinusoidal":
-            _check(self.d_model % 2 == 0, "d_model", self.d_model, "even for sinusoidal positions")
+            check(self.d_model % 2 == 0, "d_model", self.d_model, "even for sinusoidal positions")
         if self.pad_id is not None:
-            _check(
+            check(
                 0 <= self.pad_id < min(self.vocab_size, self.tgt_vocab_size or self.vocab_size),
                 "pad_id",
                 self.pad_id,
                 "None or a token id inside the vocabulary",
             )
         if self.share_embeddings:
-            _check(
+            check(
                 self.tgt_vocab_size in (None, self.vocab_size),
                 "share_embeddings",
                 True,

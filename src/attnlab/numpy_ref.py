@@ -1,4 +1,4 @@
-"""Attention and multi-head attention in NumPy, one step at a time (as seed 002 teaches them).
+"""Attention and multi-head attention in NumPy, one step at a time, as a textbook writes them.
 
 Nothing here is fast; everything is explicit. The tests check it equals the torch path on the
 same weights, so it doubles as an independent reference.

@@ -1,21 +1,31 @@
 """Run directories: what training writes and what sample / translate / eval / viz read.
 
-Layout of a run dir::
+:class:`RunDir` is the one owner of a run dir; no other module spells the name of a file in
+it. Layout::
 
     config.json          the resolved run config: {"model": {...}, "data": {...}, "train": {...}}
-    tokenizer.json       the tokenizer (attnlab.tokenizers), when the run has one
-    metrics.csv, tb/, loss.png   training logs (train/monitor.py)
-    best/model.safetensors, last/model.safetensors (+ training state beside it, see train/)
+    tokenizer.json       the tokenizer (attnlab.tokenizers), when the run has one (translation
+                         runs share one joint vocabulary between source and target)
+    metrics.csv          one row per logged or evaluated step (written by train/monitor.py)
+    tb/, loss.png        TensorBoard logs and the plotted training curves
+    results.json         the final metrics of a finished training
+    best/, last/         checkpoint folders:
+        model.safetensors    the weights (of the unwrapped model: no ``_orig_mod.``/``module.``)
+        state.safetensors    last/ only: every tensor of the training state (optimizer moments,
+                             RNG states, the batch generator's state, numpy's RNG key)
+        state.json           last/ only: the rest of it, ``{"__tensor__": key}`` where a tensor was
+        manifest.json        written last: file sizes, plus the checkpoint's meta (step, best)
 
-Weights are safetensors (loading never unpickles); the model is rebuilt from the config.
-Every write is atomic: a temporary file in the same folder, then ``os.replace``. Checkpoint
-folders are written whole into ``.NAME.tmp/`` (``manifest.json`` last), then swapped in with
-two renames (``NAME`` -> ``.NAME.old``, ``.NAME.tmp`` -> ``NAME``); a kill at any moment leaves
-a complete copy that :func:`checkpoint_dir` finds.
+Weights are safetensors and the state is JSON + safetensors (loading never unpickles); the
+model is rebuilt from the config. Every write is atomic: a temporary file in the same folder,
+then ``os.replace``. Checkpoint folders are written whole into ``.NAME.tmp/`` (manifest last),
+then swapped in with two renames (``NAME`` -> ``.NAME.old``, ``.NAME.tmp`` -> ``NAME``); a kill
+at any moment leaves a complete copy that :meth:`RunDir.checkpoint_dir` finds.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -25,19 +35,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from .config import ModelConfig
 from .models import build_model
+from .state_tree import flatten, unflatten
+from .tokenizers import Tokenizer, load_tokenizer
 
 MODEL_FILE = "model.safetensors"
+STATE_TENSORS = "state.safetensors"
+STATE_JSON = "state.json"
 MANIFEST = "manifest.json"
+CHECKPOINTS = ("best", "last")
 
 
 class RunError(ValueError):
     """A run dir or checkpoint that cannot be used."""
 
 
+# ---- atomic files and folders -----------------------------------------------------------------
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a kill at any moment leaves the old file or the new
     one, never a half-written file."""
@@ -58,74 +75,6 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
-def save_weights(model: nn.Module, path: Path) -> None:
-    """Model weights as safetensors (tied weights stored once; no ``_orig_mod.`` prefixes)."""
-    from safetensors.torch import save_model
-
-    model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
-    model = getattr(model, "module", model)  # DistributedDataParallel wrapper
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_model(model, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def load_weights(model: nn.Module, path: Path) -> None:
-    """Load safetensors weights into ``model``; a mismatch names the differing tensors."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_model
-
-    if not path.is_file():
-        raise RunError(f"no checkpoint at {path}")
-    try:
-        missing, unexpected = load_model(model, path, strict=False)
-    except (SafetensorError, OSError) as e:
-        raise RunError(f"checkpoint {path} is not a readable safetensors file: {e}") from e
-    except RuntimeError as e:  # shape mismatch
-        first = str(e).strip().splitlines()[-1].strip()
-        raise RunError(
-            f"checkpoint {path} does not fit this model (was it trained with a different "
-            f"config?): {first}"
-        ) from e
-    if missing or unexpected:
-        raise RunError(
-            f"checkpoint {path} does not fit this model (different config?): "
-            f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
-        )
-
-
-def read_run_config(run_dir: Path) -> dict[str, Any]:
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise RunError(f"run dir {run_dir} does not exist (give the --out folder of a training)")
-    path = run_dir / "config.json"
-    if not path.is_file():
-        raise RunError(f"{run_dir} is not an attnlab run dir: it has no config.json")
-    try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise RunError(f"{path} is not valid JSON: {e}") from e
-    if "model" not in cfg:
-        raise RunError(f"{path} has no 'model' section")
-    return cfg
-
-
-@dataclass
-class Run:
-    """A trained model loaded from a run dir, ready for inference (eval mode)."""
-
-    model: nn.Module
-    config: dict[str, Any]
-    tokenizer: Any
-    run_dir: Path
-    checkpoint: Path
-
-
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -139,7 +88,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def is_complete(folder: Path) -> bool:
+def _is_complete(folder: Path) -> bool:
     """True if ``folder`` holds a manifest whose files all exist with the recorded sizes."""
     try:
         files = json.loads((folder / MANIFEST).read_text())["files"]
@@ -153,13 +102,13 @@ def _siblings(dest: Path) -> tuple[Path, Path]:
     return dest.parent / f".{dest.name}.tmp", dest.parent / f".{dest.name}.old"
 
 
-def checkpoint_dir(dest: Path) -> Path | None:
-    """The usable copy of checkpoint folder ``dest``: ``dest`` itself, or after a kill between
-    the two renames of :func:`write_dir_atomic`, its complete temporary or previous copy."""
+def _usable_copy(dest: Path) -> Path | None:
+    """``dest`` itself, or after a kill between the two renames of :func:`write_dir_atomic`,
+    its complete temporary or previous copy."""
     if (dest / MODEL_FILE).is_file():
         return dest
     for candidate in _siblings(dest):
-        if is_complete(candidate):
+        if _is_complete(candidate):
             return candidate
     return None
 
@@ -167,11 +116,12 @@ def checkpoint_dir(dest: Path) -> Path | None:
 def write_dir_atomic(dest: Path, write: Callable[[Path], None], meta: dict | None = None) -> None:
     """Create folder ``dest`` so that readers see the old folder or the new one, never a mix.
 
-    ``write(tmp)`` fills a temporary sibling folder; then ``manifest.json`` (file sizes and
+    ``write(tmp)`` fills a temporary sibling folder; then the manifest (file sizes and
     ``meta``) is written last and the folder is swapped in with two renames.
     """
+    dest = Path(dest)
     tmp, old = _siblings(dest)
-    found = checkpoint_dir(dest)
+    found = _usable_copy(dest)
     if found is not None and found != dest:  # a kill between the renames: put it back first
         os.replace(found, dest)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -188,39 +138,243 @@ def write_dir_atomic(dest: Path, write: Callable[[Path], None], meta: dict | Non
     shutil.rmtree(old, ignore_errors=True)
 
 
-def find_checkpoint(run_dir: Path, which: str = "best") -> Path:
-    """``best`` falls back to ``last``; an explicit path to a .safetensors file is taken as is."""
-    run_dir = Path(run_dir)
-    order = {"best": ["best", "last"], "last": ["last", "best"]}.get(which)
-    if order is None:
-        path = Path(which)
-        if path.is_file():
-            return path
-        raise RunError(f"checkpoint {which!r} is not 'best', 'last' or a .safetensors file")
-    for name in order:
-        folder = checkpoint_dir(run_dir / name)
-        if folder is not None:
-            return folder / MODEL_FILE
-    raise RunError(f"run dir {run_dir} has no checkpoint yet (no best/ or last/{MODEL_FILE}): "
-                   f"train first, or wait for the first checkpoint")
+# ---- weights -------------------------------------------------------------------------------------
+def _unwrap(model: nn.Module) -> nn.Module:
+    model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
+    return getattr(model, "module", model)  # DistributedDataParallel wrapper
+
+
+def save_weights(model: nn.Module, path: Path) -> None:
+    """Model weights as safetensors (tied weights stored once; no wrapper prefixes)."""
+    from safetensors.torch import save_model
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_model(_unwrap(model), tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """Load safetensors weights into ``model``; a mismatch names the differing tensors."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_model
+
+    path = Path(path)
+    if not path.is_file():
+        raise RunError(f"no checkpoint at {path}")
+    try:
+        missing, unexpected = load_model(_unwrap(model), path, strict=False)
+    except (SafetensorError, OSError) as e:
+        raise RunError(f"checkpoint {path} is not a readable safetensors file: {e}") from e
+    except RuntimeError as e:  # shape mismatch
+        first = str(e).strip().splitlines()[-1].strip()
+        raise RunError(
+            f"checkpoint {path} does not fit this model (was it trained with a different "
+            f"config?): {first}"
+        ) from e
+    if missing or unexpected:
+        raise RunError(
+            f"checkpoint {path} does not fit this model (different config?): "
+            f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
+        )
+
+
+# ---- metrics.csv ---------------------------------------------------------------------------------
+def read_metrics(path: str | Path) -> list[dict[str, int | float | None]]:
+    """The rows of a metrics log: one dict per row in header order, ``step`` as int, other
+    cells as floats, empty cells as None. A header without ``step``, an empty step cell or a
+    cell that is not a number raises ``ValueError`` naming the line and column."""
+    path = Path(path)
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = [h.strip() for h in next(reader, [])]
+        if "step" not in header:
+            raise ValueError(f"{path} must have a header with 'step'; got header {header}")
+        rows = []
+        for line_no, cells in enumerate(reader, start=2):
+            if not any(c.strip() for c in cells):
+                continue  # a blank line
+            row: dict[str, int | float | None] = {}
+            for col, cell in zip(header, [*cells, *[""] * (len(header) - len(cells))]):
+                cell = cell.strip()
+                if not cell and col == "step":
+                    raise ValueError(f"{path} line {line_no}: the step cell is empty")
+                try:
+                    value = float(cell) if cell else None
+                except ValueError as e:
+                    raise ValueError(f"{path} line {line_no}, column {col!r}: {cell!r} is not a "
+                                     "number (cells must be numbers or empty)") from e
+                row[col] = int(value) if col == "step" else value
+            rows.append(row)
+    return rows
+
+
+# ---- the run dir ---------------------------------------------------------------------------------
+class RunDir:
+    """One run dir: the path of every file in it, and their reading and writing."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.config_file = self.path / "config.json"
+        self.tokenizer_file = self.path / "tokenizer.json"
+        self.metrics_file = self.path / "metrics.csv"
+        self.results_file = self.path / "results.json"
+        self.tb_dir = self.path / "tb"
+        self.loss_plot = self.path / "loss.png"
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # ---- config and tokenizer --------------------------------------------------------------------
+    def read_config(self) -> dict[str, Any]:
+        """The run config as a dict; clear errors for a missing folder or a broken file."""
+        if not self.path.is_dir():
+            raise RunError(f"run dir {self.path} does not exist (give the --out folder of a "
+                           "training)")
+        if not self.config_file.is_file():
+            raise RunError(f"{self.path} is not an attnlab run dir: it has no "
+                           f"{self.config_file.name}")
+        try:
+            cfg = json.loads(self.config_file.read_text())
+        except json.JSONDecodeError as e:
+            raise RunError(f"{self.config_file} is not valid JSON: {e}") from e
+        if "model" not in cfg:
+            raise RunError(f"{self.config_file} has no 'model' section")
+        return cfg
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        atomic_write_json(self.config_file, config)
+
+    def has_tokenizer(self) -> bool:
+        return self.tokenizer_file.is_file()
+
+    def load_tokenizer(self) -> Tokenizer | None:
+        """The run's tokenizer, or None when it has none (synthetic tasks)."""
+        return load_tokenizer(self.tokenizer_file) if self.has_tokenizer() else None
+
+    def save_tokenizer(self, tokenizer: Tokenizer) -> None:
+        tokenizer.save(self.tokenizer_file)
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def checkpoint_dir(self, which: str) -> Path | None:
+        """The usable copy of checkpoint folder ``which`` (best / last), or None."""
+        return _usable_copy(self.path / _checked(which))
+
+    def has_checkpoint(self, which: str | None = None) -> bool:
+        """Whether checkpoint ``which`` (default: either) exists."""
+        return any(self.checkpoint_dir(w) is not None for w in ([which] if which else CHECKPOINTS))
+
+    def find_checkpoint(self, which: str = "best") -> Path:
+        """The weights file of ``which``: ``best`` falls back to ``last`` and the other way
+        round; an explicit path to a .safetensors file is taken as is."""
+        order = {"best": ["best", "last"], "last": ["last", "best"]}.get(which)
+        if order is None:
+            path = Path(which)
+            if path.is_file():
+                return path
+            raise RunError(f"checkpoint {which!r} is not 'best', 'last' or a .safetensors file")
+        for name in order:
+            folder = self.checkpoint_dir(name)
+            if folder is not None:
+                return folder / MODEL_FILE
+        raise RunError(f"run dir {self.path} has no checkpoint yet (no best/ or "
+                       f"last/{MODEL_FILE}): train first, or wait for the first checkpoint")
+
+    def save_checkpoint(self, which: str, model: nn.Module, state: dict[str, Any] | None = None,
+                        meta: dict[str, Any] | None = None) -> None:
+        """Write checkpoint folder ``which`` atomically: the weights, the training ``state``
+        if given (tensors to safetensors, the rest to JSON), and ``meta`` in the manifest."""
+        from safetensors.torch import save_file
+
+        def write(tmp: Path) -> None:
+            save_weights(model, tmp / MODEL_FILE)
+            if state is not None:
+                tensors: dict[str, torch.Tensor] = {}
+                doc = flatten(state, tensors)
+                save_file(tensors, str(tmp / STATE_TENSORS))
+                atomic_write_json(tmp / STATE_JSON, doc)
+
+        write_dir_atomic(self.path / _checked(which), write, meta)
+
+    def load_weights(self, model: nn.Module, which: str = "best") -> Path:
+        """Load the weights of :meth:`find_checkpoint` ``(which)`` into ``model``; returns
+        the file read."""
+        path = self.find_checkpoint(which)
+        load_weights(model, path)
+        return path
+
+    def load_state(self, which: str = "last") -> dict[str, Any]:
+        """The training state saved with checkpoint ``which`` (never unpickles)."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        folder = self.checkpoint_dir(which)
+        if folder is None:
+            raise RunError(f"cannot resume: {self.path} has no {which}/ checkpoint")
+        doc_path, tensor_path = folder / STATE_JSON, folder / STATE_TENSORS
+        if not doc_path.is_file() or not tensor_path.is_file():
+            raise RunError(f"checkpoint {folder} has no training state ({STATE_JSON} and "
+                           f"{STATE_TENSORS}); it holds weights only and cannot be resumed")
+        try:
+            return unflatten(json.loads(doc_path.read_text()), load_file(str(tensor_path)))
+        except (SafetensorError, OSError, ValueError, KeyError) as e:
+            raise RunError(f"checkpoint {folder} has an unreadable training state: {e}") from e
+
+    # ---- logs and results ------------------------------------------------------------------------
+    def read_metrics(self) -> list[dict[str, int | float | None]]:
+        return read_metrics(self.metrics_file)
+
+    def write_results(self, results: dict[str, Any]) -> None:
+        atomic_write_json(self.results_file, results)
+
+
+def _checked(which: str) -> str:
+    if which not in CHECKPOINTS:
+        raise RunError(f"checkpoint {which!r} is not allowed here; allowed: best, last")
+    return which
+
+
+# ---- loading a trained model ----------------------------------------------------------------
+@dataclass
+class Run:
+    """A trained model loaded from a run dir, ready for inference (eval mode)."""
+
+    model: nn.Module
+    config: dict[str, Any]
+    tokenizer: Any
+    run_dir: Path
+    checkpoint: Path
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The config's data section."""
+        return self.config.get("data") or {}
+
+    @property
+    def label_names(self) -> list[str]:
+        """Class names: the data section's ``label_names`` (or ``labels``) when they fit the
+        model's ``n_classes``, else "0", "1", ..."""
+        n = self.model.config.n_classes
+        names = self.data.get("label_names") or self.data.get("labels")
+        if isinstance(names, (list, tuple)) and len(names) == n:
+            return [str(x) for x in names]
+        return [str(i) for i in range(n)]
 
 
 def load_run(run_dir: str | Path, which: str = "best", device: str = "cpu") -> Run:
-    """Rebuild the model of a run from its config.json and load its weights, for inference:
-    eval mode and, on CPU, models that decode token by token get
-    :func:`~attnlab.generate.inference_layout` (column-major weights, same values)."""
-    from .generate import inference_layout
-    from .tokenizers import load_tokenizer
+    """Rebuild the model of a run from its config and load its weights, in eval mode.
 
-    run_dir = Path(run_dir)
-    cfg = read_run_config(run_dir)
-    model_cfg = ModelConfig.from_dict(cfg["model"])
-    model = build_model(model_cfg)
-    ckpt = find_checkpoint(run_dir, which)
-    load_weights(model, ckpt)
-    model = model.to(device).eval()
-    if model_cfg.family != "encoder" and next(model.parameters()).device.type == "cpu":
-        inference_layout(model)
-    tok_path = run_dir / "tokenizer.json"
-    tokenizer = load_tokenizer(tok_path) if tok_path.is_file() else None
-    return Run(model, cfg, tokenizer, run_dir, ckpt)
+    Speed layouts for decoding (:func:`attnlab.decoding.inference_layout`) are the caller's
+    choice; the model comes back as training saved it.
+    """
+    rd = RunDir(run_dir)
+    cfg = rd.read_config()
+    model = build_model(ModelConfig.from_dict(cfg["model"]))
+    ckpt = rd.load_weights(model, which)
+    return Run(model.to(device).eval(), cfg, rd.load_tokenizer(), rd.path, ckpt)

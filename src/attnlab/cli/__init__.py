@@ -10,9 +10,10 @@ import argparse
 import logging
 import sys
 
+from . import inspect, train, use
 from .common import UserError, run_command
 
-COMMAND_MODULES = ("train", "use", "inspect")
+COMMAND_MODULES = (train, use, inspect)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,15 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    import importlib
-
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as e:  # a sub-command module not written yet
-            if e.name != f"{__name__}.{name}":
-                raise
-            continue
+    for module in COMMAND_MODULES:
         module.register(sub)
     return parser
 

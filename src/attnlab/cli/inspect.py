@@ -54,9 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 # ---- info -----------------------------------------------------------------------------------
 def _config_from(target: Path) -> tuple[ModelConfig, Path | None]:
     if target.is_dir():
-        from ..runs import read_run_config
+        from ..runs import RunDir
 
-        return ModelConfig.from_dict(read_run_config(target)["model"]), target
+        return ModelConfig.from_dict(RunDir(target).read_config()["model"]), target
     if not target.is_file():
         raise UserError(f"{target} is neither a run dir nor a config file")
     if target.suffix == ".json":
@@ -84,11 +84,12 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 # ---- viz ------------------------------------------------------------------------------------
 def _load(run_dir: str, checkpoint: str):
-    from ..runs import load_run
+    from ..runs import RunDir, load_run
 
     run = load_run(run_dir, checkpoint)
     if run.tokenizer is None:
-        raise UserError(f"{run_dir} has no tokenizer.json: cannot turn --text into tokens")
+        raise UserError(f"{run_dir} has no {RunDir(run_dir).tokenizer_file.name}: cannot turn "
+                        "--text into tokens")
     return run
 
 
@@ -150,7 +151,7 @@ def _target_ids(run, src: list[int], target: str | None) -> list[int]:
     tok = run.tokenizer
     if target is not None:
         return _encode(run, target, True)
-    from ..decoding.translate import translate
+    from ..decoding import translate
 
     out = translate(run.model, [src], beam=1, bos_id=tok.bos_id, eos_id=tok.eos_id,
                     pad_id=tok.pad_id)[0]

@@ -86,27 +86,28 @@ def find_recipe(name: str) -> Path:
 
 
 def _default_out(stem: str, resume: bool) -> Path:
-    from ..runs import checkpoint_dir
+    from ..runs import RunDir
 
     base = Path("runs") / stem
     if resume:
         return base
     out, i = base, 1
-    while checkpoint_dir(out / "last") or checkpoint_dir(out / "best"):
+    while RunDir(out).has_checkpoint():
         i += 1
         out = base.parent / f"{stem}-{i}"
     return out
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ..runs import read_run_config
+    from ..runs import RunDir
     from ..train import load_config, sample_texts, train_run
 
     recipe = find_recipe(args.config) if args.config else None
     stem = recipe.stem if recipe else "demo"
     out = Path(args.out) if args.out else _default_out(stem, args.resume)
-    if recipe is None and args.resume and (out / "config.json").is_file():
-        rc = load_config(None, args.overrides, base=read_run_config(out))  # the run's own
+    run = RunDir(out)
+    if recipe is None and args.resume and run.config_file.is_file():
+        rc = load_config(None, args.overrides, base=run.read_config())  # the run's own
     else:
         rc = load_config(recipe, args.overrides)
     outcome = train_run(rc, out, resume=args.resume)

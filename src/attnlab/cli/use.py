@@ -71,17 +71,27 @@ def _add_input_args(p: argparse.ArgumentParser, item: str) -> None:
 
 def _load(args: argparse.Namespace, family: str):
     from ..config import ModelConfig
-    from ..runs import load_run, read_run_config
+    from ..runs import RunDir, load_run
 
     # Check the family before loading weights, so a wrong run fails fast and says why.
-    got = ModelConfig.from_dict(read_run_config(Path(args.run_dir))["model"]).family
+    got = ModelConfig.from_dict(RunDir(args.run_dir).read_config()["model"]).family
     if got != family:
         raise UserError(f"`attnlab {args.command}` needs {FAMILY_NAMES[family]} run, but "
                         f"{args.run_dir} holds {FAMILY_NAMES[got]} model")
     run = load_run(args.run_dir, args.checkpoint, device=args.device)
-    if run.tokenizer is None and args.command != "translate":
-        raise UserError(f"run dir {args.run_dir} has no tokenizer.json: cannot turn text into ids")
+    if run.tokenizer is None:
+        raise UserError(f"run dir {args.run_dir} has no "
+                        f"{RunDir(args.run_dir).tokenizer_file.name}: cannot turn text into ids")
     return run
+
+
+def _fast_layout(model) -> None:
+    """On CPU, store the weights in the layout that makes one-token decoding steps faster
+    (:func:`attnlab.decoding.inference_layout`; same outputs)."""
+    from ..decoding import inference_layout
+
+    if next(model.parameters()).device.type == "cpu":
+        inference_layout(model)
 
 
 def _read_lines(path: str | None) -> list[str]:
@@ -97,8 +107,7 @@ def _read_lines(path: str | None) -> list[str]:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from ..decoding.sampling import Sampler
-    from ..generate import stream_text
+    from ..decoding import Sampler, stream_text
 
     Sampler(args.temperature, args.top_k, args.top_p)  # validate before loading anything
     if not args.prompt:
@@ -107,6 +116,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         raise UserError("--max-new-tokens must be >= 0 and --num-samples >= 1")
     run = _load(args, "decoder")
     run.tokenizer.encode(args.prompt)  # unknown characters: a clear error before any output
+    _fast_layout(run.model)
     import torch
 
     gen = None
@@ -131,19 +141,23 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from ..decoding.text import translate_texts
+    from ..decoding import translate_texts
 
     if args.beam < 1 or args.batch_size < 1:
         raise UserError("--beam and --batch-size must be >= 1")
     run = _load(args, "encoder_decoder")
+    _fast_layout(run.model)
+    add_special = bool(run.data.get("src_add_special", False))
     lines = _read_lines(args.input)
     todo = [i for i, line in enumerate(lines) if line.strip()]
     results = [""] * len(lines)  # empty input lines give empty output lines (stay aligned)
     printed = 0
     for start in range(0, len(todo), args.batch_size):
         chunk = todo[start:start + args.batch_size]
-        texts = translate_texts(run, [lines[i] for i in chunk], args.beam, args.length_penalty,
-                                args.max_len, batch_size=args.batch_size)
+        texts = translate_texts(run.model, [lines[i] for i in chunk], run.tokenizer,
+                                add_special=add_special, beam=args.beam,
+                                length_penalty=args.length_penalty, max_len=args.max_len,
+                                batch_size=args.batch_size)
         for i, text in zip(chunk, texts):
             results[i] = text
         for i in range(printed, chunk[-1] + 1):  # print each batch as it finishes
@@ -155,7 +169,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
-    from ..decoding.text import classify_texts
+    from ..decoding import classify_texts
 
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
@@ -165,6 +179,8 @@ def cmd_classify(args: argparse.Namespace) -> int:
         raise UserError("no text to classify: give one text per line")
     for start in range(0, len(texts), args.batch_size):
         chunk = texts[start:start + args.batch_size]
-        for text, (label, prob) in zip(chunk, classify_texts(run, chunk, args.batch_size)):
+        results = classify_texts(run.model, run.tokenizer, chunk, label_names=run.label_names,
+                                 max_len=run.data.get("max_len"), batch_size=args.batch_size)
+        for text, (label, prob) in zip(chunk, results):
             print(f"{label}\t{prob:.4f}\t{text}", flush=True)
     return 0

@@ -13,28 +13,28 @@ Note: the function :func:`~attnlab.data.fetch.fetch` is re-exported here, so the
 ``importlib.import_module("attnlab.data.fetch")`` or ``from attnlab.data.fetch import ...``.
 """
 
-from attnlab.data.batching import ClassificationBatches, Seq2SeqBatches, pad_batch
+from attnlab.data.batching import ClassificationBatches, Seq2SeqBatches, pad
 from attnlab.data.errors import DataError, DataFileNotFoundError, DownloadError
 from attnlab.data.fetch import DATASETS, default_cache_dir, fetch
 from attnlab.data.labelled import read_labelled_tsv, split_holdout
 from attnlab.data.parallel import read_lines, read_parallel
-from attnlab.data.synthetic import TASKS, SyntheticTask
+from attnlab.data.synthetic import SYNTHETIC_NAMES, SyntheticData
 from attnlab.data.text import LMData, embedded_corpus, read_text
 
 __all__ = [
     "DATASETS",
-    "TASKS",
+    "SYNTHETIC_NAMES",
     "ClassificationBatches",
     "DataError",
     "DataFileNotFoundError",
     "DownloadError",
     "LMData",
     "Seq2SeqBatches",
-    "SyntheticTask",
+    "SyntheticData",
     "default_cache_dir",
     "embedded_corpus",
     "fetch",
-    "pad_batch",
+    "pad",
     "read_labelled_tsv",
     "read_lines",
     "read_parallel",

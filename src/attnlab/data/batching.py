@@ -23,23 +23,35 @@ import torch
 from attnlab.data.errors import DataError
 
 
-def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, left: bool = False) -> torch.Tensor:
-    """Stack sequences of ids into a ``[len(seqs), longest]`` long tensor filled with ``pad_id``.
+def pad(seqs: Sequence[Sequence[int]], pad_id: int | None, *,
+        left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack sequences of ids of any lengths into one padded batch.
 
-    With ``left=True`` sequences are right-aligned (pads first), as for batched generation.
+    Args:
+        seqs: B sequences of token ids (lists, or 1-D tensors); empty ones are allowed.
+        pad_id: the id to pad with (0 when None: the mask then tells pads apart).
+        left: put the pads first (right-aligned rows), as generation from prompts needs;
+            by default the pads go last.
+
+    Returns:
+        ``ids`` (B, L) long, L the longest length, and ``mask`` (B, L) bool, True at real
+        tokens.
     """
     if len(seqs) == 0:
-        raise DataError("pad_batch needs at least one sequence")
-    longest = max(len(s) for s in seqs)
-    out = torch.full((len(seqs), longest), pad_id, dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        if len(seq):
-            values = torch.as_tensor(seq, dtype=torch.long)
-            if left:
-                out[row, longest - len(seq):] = values
-            else:
-                out[row, : len(seq)] = values
-    return out
+        raise DataError("pad needs at least one sequence")
+    rows = [s.tolist() if isinstance(s, torch.Tensor) else list(s) for s in seqs]
+    lengths = torch.tensor([len(r) for r in rows])  # (B,)
+    longest = int(lengths.max())
+    fill = 0 if pad_id is None else pad_id
+    # Padding the Python lists and converting once is cheaper than one copy per row.
+    if left:
+        rows = [[fill] * (longest - len(r)) + r for r in rows]
+    else:
+        rows = [r + [fill] * (longest - len(r)) for r in rows]
+    ids = torch.tensor(rows, dtype=torch.long).view(len(rows), longest)  # (B, L); L may be 0
+    cols = torch.arange(longest)[None, :]  # (1, L)
+    mask = cols >= (longest - lengths)[:, None] if left else cols < lengths[:, None]  # (B, L)
+    return ids, mask
 
 
 def _epoch_generator(seed: int, epoch: int) -> torch.Generator:
@@ -153,8 +165,8 @@ class Seq2SeqBatches(_EpochBatches):
         return batches
 
     def _collate(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        src = pad_batch([self.pairs[i][0] for i in indices], self.pad_id)
-        tgt = pad_batch([self.pairs[i][1] for i in indices], self.pad_id)
+        src = pad([self.pairs[i][0] for i in indices], self.pad_id)[0]
+        tgt = pad([self.pairs[i][1] for i in indices], self.pad_id)[0]
         return src, tgt[:, :-1], tgt[:, 1:]
 
 
@@ -195,5 +207,5 @@ class ClassificationBatches(_EpochBatches):
         return [order[i: i + self.batch_size] for i in range(0, len(order), self.batch_size)]
 
     def _collate(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = pad_batch([self.ids[i] for i in indices], self.pad_id)
+        ids = pad([self.ids[i] for i in indices], self.pad_id)[0]
         return ids, torch.tensor([self.labels[i] for i in indices], dtype=torch.long)

@@ -19,17 +19,18 @@ from attnlab.data.errors import DataError
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 FIRST_CONTENT_ID = 3
-TASKS = ("copy", "reverse", "sort")
+SYNTHETIC_NAMES = ("copy", "reverse", "sort")  # the data sets this module makes
 
 
-class SyntheticTask:
-    """A toy seq2seq task with sequences of ``min_len..max_len`` content tokens."""
+class SyntheticData:
+    """A toy seq2seq data set with sequences of ``min_len..max_len`` content tokens."""
 
     pad_id, bos_id, eos_id = PAD_ID, BOS_ID, EOS_ID
 
     def __init__(self, name: str, vocab_size: int, min_len: int, max_len: int) -> None:
-        if name not in TASKS:
-            raise DataError(f"unknown synthetic task {name!r}; allowed: {', '.join(TASKS)}")
+        if name not in SYNTHETIC_NAMES:
+            raise DataError(f"unknown synthetic task {name!r}; allowed: "
+                            f"{', '.join(SYNTHETIC_NAMES)}")
         if vocab_size <= FIRST_CONTENT_ID:
             raise DataError(f"synthetic vocab_size must be > {FIRST_CONTENT_ID} (ids 0-2 are "
                             f"pad/bos/eos), got {vocab_size}")

@@ -1,20 +1,42 @@
-"""Decoding building blocks: sampling rules, greedy / beam search for translation, and the
-text helpers behind the CLI. The public entry points are re-exported by
-:mod:`attnlab.generate`."""
+"""Decoding: turning trained models into outputs, one module per job.
 
+* :mod:`~attnlab.decoding.lm`: generation with a decoder-only LM (KV cache, left-padded
+  batches, sliding context window, stop conditions, streaming).
+* :mod:`~attnlab.decoding.sampling`: the next-token rules (greedy, temperature, top-k, top-p).
+* :mod:`~attnlab.decoding.stream`: stop strings and incremental detokenisation.
+* :mod:`~attnlab.decoding.translate`: greedy and beam search for the encoder-decoder, and
+  :func:`translate_texts` (text in, text out).
+* :mod:`~attnlab.decoding.classify`: batch prediction with an encoder classifier.
+
+Nothing here knows about run dirs: every function takes a model (and tokenizers).
+
+The functions ``stream``, ``translate`` and ``classify`` are exported here, so those attributes
+of the package are the functions; import from the modules of the same names with
+``from attnlab.decoding.stream import ...`` and so on.
+"""
+
+from .classify import Classification, classify, classify_texts
+from .lm import (
+    FINISHED,
+    generate,
+    generate_text,
+    inference_layout,
+    stream,
+    stream_text,
+    window_keep,
+)
 from .sampling import Sampler, filter_logits, make_generator
-from .text import (
-    Classification,
-    StopChecker,
-    TextStream,
-    classify,
-    classify_texts,
-    cut_at_stop,
+from .stream import StopChecker, TextStream, cut_at_stop
+from .translate import (
+    beam_search,
+    decode_limit,
+    greedy_search,
+    translate,
     translate_texts,
 )
-from .translate import beam_search, greedy_search, translate
 
 __all__ = [
+    "FINISHED",
     "Classification",
     "Sampler",
     "StopChecker",
@@ -23,9 +45,16 @@ __all__ = [
     "classify",
     "classify_texts",
     "cut_at_stop",
+    "decode_limit",
     "filter_logits",
+    "generate",
+    "generate_text",
     "greedy_search",
+    "inference_layout",
     "make_generator",
+    "stream",
+    "stream_text",
     "translate",
     "translate_texts",
+    "window_keep",
 ]

@@ -1,4 +1,6 @@
-"""Greedy and beam-search decoding for the encoder-decoder :class:`~attnlab.models.Transformer`.
+"""Greedy and beam-search decoding for the encoder-decoder :class:`~attnlab.models.Transformer`,
+and :func:`translate_texts`, the one way from source sentences to translated text (the CLI and
+the translation task's BLEU evaluation both use it).
 
 Shapes: B sentences, K beams, S source length, D d_model, V target vocab, N max new tokens.
 
@@ -23,9 +25,15 @@ otherwise the next token.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
+
+from ..data.batching import pad
+
+if TYPE_CHECKING:
+    from ..tokenizers import Tokenizer
 
 
 def _check_model(model: nn.Module) -> None:
@@ -33,10 +41,11 @@ def _check_model(model: nn.Module) -> None:
         raise ValueError("translation needs an encoder-decoder model (family='encoder_decoder')")
 
 
-def pad_sources(src: Tensor | Sequence[Sequence[int]], pad_id: int | None,
-                device) -> tuple[Tensor, Tensor | None]:
-    """Right-padded source ids (B, S) and their mask (True at real tokens), from a list of id
-    lists or a (B, S) tensor (whose mask is ``src != pad_id``, or None without a pad id)."""
+def _source_batch(src: Tensor | Sequence[Sequence[int]], pad_id: int | None,
+                  device: torch.device) -> tuple[Tensor, Tensor | None]:
+    """Source ids (B, S) and their mask (True at real tokens): a list of id lists is
+    right-padded; a (B, S) tensor is taken as it is (mask ``src != pad_id``, or None without a
+    pad id)."""
     if isinstance(src, Tensor):
         if src.dim() != 2:
             raise ValueError(f"source ids must be (B, S), got shape {tuple(src.shape)}")
@@ -48,12 +57,7 @@ def pad_sources(src: Tensor | Sequence[Sequence[int]], pad_id: int | None,
     for i, s in enumerate(seqs):
         if not s:
             raise ValueError(f"source sentence {i} is empty")
-    longest = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), longest), 0 if pad_id is None else pad_id, dtype=torch.long)
-    mask = torch.zeros(len(seqs), longest, dtype=torch.bool)
-    for row, s in enumerate(seqs):
-        ids[row, :len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[row, :len(s)] = True
+    ids, mask = pad(seqs, pad_id)  # (B, S) each
     return ids.to(device), mask.to(device)
 
 
@@ -220,7 +224,7 @@ def translate(model: nn.Module, src: Tensor | Sequence[Sequence[int]], *, beam: 
         raise ValueError(f"beam={beam} must be >= 1")
     pad = model.config.pad_id if pad_id is None else pad_id
     device = next(model.parameters()).device
-    ids, mask = pad_sources(src, pad, device)
+    ids, mask = _source_batch(src, pad, device)
     mask = src_mask if src_mask is not None else mask
     n = _limits(model, max_len)
     if beam == 1:
@@ -229,4 +233,58 @@ def translate(model: nn.Module, src: Tensor | Sequence[Sequence[int]], *, beam: 
                        bos_id=bos_id, eos_id=eos_id)
 
 
-__all__ = ["beam_search", "greedy_search", "length_penalty_of", "pad_sources", "translate"]
+def decode_limit(model: nn.Module, src_len: int) -> int:
+    """Default most target tokens for sources of up to ``src_len`` tokens: 1.5 x + 10, at most
+    the model's ``max_len``."""
+    return min(model.config.max_len, int(1.5 * src_len) + 10)
+
+
+def translate_texts(model: nn.Module, texts: Sequence[str], src_tokenizer: Tokenizer,
+                    tgt_tokenizer: Tokenizer | None = None, *, add_special: bool = False,
+                    beam: int = 1, length_penalty: float = 0.6, max_len: int | None = None,
+                    batch_size: int = 64) -> list[str]:
+    """Translate sentences of text with an encoder-decoder model.
+
+    Sources are encoded as in training (``add_special``: the run's ``data.src_add_special``;
+    cut to the model's ``max_len``), sorted by length into batches of ``batch_size`` (so
+    little of a batch is padding), translated greedily (``beam=1``) or with beam search and
+    decoded.
+
+    Args:
+        model: a :class:`~attnlab.models.Transformer` in eval mode.
+        texts: the source sentences (leading/trailing whitespace is dropped; none may be empty).
+        src_tokenizer / tgt_tokenizer: encode the sources / decode the targets (the target
+            tokenizer, default the source one, gives the bos and eos ids).
+        beam, length_penalty: as in :func:`translate`.
+        max_len: most target tokens per sentence; default :func:`decode_limit` of the
+            batch's longest source.
+
+    Returns:
+        One translation per input sentence, in input order.
+    """
+    _check_model(model)
+    tgt_tokenizer = src_tokenizer if tgt_tokenizer is None else tgt_tokenizer
+    bos, eos = tgt_tokenizer.bos_id, tgt_tokenizer.eos_id
+    if bos is None or eos is None:
+        raise ValueError("the target tokenizer has no bos/eos tokens: cannot translate")
+    cap = model.config.max_len
+    ids = []
+    for i, text in enumerate(texts):
+        if not text.strip():
+            raise ValueError(f"sentence {i + 1} is empty")
+        ids.append(src_tokenizer.encode(text.strip(), add_special)[:cap])
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out = [""] * len(ids)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        src = [ids[i] for i in chunk]
+        limit = max_len or decode_limit(model, max(map(len, src)))
+        hyps = translate(model, src, beam=beam, length_penalty=length_penalty, max_len=limit,
+                         bos_id=bos, eos_id=eos, pad_id=src_tokenizer.pad_id)
+        for i, hyp in zip(chunk, hyps):
+            out[i] = tgt_tokenizer.decode(hyp)
+    return out
+
+
+__all__ = ["beam_search", "decode_limit", "greedy_search", "length_penalty_of", "translate",
+           "translate_texts"]

@@ -130,7 +130,7 @@ def gpt2_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
     mapped = {
         "emb.tok.weight": sd["wte.weight"],
         "emb.pos.weight": sd["wpe.weight"],
-        "lm_head.weight": sd["wte.weight"] if tied else head.weight,
+        "head.weight": sd["wte.weight"] if tied else head.weight,
         **_norm(sd, "ln_f", "decoder.norm"),
     }
     for i in range(cfg.n_layers):
@@ -182,7 +182,7 @@ def gpt2_to_hf(model: DecoderLM) -> Any:
     mapped = {
         "transformer.wte.weight": sd["emb.tok.weight"],
         "transformer.wpe.weight": sd["emb.pos.weight"],
-        "lm_head.weight": sd["lm_head.weight"],
+        "lm_head.weight": sd["head.weight"],
         **_norm(sd, "decoder.norm", "transformer.ln_f"),
     }
     for i in range(cfg.n_layers):

@@ -62,7 +62,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: Tensor | tup
     dynamic = (tuple({d: auto for d in range(t.dim())} for t in tensors),)  # (*tensors,)
     path = Path(path)
     was_training = model.training
-    model.eval()
+    wrapper.eval()  # and so the model, its child (torch warns about a training-mode wrapper)
     try:
         torch.onnx.export(wrapper, tensors, str(path), dynamo=True, input_names=names,
                           output_names=[output_name], dynamic_shapes=dynamic, verbose=False)

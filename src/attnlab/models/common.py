@@ -18,13 +18,8 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from ..nn.attention import KVCache
 from ..nn.dtypes import upcast
-from ..nn.layers import DecoderLayer, EncoderLayer, apply_dropout, make_dropout, make_norm
-from ..nn.positional import (
-    LearnedPositions,
-    RotaryEmbedding,
-    SinusoidalPositions,
-    check_length,
-)
+from ..nn.layers import DecoderLayer, EncoderLayer, make_norm
+from ..nn.positional import LearnedPositions, SinusoidalPositions, padded_positions
 
 IGNORE_INDEX = -100  # targets with this value (and pad targets) do not count in the loss
 
@@ -48,6 +43,15 @@ class AttentionMaps:
         layers = self.maps[stack]
         return torch.stack([layers[i] for i in sorted(layers)])
 
+    def keep_heads(self, heads: Collection[int] | None, n_heads: int) -> AttentionMaps:
+        """Keep only the heads ``heads`` (all when None) of every map, in place; returns self."""
+        if heads is not None:
+            idx = sorted(resolve_layers(heads, n_heads))
+            for stack in self.maps.values():
+                for i, w in stack.items():
+                    stack[i] = w[:, idx]  # (B, len(heads), T, S)
+        return self
+
 
 def resolve_layers(layers: Collection[int] | bool | None, n_layers: int) -> set[int]:
     """Turn ``True`` (all), ``None``/``False`` (none) or indices into a checked set."""
@@ -64,15 +68,6 @@ def resolve_layers(layers: Collection[int] | bool | None, n_layers: int) -> set[
     return chosen
 
 
-def select_heads(maps: AttentionMaps, heads: Collection[int] | None, n_heads: int) -> None:
-    if heads is None:
-        return
-    idx = sorted(set(resolve_layers(heads, n_heads)))
-    for stack in maps.maps.values():
-        for i, w in stack.items():
-            stack[i] = w[:, idx]
-
-
 class Embeddings(nn.Module):
     """Token embedding (times sqrt(D) as in the paper, section 3.4) plus absolute positions."""
 
@@ -87,12 +82,19 @@ class Embeddings(nn.Module):
             self.pos = LearnedPositions(cfg.d_model, cfg.max_len)
         else:  # rope: positions enter inside attention
             self.pos = None
-        self.norm = (make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.bias)
-                     if cfg.embed_norm else None)
-        self.drop = make_dropout(cfg.dropout)
+        self.norm = make_norm(cfg) if cfg.embed_norm else None
+        self.p_drop = cfg.dropout
 
-    def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
-        """ids (B, T), positions (T,) or (B, T) -> (B, T, D)."""
+    def forward(self, ids: Tensor, positions: Tensor | None = None,
+                cache: KVCache | None = None) -> tuple[Tensor, Tensor]:
+        """ids (B, T) -> embeddings (B, T, D) and their positions (T,) or (B, T), which rope
+        needs too: ``positions`` if given (checked), else those after the cached tokens."""
+        t = ids.size(1)
+        if positions is None:
+            start, pad = (0, None) if cache is None else (cache.length, cache.pad)
+            positions = padded_positions(start, t, pad, ids.device, max_len=self.max_len)
+        else:
+            check_positions(positions, t, self.max_len)
         x = self.tok(ids)  # (B, T, D)
         if self.scale != 1.0:
             x = x * self.scale
@@ -100,17 +102,9 @@ class Embeddings(nn.Module):
             x = x + self.pos(positions)  # out of place: never touches the caller's tensors
         if self.norm is not None:
             x = self.norm(x)
-        return apply_dropout(self.drop, x)
-
-
-def _layer_kwargs(cfg: ModelConfig) -> dict:
-    return dict(head_dim=cfg.head_dim, dropout=cfg.dropout, attn_dropout=cfg.attn_dropout,
-                norm=cfg.norm, norm_type=cfg.norm_type, norm_eps=cfg.norm_eps, ffn=cfg.ffn,
-                bias=cfg.bias)
-
-
-def _rope(cfg: ModelConfig) -> RotaryEmbedding | None:
-    return RotaryEmbedding(cfg.dh, cfg.max_len, cfg.rope_base) if cfg.pos == "rope" else None
+        if self.training and self.p_drop > 0:
+            x = F.dropout(x, self.p_drop, training=True)
+        return x, positions
 
 
 class Encoder(nn.Module):
@@ -118,13 +112,8 @@ class Encoder(nn.Module):
 
     def __init__(self, cfg: ModelConfig, n_layers: int | None = None):
         super().__init__()
-        rope = _rope(cfg)
-        self.layers = nn.ModuleList(
-            EncoderLayer(cfg.d_model, cfg.n_heads, cfg.ff_dim, rope=rope, **_layer_kwargs(cfg))
-            for _ in range(n_layers or cfg.n_layers)
-        )
-        self.norm = (make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.bias)
-                     if cfg.use_final_norm else None)
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(n_layers or cfg.n_layers))
+        self.norm = make_norm(cfg) if cfg.use_final_norm else None
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
                 capture: Collection[int] = ()) -> tuple[Tensor, dict[int, Tensor]]:
@@ -142,14 +131,9 @@ class Decoder(nn.Module):
 
     def __init__(self, cfg: ModelConfig, n_layers: int | None = None, cross: bool = True):
         super().__init__()
-        rope = _rope(cfg)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg.d_model, cfg.n_heads, cfg.ff_dim, cross=cross, rope=rope,
-                         **_layer_kwargs(cfg))
-            for _ in range(n_layers or cfg.dec_layers)
-        )
-        self.norm = (make_norm(cfg.norm_type, cfg.d_model, cfg.norm_eps, cfg.bias)
-                     if cfg.use_final_norm else None)
+            DecoderLayer(cfg, cross) for _ in range(n_layers or cfg.dec_layers))
+        self.norm = make_norm(cfg) if cfg.use_final_norm else None
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, positions: Tensor | None = None,
@@ -177,16 +161,6 @@ class Decoder(nn.Module):
         attn = self.layers[0].self_attn
         return KVCache(len(self.layers), batch, attn.n_heads, attn.head_dim, max_len,
                        device, dtype)
-
-
-def make_positions(t: int, cache: KVCache | None, max_len: int, device) -> Tensor:
-    """Positions of the next T tokens: (T,) offset by what the cache already holds, or (B, T)
-    when the cache's rows are left-padded (:meth:`KVCache.positions`)."""
-    offset = 0 if cache is None else cache.length
-    check_length(offset + t, max_len)
-    if cache is not None:
-        return cache.positions(t)
-    return torch.arange(t, device=device)  # (T,)
 
 
 def check_positions(positions: Tensor, t: int, max_len: int) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
@@ -18,15 +19,13 @@ from .common import (
     count_parameters,
     init_weights,
     key_mask,
-    make_positions,
     resolve_layers,
-    select_heads,
 )
 
 
 class EncoderClassifier(nn.Module):
     """Embeddings, a bidirectional encoder stack, pooling ([CLS] = first token, or the mean over
-    real tokens) and a linear classification head."""
+    real tokens), dropout and a linear classification ``head``."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -37,8 +36,7 @@ class EncoderClassifier(nn.Module):
         self.config = config
         self.emb = Embeddings(config.vocab_size, config)
         self.encoder = Encoder(config, config.n_layers)
-        self.head = nn.Sequential(nn.Dropout(config.dropout),
-                                  nn.Linear(config.d_model, config.n_classes))
+        self.head = nn.Linear(config.d_model, config.n_classes)
         init_weights(self, config, config.n_layers)
 
     def _valid(self, ids: Tensor, mask: Tensor | None) -> Tensor | None:
@@ -47,8 +45,7 @@ class EncoderClassifier(nn.Module):
         return mask
 
     def _encode(self, ids: Tensor, mask: Tensor | None, capture: Collection[int] = ()):
-        positions = make_positions(ids.size(1), None, self.config.max_len, ids.device)
-        x = self.emb(ids, positions)  # (B, S, D)
+        x, positions = self.emb(ids)  # (B, S, D), (S,)
         return self.encoder(x, key_mask(mask), positions=positions, capture=capture)
 
     def hidden_states(self, ids: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -64,21 +61,33 @@ class EncoderClassifier(nn.Module):
         if mask is None:
             return h.mean(dim=1)
         m = mask.unsqueeze(-1).to(h.dtype)  # (B, S, 1)
-        return (h * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+        return (h * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # (B, D)
+
+    def _logits(self, h: Tensor, mask: Tensor | None) -> Tensor:
+        pooled = self.pool(h, mask)  # (B, D)
+        if self.training and self.config.dropout > 0:
+            pooled = F.dropout(pooled, self.config.dropout, training=True)
+        return self.head(pooled)  # (B, C)
 
     def forward(self, ids: Tensor, labels: Tensor | None = None, *,
                 mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Class logits (B, C) and, given labels (B,), the mean cross-entropy.
+        """Class logits and, given labels, the mean cross-entropy.
 
         Args:
-            ids: (B, S) token ids (with [CLS] first for cls pooling).
-            labels: (B,) class indices in [0, n_classes).
-            mask: (B, S) bool, True at real tokens; default: ``ids != pad_id``.
+            ids: token ids (with [CLS] first for cls pooling).
+            labels: class indices in [0, n_classes).
+            mask: bool, True at real tokens; default: ``ids != pad_id``.
+
+        Shape:
+            ids, mask (B, S); labels (B,).
+
+        Returns:
+            logits (B, C) and the loss (scalar) or None.
         """
         mask = self._valid(ids, mask)
-        h, _ = self._encode(ids, mask)
-        logits = self.head(self.pool(h, mask))  # (B, C)
-        loss = None if labels is None else nn.functional.cross_entropy(upcast(logits), labels)
+        h, _ = self._encode(ids, mask)  # (B, S, D)
+        logits = self._logits(h, mask)  # (B, C)
+        loss = None if labels is None else F.cross_entropy(upcast(logits), labels)
         return logits, loss
 
     def attention_maps(self, ids: Tensor, *, layers: Collection[int] | bool = True,
@@ -88,11 +97,8 @@ class EncoderClassifier(nn.Module):
         and the class logits, from one forward pass."""
         mask = self._valid(ids, mask)
         h, maps = self._encode(ids, mask, resolve_layers(layers, self.config.n_layers))
-        out = AttentionMaps({"encoder": maps}, self.head(self.pool(h, mask)))
-        select_heads(out, heads, self.config.n_heads)
-        return out
+        out = AttentionMaps({"encoder": maps}, self._logits(h, mask))
+        return out.keep_heads(heads, self.config.n_heads)
 
     def num_parameters(self, by_component: bool = False) -> int | dict[str, int]:
         return count_parameters(self, by_component)
-
-

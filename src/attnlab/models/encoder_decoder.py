@@ -1,6 +1,7 @@
 """The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al. 2017).
 
-Shapes: B batch, S source length, T target length, D d_model, H heads, V target vocab.
+Shapes: B batch, S source length, T target length (new tokens), T_total target keys (cached
++ new), D d_model, H heads, V target vocab.
 """
 
 from __future__ import annotations
@@ -17,21 +18,18 @@ from .common import (
     Decoder,
     Embeddings,
     Encoder,
-    check_positions,
     count_parameters,
     init_weights,
     key_mask,
-    make_positions,
     resolve_layers,
-    select_heads,
     token_loss,
 )
 
 
 class Transformer(nn.Module):
     """Source and target embeddings (optionally one shared matrix), an encoder stack, a decoder
-    stack whose cross-attention reads the encoder memory, and a projection to the target
-    vocabulary (optionally tied to the target embedding, paper section 3.4)."""
+    stack whose cross-attention reads the encoder memory, and a projection ``head`` to the
+    target vocabulary (optionally tied to the target embedding, paper section 3.4)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -44,12 +42,12 @@ class Transformer(nn.Module):
         self.tgt_emb = Embeddings(config.tgt_vocab, config)
         self.encoder = Encoder(config, config.n_layers)
         self.decoder = Decoder(config, config.dec_layers, cross=True)
-        self.generator = nn.Linear(config.d_model, config.tgt_vocab, bias=False)
+        self.head = nn.Linear(config.d_model, config.tgt_vocab, bias=False)
         init_weights(self, config, config.n_layers + config.dec_layers)
         if config.share_embeddings:
             self.tgt_emb.tok.weight = self.src_emb.tok.weight
         if config.tie_embeddings:
-            self.generator.weight = self.tgt_emb.tok.weight  # (V, D)
+            self.head.weight = self.tgt_emb.tok.weight  # (V, D)
 
     # ---- masks -------------------------------------------------------------------------------
     def src_valid(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor | None:
@@ -66,30 +64,36 @@ class Transformer(nn.Module):
         return memory
 
     def _encode(self, src: Tensor, valid: Tensor | None, capture: Collection[int]):
-        positions = make_positions(src.size(1), None, self.config.max_len, src.device)
-        x = self.src_emb(src, positions)  # (B, S, D)
+        x, positions = self.src_emb(src)  # (B, S, D), (S,)
         return self.encoder(x, key_mask(valid), positions=positions, capture=capture)
 
     def decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None = None, *,
                tgt_mask: Tensor | None = None, cache: KVCache | None = None,
                positions: Tensor | None = None, last_only: bool = False) -> Tensor:
-        """Target ids (B, T) and memory (B, S, D) -> logits (B, T, V).
+        """Next-token logits of the target ids given the encoder memory.
 
-        ``src_mask`` (B, S) marks real source tokens (``encode``'s mask); ``tgt_mask`` (B, T')
-        real target keys (only needed for left padding); ``cache`` holds earlier steps.
+        Args:
+            tgt: target ids. memory: :meth:`encode`'s output.
+            src_mask: bool, True at real source tokens. tgt_mask: bool, True at real target
+                keys (only needed for left padding); T_total counts cached positions too.
+            cache: a :class:`KVCache` from :meth:`new_cache` holding the earlier steps.
+            positions: absolute target positions; default: after the cached ones.
+            last_only: the logits of the last position only.
+
+        Shape:
+            tgt (B, T); memory (B, S, D); src_mask (B, S); tgt_mask (B, T_total).
+
+        Returns:
+            logits (B, T, V), or (B, 1, V) with ``last_only``.
         """
         h, _, _ = self._decode(tgt, memory, src_mask, tgt_mask, cache, positions, ())
-        return self.generator(h[:, -1:] if last_only else h)
+        return self.head(h[:, -1:] if last_only else h)  # (B, T, V) or (B, 1, V)
 
     def _decode(self, tgt, memory, src_valid, tgt_valid, cache, positions, capture):
-        if positions is None:
-            positions = make_positions(tgt.size(1), cache, self.config.max_len, tgt.device)
-        else:
-            check_positions(positions, tgt.size(1), self.config.max_len)
-        y = self.tgt_emb(tgt, positions)  # (B, T, D)
+        y, positions = self.tgt_emb(tgt, positions, cache)  # (B, T, D); (T,) or (B, T)
         return self.decoder(y, memory, self_mask=key_mask(tgt_valid),
                             memory_mask=key_mask(src_valid), positions=positions, cache=cache,
-                            capture=capture)
+                            capture=capture)  # (B, T, D), {l: (B, H, T, T_total)}, {l: cross}
 
     def forward(self, src: Tensor, tgt: Tensor, targets: Tensor | None = None, *,
                 src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
@@ -97,18 +101,21 @@ class Transformer(nn.Module):
         """Teacher-forced logits and, given targets, the mean cross-entropy.
 
         Args:
-            src: (B, S) source ids. tgt: (B, T) decoder inputs (``<bos> y1 .. y_{T-1}``).
-            targets: (B, T) next tokens (``y1 .. y_T``); pad and -100 positions are ignored.
-            src_mask: (B, S) bool, True at real tokens; default ``src != pad_id``.
-            tgt_mask: (B, T) bool for left-padded targets; right padding needs none (causal).
+            src: source ids. tgt: decoder inputs (``<bos> y1 .. y_{T-1}``).
+            targets: next tokens (``y1 .. y_T``); pad and -100 positions are ignored.
+            src_mask: bool, True at real tokens; default ``src != pad_id``.
+            tgt_mask: bool for left-padded targets; right padding needs none (causal).
+
+        Shape:
+            src, src_mask (B, S); tgt, targets, tgt_mask (B, T).
 
         Returns:
-            logits (B, T, V) and the loss or None.
+            logits (B, T, V) and the loss (scalar) or None.
         """
         src_valid = self.src_valid(src, src_mask)
         memory, _ = self._encode(src, src_valid, ())
         h, _, _ = self._decode(tgt, memory, src_valid, tgt_mask, None, None, ())
-        logits = self.generator(h)  # (B, T, V)
+        logits = self.head(h)  # (B, T, V)
         loss = None if targets is None else token_loss(logits, targets, self.config.pad_id)
         return logits, loss
 
@@ -126,13 +133,13 @@ class Transformer(nn.Module):
         h, self_maps, cross_maps = self._decode(tgt, memory, src_valid, None, None, None,
                                                 dec_layers)
         out = AttentionMaps({"encoder": enc_maps, "decoder": self_maps, "cross": cross_maps},
-                            self.generator(h))
-        select_heads(out, heads, cfg.n_heads)
-        return out
+                            self.head(h))
+        return out.keep_heads(heads, cfg.n_heads)
 
     def new_cache(self, batch: int, max_len: int | None = None,
                   dtype: torch.dtype | None = None) -> KVCache:
-        p = self.generator.weight
+        """An empty :class:`KVCache` for ``batch`` rows of up to ``max_len`` target positions."""
+        p = self.head.weight
         return self.decoder.new_cache(batch, max_len or self.config.max_len, p.device,
                                       dtype or p.dtype)
 

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .dtypes import upcast
-from .masks import as_4d
-from .positional import RotaryEmbedding
+from .masks import as_4d, causal_mask
+from .positional import RotaryEmbedding, padded_positions
 
 
 class AttentionOutput(NamedTuple):
@@ -42,7 +42,7 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = N
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, T, S)
     mask = as_4d(mask)
     if is_causal:
-        causal = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
+        causal = causal_mask(t, s, device=q.device)  # (T, S), aligned to the end
         mask = causal if mask is None else mask & causal
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -65,19 +65,12 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         is_causal = False
     if is_causal and (mask is not None or t != s):
         # SDPA's is_causal aligns to the top-left corner; we want the end (KV cache).
-        causal = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
+        causal = causal_mask(t, s, device=q.device)  # (T, S)
         mask = causal if mask is None else mask & causal
         is_causal = False
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
     )
-
-
-def padded_positions(start: int, t: int, pad: Tensor | None, device=None) -> Tensor:
-    """Positions of columns ``start..start+t-1``: (t,), or (B, t) for rows left-padded by
-    ``pad`` (B,) columns, whose column j holds position j - pad (pad columns get 0)."""
-    pos = torch.arange(start, start + t, device=device)  # (t,)
-    return pos if pad is None else (pos - pad[:, None]).clamp(min=0)
 
 
 class KVCache:
@@ -104,7 +97,8 @@ class KVCache:
         """Positions of the next ``t`` tokens, after the cached ones: (t,), or (B, t) when the
         rows are left-padded (``pad``; pad columns get position 0). Computed on the device,
         without a host sync."""
-        return padded_positions(self.length, t, self.pad, self.k[0].device if self.k else None)
+        return padded_positions(self.length, t, self.pad,
+                                device=self.k[0].device if self.k else None)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write k, v (B, H, t, Dh) after the cached positions; return all of them so far."""
@@ -206,11 +200,15 @@ class MultiHeadAttention(nn.Module):
 
         With a ``cache``, self-attention appends this step's keys/values to layer ``layer``'s
         cache; cross-attention computes the context's keys/values once and reuses them.
-        ``need_weights`` takes the reference path and returns the (B, H, T, S) weights.
+        ``need_weights`` takes the reference path and returns the weights. (Shapes: see the
+        class docstring.)
+
+        Returns:
+            :class:`AttentionOutput`: output (B, T, D) and weights (B, H, T, S) or None.
         """
         b, t, _ = x.shape
-        if context is None:  # self-attention: one matmul, viewed as (3, B, H, T, Dh)
-            qkv = self.qkv_proj(x).view(b, t, 3, self.n_heads, self.head_dim)
+        if context is None:  # self-attention: q, k, v from one matmul
+            qkv = self.qkv_proj(x).view(b, t, 3, self.n_heads, self.head_dim)  # (B, T, 3, H, Dh)
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, Dh) each
             if self.rope is not None:
                 q, k = self.rope(q, positions), self.rope(k, positions)

@@ -2,43 +2,30 @@
 
 Shapes: B batch, T target length, S source length, D d_model.
 
-Each layer is ``x + Dropout(Sublayer(x))`` around a norm: after the residual ("post", the
-paper: ``LayerNorm(x + Sublayer(x))``) or before the sub-layer ("pre", GPT-2 and most modern
-models: ``x + Sublayer(LayerNorm(x))``).
+Each sub-layer sits in a residual connection ``x + Dropout(Sublayer(..))`` with a norm: after
+the sum ("post", the paper: ``LayerNorm(x + Sublayer(x))``) or before the sub-layer ("pre",
+GPT-2 and most modern models: ``x + Sublayer(LayerNorm(x))``).
+
+Dropout is ``F.dropout``, called only in training with p > 0: one-token decoding on CPU is
+bound by per-call overhead, so eval mode makes no dropout (or identity) calls at all.
 """
 
 from __future__ import annotations
-
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import ModelConfig
 from .attention import KVCache, MultiHeadAttention
 from .dtypes import upcast
 from .positional import RotaryEmbedding
 
 
-def make_dropout(p: float) -> nn.Dropout | None:
-    """``nn.Dropout(p)``, or None when ``p == 0``; apply it with :func:`apply_dropout`."""
-    return nn.Dropout(p) if p > 0 else None
-
-
-def apply_dropout(drop: nn.Dropout | None, x: Tensor) -> Tensor:
-    """``drop(x)`` in training mode; ``x`` itself when there is no dropout or in eval mode.
-
-    Skipping the call (rather than calling an identity) matters for one-token decoding on CPU,
-    which is bound by per-call overhead: a decoder layer makes 3 dropout calls (4 with
-    cross-attention).
-    """
-    return x if drop is None or not drop.training else drop(x)
-
-
 class LayerNorm(nn.Module):
     """Layer normalisation (Ba et al. 2016), written out: (x - mean) / sqrt(var + eps) * g + b.
 
-    Uses the biased variance, as ``torch.nn.LayerNorm`` does. (Seed 001 computed
+    Uses the biased variance, as ``torch.nn.LayerNorm`` does. (A common bug writes
     ``(var**2 + eps)**1/2``, which is (var^2 + eps) / 2, not a square root.)
     """
 
@@ -74,12 +61,13 @@ class RMSNorm(nn.Module):
         return y.to(x.dtype) * self.weight
 
 
-def make_norm(kind: str, d_model: int, eps: float, bias: bool = True) -> nn.Module:
-    if kind == "layernorm":
-        return LayerNorm(d_model, eps, bias)
-    if kind == "rmsnorm":
-        return RMSNorm(d_model, eps)
-    raise ValueError(f"norm_type={kind!r} is not allowed: one of 'layernorm', 'rmsnorm'")
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The norm of ``cfg.norm_type`` ("layernorm" or "rmsnorm"), D wide."""
+    if cfg.norm_type == "layernorm":
+        return LayerNorm(cfg.d_model, cfg.norm_eps, cfg.bias)
+    if cfg.norm_type == "rmsnorm":
+        return RMSNorm(cfg.d_model, cfg.norm_eps)
+    raise ValueError(f"norm_type={cfg.norm_type!r} is not allowed: one of 'layernorm', 'rmsnorm'")
 
 
 class FeedForward(nn.Module):
@@ -101,7 +89,7 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(d_model, d_ff, bias=bias)
         self.w3 = nn.Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
         self.w2 = nn.Linear(d_ff, d_model, bias=bias)
-        self.dropout = make_dropout(dropout)
+        self.dropout = dropout
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, T, D) -> (B, T, D)."""
@@ -113,97 +101,113 @@ class FeedForward(nn.Module):
         elif self.activation == "gelu_tanh":
             h = F.gelu(h, approximate="tanh")
         else:
-            h = F.silu(h) * self.w3(x)
-        return self.w2(apply_dropout(self.dropout, h))
+            h = F.silu(h) * self.w3(x)  # (B, T, d_ff)
+        if self.training and self.dropout > 0:
+            h = F.dropout(h, self.dropout, training=True)
+        return self.w2(h)  # (B, T, D)
 
 
-class _Sublayers(nn.Module):
-    """Shared residual wiring: ``residual(x, i, f)`` applies sub-layer f with norm i."""
+class _Block(nn.Module):
+    """What the two layers share: the norm placement, and the residual connection."""
 
-    norm: Literal["post", "pre"]
-
-    def residual(self, x: Tensor, norm: nn.Module, f) -> tuple[Tensor, object]:
-        if self.norm == "pre":
-            y, extra = f(norm(x))
-            return x + apply_dropout(self.drop, y), extra
-        y, extra = f(x)
-        return norm(x + apply_dropout(self.drop, y)), extra
-
-
-class EncoderLayer(_Sublayers):
-    """Self-attention then feed-forward, each wrapped in residual + norm.
-
-    Shape: x (B, S, D); mask bool broadcastable to (B, H, S, S) -> (B, S, D).
-    """
-
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, head_dim: int | None = None,
-                 dropout: float = 0.1, attn_dropout: float | None = None,
-                 norm: Literal["post", "pre"] = "post", norm_type: str = "layernorm",
-                 norm_eps: float = 1e-5, ffn: str = "relu", bias: bool = True,
-                 rope: RotaryEmbedding | None = None):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        p_attn = dropout if attn_dropout is None else attn_dropout
-        self.norm = norm
-        self.self_attn = MultiHeadAttention(d_model, n_heads, head_dim, p_attn, bias, rope)
-        self.ffn = FeedForward(d_model, d_ff, ffn, dropout, bias)
-        self.norm1 = make_norm(norm_type, d_model, norm_eps, bias)
-        self.norm2 = make_norm(norm_type, d_model, norm_eps, bias)
-        self.drop = make_dropout(dropout)
+        self.pre_norm, self.p_drop = cfg.norm == "pre", cfg.dropout
+
+    def residual(self, x: Tensor, y: Tensor, norm: nn.Module) -> Tensor:
+        """``x + Dropout(y)``, then ``norm`` for post-norm (pre-norm normed the input of y)."""
+        if self.training and self.p_drop > 0:
+            y = F.dropout(y, self.p_drop, training=True)
+        return x + y if self.pre_norm else norm(x + y)
+
+
+def _attention(cfg: ModelConfig, rope: bool) -> MultiHeadAttention:
+    """Multi-head attention of ``cfg``; self-attention gets the rotary embedding (pos="rope")."""
+    rotary = RotaryEmbedding(cfg.dh, cfg.max_len, cfg.rope_base) if rope else None
+    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.p_attn, cfg.bias, rotary)
+
+
+class EncoderLayer(_Block):
+    """Self-attention then feed-forward, each in a residual connection with a norm."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.self_attn = _attention(cfg, rope=cfg.pos == "rope")
+        self.ffn = FeedForward(cfg.d_model, cfg.ff_dim, cfg.ffn, cfg.dropout, cfg.bias)
+        self.norm1, self.norm2 = make_norm(cfg), make_norm(cfg)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Returns the new residual stream (B, S, D) and the (B, H, S, S) weights if asked."""
-        x, weights = self.residual(
-            x, self.norm1,
-            lambda h: self.self_attn(h, mask=mask, positions=positions, need_weights=need_weights),
-        )
-        x, _ = self.residual(x, self.norm2, lambda h: (self.ffn(h), None))
-        return x, weights
+        """One encoder layer.
+
+        Args:
+            x: the residual stream. mask: bool, True = may attend. positions: for rope.
+            need_weights: also return the attention weights (the written-out path).
+
+        Shape:
+            x (B, S, D); mask broadcastable to (B, H, S, S); positions (S,) or (B, S).
+
+        Returns:
+            the new residual stream (B, S, D) and the weights (B, H, S, S) or None.
+        """
+        h = self.norm1(x) if self.pre_norm else x
+        attn = self.self_attn(h, mask=mask, positions=positions, need_weights=need_weights)
+        x = self.residual(x, attn.output, self.norm1)
+        h = self.norm2(x) if self.pre_norm else x
+        x = self.residual(x, self.ffn(h), self.norm2)
+        return x, attn.weights
 
 
-class DecoderLayer(_Sublayers):
+class DecoderLayer(_Block):
     """Masked self-attention, cross-attention to the encoder memory (if ``cross``), then FFN.
 
     Queries of the cross-attention come from the decoder, keys and values from the memory
     (paper 3.2.3). ``cross=False`` gives the decoder-only (GPT) block.
-
-    Shape: x (B, T, D); memory (B, S, D) -> (B, T, D).
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, *, cross: bool = True,
-                 head_dim: int | None = None, dropout: float = 0.1,
-                 attn_dropout: float | None = None, norm: Literal["post", "pre"] = "post",
-                 norm_type: str = "layernorm", norm_eps: float = 1e-5, ffn: str = "relu",
-                 bias: bool = True, rope: RotaryEmbedding | None = None):
-        super().__init__()
-        p_attn = dropout if attn_dropout is None else attn_dropout
-        self.norm = norm
-        self.self_attn = MultiHeadAttention(d_model, n_heads, head_dim, p_attn, bias, rope)
-        self.norm1 = make_norm(norm_type, d_model, norm_eps, bias)
-        if cross:
-            self.cross_attn = MultiHeadAttention(d_model, n_heads, head_dim, p_attn, bias)
-            self.norm_cross = make_norm(norm_type, d_model, norm_eps, bias)
-        else:
-            self.cross_attn = self.norm_cross = None
-        self.ffn = FeedForward(d_model, d_ff, ffn, dropout, bias)
-        self.norm2 = make_norm(norm_type, d_model, norm_eps, bias)
-        self.drop = make_dropout(dropout)
+    def __init__(self, cfg: ModelConfig, cross: bool = True):
+        super().__init__(cfg)
+        self.self_attn = _attention(cfg, rope=cfg.pos == "rope")
+        self.norm1 = make_norm(cfg)
+        self.cross_attn = _attention(cfg, rope=False) if cross else None
+        self.norm_cross = make_norm(cfg) if cross else None
+        self.ffn = FeedForward(cfg.d_model, cfg.ff_dim, cfg.ffn, cfg.dropout, cfg.bias)
+        self.norm2 = make_norm(cfg)
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, is_causal: bool = True,
                 positions: Tensor | None = None, cache: KVCache | None = None, layer: int = 0,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """Returns the residual stream (B, T, D) and, if asked, the self- and cross-attention
-        weights (B, H, T, T_total) and (B, H, T, S)."""
-        x, w_self = self.residual(x, self.norm1, lambda h: self.self_attn(
-            h, mask=self_mask, is_causal=is_causal, positions=positions, cache=cache,
-            layer=layer, need_weights=need_weights))
+        """One decoder layer.
+
+        Args:
+            x: the residual stream. memory: the encoder output (needed iff ``cross``).
+            self_mask, memory_mask: bool, True = may attend (added to the causal mask).
+            is_causal: mask later target positions (language models, translation).
+            positions: for rope. cache: keys/values of earlier steps; ``layer``: its index.
+            need_weights: also return the attention weights (the written-out path).
+
+        Shape:
+            x (B, T, D); memory (B, S, D); self_mask broadcastable to (B, H, T, T_total);
+            memory_mask to (B, H, T, S); positions (T,) or (B, T).
+
+        Returns:
+            the residual stream (B, T, D) and, if asked, the self- and cross-attention weights
+            (B, H, T, T_total) and (B, H, T, S), else None.
+        """
+        h = self.norm1(x) if self.pre_norm else x
+        attn = self.self_attn(h, mask=self_mask, is_causal=is_causal, positions=positions,
+                              cache=cache, layer=layer, need_weights=need_weights)
+        x = self.residual(x, attn.output, self.norm1)
         w_cross = None
         if self.cross_attn is not None:
             if memory is None:
                 raise ValueError("this decoder layer has cross-attention: pass the encoder memory")
-            x, w_cross = self.residual(x, self.norm_cross, lambda h: self.cross_attn(
-                h, memory, mask=memory_mask, cache=cache, layer=layer,
-                need_weights=need_weights))
-        x, _ = self.residual(x, self.norm2, lambda h: (self.ffn(h), None))
-        return x, w_self, w_cross
+            h = self.norm_cross(x) if self.pre_norm else x
+            cross = self.cross_attn(h, memory, mask=memory_mask, cache=cache, layer=layer,
+                                    need_weights=need_weights)
+            x = self.residual(x, cross.output, self.norm_cross)
+            w_cross = cross.weights
+        h = self.norm2(x) if self.pre_norm else x
+        x = self.residual(x, self.ffn(h), self.norm2)
+        return x, attn.weights, w_cross

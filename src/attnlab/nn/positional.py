@@ -12,20 +12,29 @@ from torch import Tensor, nn
 from .dtypes import upcast
 
 
-def check_length(length: int, max_len: int, what: str = "sequence") -> None:
-    """Raise a clear error when a sequence does not fit the positional table."""
-    if length > max_len:
+def padded_positions(start: int, t: int, pad: Tensor | None = None, device=None, *,
+                     max_len: int | None = None) -> Tensor:
+    """Positions of the columns ``start..start+t-1`` (e.g. after ``start`` cached tokens).
+
+    Returns (T,), or (B, T) for rows left-padded by ``pad`` (B,) columns: column j of row b
+    holds position j - pad[b], and pad columns get 0. ``start`` and ``t`` are Python ints, so
+    the ``max_len`` check needs no host sync (it matters once per decoding step).
+    """
+    if max_len is not None and start + t > max_len:
         raise ValueError(
-            f"{what} length {length} exceeds max_len={max_len}: the model has positions "
+            f"sequence length {start + t} exceeds max_len={max_len}: the model has positions "
             f"0..{max_len - 1} only; shorten the input or build the model with a larger max_len"
         )
+    pos = torch.arange(start, start + t, device=device)  # (T,)
+    return pos if pad is None else (pos - pad[:, None]).clamp(min=0)  # (B, T)
 
 
-def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
+def sinusoidal_table(max_len: int, d_model: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
 
-    Returns a (max_len, d_model) float32 table. (Seed 000 computed the exponent as
-    ``dim // d_model``, always 0, so every position got the same encoding.)
+    Returns a (max_len, d_model) table, computed in float64 and cast to ``dtype``. (A common
+    bug computes the exponent as ``dim // d_model``, which is always 0, so every position
+    gets the same encoding.)
     """
     if d_model % 2:
         raise ValueError(f"d_model={d_model} must be even for sinusoidal positions")
@@ -34,7 +43,7 @@ def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
     angle = pos / torch.pow(10000.0, two_i / d_model)  # (N, D/2)
     table = torch.empty(max_len, d_model, dtype=torch.float64)
     table[:, 0::2], table[:, 1::2] = torch.sin(angle), torch.cos(angle)
-    return table.float()
+    return table.to(dtype)
 
 
 class SinusoidalPositions(nn.Module):
@@ -60,6 +69,7 @@ class LearnedPositions(nn.Module):
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, positions: Tensor) -> Tensor:
+        """positions (T,) or (B, T) -> (T, D) or (B, T, D)."""
         return self.weight[positions]
 
 
@@ -83,27 +93,10 @@ class RotaryEmbedding(nn.Module):
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """x (B, H, T, Dh); positions (T,) or (B, T), default 0..T-1 -> same shape as x."""
         if positions is None:
-            check_length(x.size(-2), self.max_len)
-            positions = torch.arange(x.size(-2), device=x.device)
+            positions = padded_positions(0, x.size(-2), max_len=self.max_len, device=x.device)
         cos, sin = self.cos[positions], self.sin[positions]  # (T, Dh) or (B, T, Dh)
         if cos.dim() == 3:
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, Dh)
         half = x.size(-1) // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # (B, H, T, Dh)
         return (upcast(x) * cos + upcast(rotated) * sin).to(x.dtype)
-
-
-def positions_for(t: int, offset: int, max_len: int, device: torch.device) -> Tensor:
-    """Positions offset..offset+T-1 as a (T,) tensor, checked against ``max_len``."""
-    check_length(offset + t, max_len)
-    return torch.arange(offset, offset + t, device=device)
-
-
-__all__ = [
-    "LearnedPositions",
-    "RotaryEmbedding",
-    "SinusoidalPositions",
-    "check_length",
-    "positions_for",
-    "sinusoidal_table",
-]

@@ -16,10 +16,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from ..config import ConfigError, ModelConfig, _check, _check_literal, check_types
+from ..config import ConfigError, ModelConfig, check, check_literal, check_types
+from ..tasks import TASKS, task_class
 
-DataName = Literal["embedded", "text", "shakespeare", "multi30k", "parallel", "sst2", "tsv",
-                   "copy", "reverse", "sort"]
 TokenizerKind = Literal["char", "bpe"]
 PreTokenizer = Literal["byte_level", "whitespace"]
 Schedule = Literal["cosine", "inverse_sqrt", "constant"]
@@ -27,11 +26,6 @@ Precision = Literal["auto", "fp32", "bf16", "fp16"]
 SdpaBackend = Literal["auto", "default", "math", "flash", "efficient"]
 
 SECTIONS = ("model", "data", "train")
-# Which model family each data set trains.
-DATA_FAMILY = {"embedded": "decoder", "text": "decoder", "shakespeare": "decoder",
-               "multi30k": "encoder_decoder", "parallel": "encoder_decoder",
-               "copy": "encoder_decoder", "reverse": "encoder_decoder",
-               "sort": "encoder_decoder", "sst2": "encoder", "tsv": "encoder"}
 METRICS = ("auto", "val_loss", "ppl", "bleu", "accuracy", "f1")
 
 
@@ -45,7 +39,7 @@ class DataConfig:
     task (``copy``, ``reverse``, ``sort``). Local paths always win over the cache.
     """
 
-    name: DataName = "embedded"
+    name: str = "embedded"  # a key of attnlab.tasks.TASKS
     path: str = ""  # LM text file, or classification TSV (label and sentence columns)
     val_path: str = ""  # a separate validation file (default: held out from path)
     test_path: str = ""
@@ -71,27 +65,28 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        for name, lit in (("name", DataName), ("tokenizer", TokenizerKind),
-                          ("pre_tokenizer", PreTokenizer)):
-            _check_literal(self, name, lit)
-        _check(self.vocab_size >= 8, "vocab_size", self.vocab_size, "an integer >= 8")
+        check(self.name in TASKS, "name", self.name,
+              "one of " + ", ".join(repr(n) for n in TASKS))
+        for name, lit in (("tokenizer", TokenizerKind), ("pre_tokenizer", PreTokenizer)):
+            check_literal(self, name, lit)
+        check(self.vocab_size >= 8, "vocab_size", self.vocab_size, "an integer >= 8")
         for name in ("train_frac", "holdout"):
             v = getattr(self, name)
-            _check(0.0 < v < 1.0, name, v, "a fraction strictly between 0 and 1")
-        _check(self.max_len >= 0, "max_len", self.max_len, "0 (the model's) or a positive int")
-        _check(self.synth_vocab > 3, "synth_vocab", self.synth_vocab, "an integer > 3")
-        _check(1 <= self.seq_min <= self.seq_max, "seq_min", self.seq_min,
-               f"1 <= seq_min <= seq_max (seq_max={self.seq_max})")
-        _check(self.val_size >= 1, "val_size", self.val_size, "a positive integer")
+            check(0.0 < v < 1.0, name, v, "a fraction strictly between 0 and 1")
+        check(self.max_len >= 0, "max_len", self.max_len, "0 (the model's) or a positive int")
+        check(self.synth_vocab > 3, "synth_vocab", self.synth_vocab, "an integer > 3")
+        check(1 <= self.seq_min <= self.seq_max, "seq_min", self.seq_min,
+              f"1 <= seq_min <= seq_max (seq_max={self.seq_max})")
+        check(self.val_size >= 1, "val_size", self.val_size, "a positive integer")
         names = self.label_names
-        _check(names is None or (isinstance(names, list) and len(names) >= 2
-                                 and all(isinstance(n, str) for n in names)),
-               "label_names", names, "a list of at least two strings")
+        check(names is None or (isinstance(names, list) and len(names) >= 2
+                                and all(isinstance(n, str) for n in names)),
+              "label_names", names, "a list of at least two strings")
 
     @property
     def family(self) -> str:
-        """The model family this data trains."""
-        return DATA_FAMILY[self.name]
+        """The model family this data trains (its task's, see :data:`attnlab.tasks.TASKS`)."""
+        return task_class(self.name).family
 
 
 @dataclass(frozen=True)
@@ -137,30 +132,30 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        _check_literal(self, "precision", Precision)
-        _check_literal(self, "schedule", Schedule)
-        _check_literal(self, "sdpa_backend", SdpaBackend)
+        check_literal(self, "precision", Precision)
+        check_literal(self, "schedule", Schedule)
+        check_literal(self, "sdpa_backend", SdpaBackend)
         dev = self.device
-        _check(dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:")
-                                                         and dev[5:].isdigit()),
-               "device", dev, "one of 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'")
+        check(dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:")
+                                                        and dev[5:].isdigit()),
+              "device", dev, "one of 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'")
         for name in ("max_steps", "batch_size", "max_tokens", "grad_accum", "log_every",
                      "sample_tokens"):
-            _check(getattr(self, name) >= 1, name, getattr(self, name), "a positive integer")
+            check(getattr(self, name) >= 1, name, getattr(self, name), "a positive integer")
         for name in ("threads", "block_size", "warmup_steps", "decay_steps", "eval_every",
                      "eval_batches", "eval_batch_size", "final_eval_batches", "patience",
                      "samples", "top_k"):
-            _check(getattr(self, name) >= 0, name, getattr(self, name), "an integer >= 0")
+            check(getattr(self, name) >= 0, name, getattr(self, name), "an integer >= 0")
         for name in ("lr", "eps"):
-            _check(getattr(self, name) > 0, name, getattr(self, name), "a positive float")
+            check(getattr(self, name) > 0, name, getattr(self, name), "a positive float")
         for name in ("min_lr", "weight_decay", "grad_clip", "temperature"):
-            _check(getattr(self, name) >= 0, name, getattr(self, name), "a float >= 0")
+            check(getattr(self, name) >= 0, name, getattr(self, name), "a float >= 0")
         for name in ("beta1", "beta2"):
-            _check(0 <= getattr(self, name) < 1, name, getattr(self, name), "a float in [0, 1)")
-        _check(0 <= self.label_smoothing < 1, "label_smoothing", self.label_smoothing,
-               "a float in [0, 1)")
-        _check(self.best_metric in METRICS, "best_metric", self.best_metric,
-               "one of " + ", ".join(repr(m) for m in METRICS))
+            check(0 <= getattr(self, name) < 1, name, getattr(self, name), "a float in [0, 1)")
+        check(0 <= self.label_smoothing < 1, "label_smoothing", self.label_smoothing,
+              "a float in [0, 1)")
+        check(self.best_metric in METRICS, "best_metric", self.best_metric,
+              "one of " + ", ".join(repr(m) for m in METRICS))
 
 
 _CLASSES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}

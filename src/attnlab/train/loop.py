@@ -12,21 +12,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..models import build_model
-from ..runs import RunError, checkpoint_dir
-from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from ..runs import RunDir
+from ..tasks import Task
 from .config import RunConfig
 from .distributed import DistInfo, all_reduce_sum, shard, wrap_ddp
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
-from .tasks import Task
 
 log = logging.getLogger(__name__)
 LOWER_IS_BETTER = ("val_loss", "ppl")
@@ -92,6 +93,23 @@ def sdpa_backends(name: str, precision: str, device: torch.device, length: int) 
     return None if name == "default" else [table[name]]
 
 
+def rng_state() -> dict[str, Any]:
+    """The global RNG states: python, numpy, torch CPU and every CUDA device."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 @dataclass
 class TrainResult:
     """What a finished (or early-stopped) run reports."""
@@ -107,11 +125,11 @@ class TrainResult:
 class Trainer:
     """Trains ``task``'s model under ``rc.train``; writes into ``run_dir`` on rank 0."""
 
-    def __init__(self, rc: RunConfig, task: Task, run_dir: Path | None = None,
+    def __init__(self, rc: RunConfig, task: Task, run_dir: str | Path | RunDir | None = None,
                  info: DistInfo | None = None):
         self.rc, self.cfg, self.task = rc, rc.train, task
         self.info = info or DistInfo()
-        self.run_dir = None if run_dir is None else Path(run_dir)
+        self.run = run_dir if run_dir is None or isinstance(run_dir, RunDir) else RunDir(run_dir)
         self.device = resolve_device(self.cfg.device, self.info)
         self.precision = resolve_precision(self.cfg.precision, self.device)
         if self.cfg.threads:
@@ -211,21 +229,22 @@ class Trainer:
                 "data": self.task.state_dict(), "best": self.best, "bad_evals": self.bad_evals,
                 "window": list(self.window), "world_size": self.info.world_size}
 
-    def save(self, name: str = "last") -> None:
-        if self.run_dir is None or not self.info.is_main:
+    def save(self, which: str = "last") -> None:
+        """Checkpoint ``which`` (best: weights only; last: also the training state)."""
+        if self.run is None or not self.info.is_main:
             return
-        state = self.state_dict() if name == "last" else None
+        state = self.state_dict() if which == "last" else None
         meta = {"step": self.step}
-        if name == "best" and self.best is not None:
+        if which == "best" and self.best is not None:
             meta.update(self.best)
-        save_checkpoint(self.run_dir / name, self.model, state, meta)
+        self.run.save_checkpoint(which, self.model, state, meta)
 
     def resume(self) -> None:
-        """Continue from ``run_dir/last``: weights, optimizer, RNGs, data position, counters."""
-        folder = None if self.run_dir is None else checkpoint_dir(self.run_dir / "last")
-        if folder is None:
-            raise RunError(f"cannot resume: {self.run_dir} has no last/ checkpoint")
-        state = load_checkpoint(folder, self.model)
+        """Continue from the last checkpoint: weights, optimizer, RNGs, data position, counters."""
+        if self.run is None:
+            raise ValueError("cannot resume a Trainer without a run dir")
+        state = self.run.load_state("last")
+        self.run.load_weights(self.model, "last")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.task.load_state_dict(state["data"])
@@ -263,7 +282,7 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         cfg = self.cfg
-        mon = Monitor(self.run_dir, self.task.metric_names, total=cfg.max_steps,
+        mon = Monitor(self.run, self.task.metric_names, total=cfg.max_steps,
                       start=self.step, progress=cfg.progress, tensorboard=cfg.tensorboard,
                       enabled=self.info.is_main)
         start_time = last_time = time.perf_counter()

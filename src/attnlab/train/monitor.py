@@ -1,10 +1,10 @@
-"""What a run reports while it trains: metrics.csv, TensorBoard (tb/), a progress bar, loss.png.
+"""What a run reports while it trains: the metrics log, TensorBoard, a progress bar, a loss plot.
 
-``metrics.csv`` has one row per logged or evaluated step with the header
-``step,train_loss,val_loss,lr,tokens_per_s,elapsed_s`` followed by the task's metrics (``ppl``,
-``bleu``, ``accuracy``, ``f1``); a cell is empty when that value was not measured at that
-step. On resume, rows after the checkpoint's step are dropped, so the file reads as if the run
-had never stopped.
+The files are those of :class:`~attnlab.runs.RunDir`. The metrics log has one row per logged
+or evaluated step with the header ``step,train_loss,val_loss,lr,tokens_per_s,elapsed_s``,
+followed by the task's metrics (``ppl``, ``bleu``, ``accuracy``, ``f1``); a cell is empty
+when that value was not measured at that step. On resume, rows after the checkpoint's step are
+dropped, so the file reads as if the run had never stopped.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..runs import atomic_write_bytes
+from ..runs import RunDir, atomic_write_bytes, read_metrics
 
 log = logging.getLogger(__name__)
 
 BASE_COLUMNS = ("step", "train_loss", "val_loss", "lr", "tokens_per_s", "elapsed_s")
-CSV_NAME = "metrics.csv"
 
 
 def _cell(v: Any) -> str:
@@ -32,32 +31,21 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def read_metrics(path: str | Path) -> list[dict[str, float | None]]:
-    """The rows of a metrics.csv, numbers as floats (``step`` as int), empty cells as None."""
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    out = []
-    for row in rows:
-        out.append({k: (None if v == "" else (int(v) if k == "step" else float(v)))
-                    for k, v in row.items()})
-    return out
-
-
 class Monitor:
     """CSV + TensorBoard + tqdm, all on rank 0 only (``enabled=False`` elsewhere)."""
 
-    def __init__(self, run_dir: Path | None, metric_names: tuple[str, ...], *, total: int,
+    def __init__(self, run: RunDir | None, metric_names: tuple[str, ...], *, total: int,
                  start: int, progress: bool, tensorboard: bool, enabled: bool = True):
         self.columns = BASE_COLUMNS + tuple(metric_names)
-        self.enabled = enabled and run_dir is not None
+        self.enabled = enabled and run is not None
         self.file = self.tb = self.bar = None
         if self.enabled:
-            path = Path(run_dir) / CSV_NAME
+            path = run.metrics_file
             self._start_csv(path, start)
             self.file = open(path, "a", newline="", encoding="utf-8")  # noqa: SIM115
             self.writer = csv.writer(self.file)
             if tensorboard:
-                self.tb = _summary_writer(Path(run_dir) / "tb", start)
+                self.tb = _summary_writer(run.tb_dir, start)
         if enabled and progress:
             from tqdm.auto import tqdm
 
@@ -66,17 +54,12 @@ class Monitor:
 
     def _start_csv(self, path: Path, start: int) -> None:
         """A fresh header, or on resume the rows up to ``start`` (written atomically)."""
-        kept = []
-        if start > 0 and path.is_file():
-            with open(path, newline="", encoding="utf-8") as f:
-                reader = csv.reader(f)
-                header = next(reader, None)
-                if header is not None and tuple(header) == self.columns:
-                    kept = [r for r in reader if r and int(r[0]) <= start]
+        rows = read_metrics(path) if start > 0 and path.is_file() else []
+        kept = [r for r in rows if tuple(r) == self.columns and r["step"] <= start]
         buf = io.StringIO()
         w = csv.writer(buf)
         w.writerow(self.columns)
-        w.writerows(kept)
+        w.writerows([_cell(v) for v in r.values()] for r in kept)
         atomic_write_bytes(path, buf.getvalue().encode())
 
     def row(self, step: int, values: dict[str, Any]) -> None:
@@ -117,15 +100,16 @@ def _summary_writer(path: Path, start: int):
     return SummaryWriter(str(path), purge_step=start if start > 0 else None)
 
 
-def plot_curves(run_dir: Path) -> Path | None:
-    """loss.png from metrics.csv with :func:`attnlab.viz.plot_loss_csv`; None if not possible."""
+def plot_curves(run: RunDir) -> Path | None:
+    """The run's loss plot from its metrics log (:func:`attnlab.viz.plot_loss_csv`); None if
+    not possible."""
     try:
         from ..viz import plot_loss_csv
     except ImportError as e:
         log.warning("no loss plot: %s (pip install attnlab[viz])", e)
         return None
     try:
-        return plot_loss_csv(Path(run_dir) / CSV_NAME, Path(run_dir) / "loss.png")
+        return plot_loss_csv(run.metrics_file, run.loss_plot)
     except (ImportError, ValueError, OSError) as e:
         log.warning("no loss plot: %s", e)
         return None

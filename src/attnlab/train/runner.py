@@ -16,13 +16,13 @@ from typing import Any
 
 from torch import nn
 
-from ..runs import RunError, atomic_write_json, checkpoint_dir, load_run, read_run_config
-from ..tokenizers import Tokenizer, load_tokenizer
+from ..runs import RunDir, RunError, load_run
+from ..tasks import build_task, task_class
+from ..tokenizers import Tokenizer
 from .config import RunConfig
 from .distributed import cleanup, init_distributed
 from .loop import Trainer, TrainResult, autocast, resolve_device, resolve_precision
 from .monitor import plot_curves
-from .tasks import build_task
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,9 @@ class RunOutcome:
     is_main: bool = True
 
 
-def check_run_dir(run_dir: Path, resume: bool) -> None:
-    """Fail early, with one clear line, when ``run_dir`` cannot take this run."""
+def check_run_dir(run: RunDir, resume: bool) -> None:
+    """Fail early, with one clear line, when the run dir cannot take this run."""
+    run_dir = run.path
     if run_dir.exists() and not run_dir.is_dir():
         raise RunError(f"run dir {run_dir} is a file, not a folder; choose another --out")
     try:
@@ -51,11 +52,10 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
     except OSError as e:
         raise RunError(f"cannot write to run dir {run_dir} ({e.strerror or e}); choose a "
                        "writable --out folder") from None
-    has_last = checkpoint_dir(run_dir / "last") is not None
-    if resume and not has_last:
+    if resume and not run.has_checkpoint("last"):
         raise RunError(f"cannot resume: {run_dir} has no last/ checkpoint (train without "
                        "--resume first, or give the --out of an earlier run)")
-    if not resume and (has_last or checkpoint_dir(run_dir / "best") is not None):
+    if not resume and run.has_checkpoint():
         raise RunError(f"run dir {run_dir} already holds a checkpoint; pass --resume to "
                        "continue it, or choose another --out")
 
@@ -81,56 +81,54 @@ def check_same_config(run_dir: Path, saved: dict, new: RunConfig) -> None:
 
 def train_run(rc: RunConfig, run_dir: str | Path, resume: bool = False) -> RunOutcome:
     """Train (or with ``resume`` continue) the run described by ``rc`` in ``run_dir``."""
-    run_dir = Path(run_dir)
+    run = RunDir(run_dir)
     info = init_distributed(resolve_device(rc.train.device).type)
     try:
         if info.is_main:
-            check_run_dir(run_dir, resume)
+            check_run_dir(run, resume)
         tokenizer = saved = None
         if resume:
-            saved = read_run_config(run_dir)
-            if (run_dir / "tokenizer.json").is_file():
-                tokenizer = load_tokenizer(run_dir / "tokenizer.json")
+            saved = run.read_config()
+            tokenizer = run.load_tokenizer()
         task = build_task(rc, tokenizer)
         resolved = dataclasses.replace(rc, model=task.model_config)
         if saved is not None:
-            check_same_config(run_dir, saved, resolved)
-        trainer = Trainer(resolved, task, run_dir, info)
+            check_same_config(run.path, saved, resolved)
+        trainer = Trainer(resolved, task, run, info)
         if resume:
             trainer.resume()
-            log.info("resuming %s at step %d", run_dir, trainer.step)
+            log.info("resuming %s at step %d", run.path, trainer.step)
         if info.is_main:
-            atomic_write_json(run_dir / "config.json", resolved.to_dict())
+            run.write_config(resolved.to_dict())
             if task.tokenizer is not None and not (resume and tokenizer is not None):
-                task.tokenizer.save(run_dir / "tokenizer.json")
+                run.save_tokenizer(task.tokenizer)
         n_params = sum(p.numel() for p in trainer.model.parameters())
         log.info("training a %s model (%.2fM parameters) on %s, %s, %s%s", resolved.model.family,
                  n_params / 1e6, trainer.device, trainer.precision, resolved.data.name,
                  f", {info.world_size} processes" if info.enabled else "")
         result = trainer.fit()
         if info.is_main:
-            plot_curves(run_dir)
-            atomic_write_json(run_dir / "results.json", {
+            plot_curves(run)
+            run.write_results({
                 "step": result.step, "metrics": result.metrics, "best": result.best,
                 "stopped_early": result.stopped_early, "wall_s": round(result.wall_s, 2),
                 "precision": trainer.precision, "device": str(trainer.device),
                 "world_size": info.world_size})
-        return RunOutcome(result, trainer.model, task.tokenizer, run_dir, resolved, info.is_main)
+        return RunOutcome(result, trainer.model, task.tokenizer, run.path, resolved, info.is_main)
     finally:
         cleanup()
 
 
 def _eval_overrides(rc: RunConfig, split: str, data: list[str]) -> RunConfig:
     """Point the ``split`` of ``rc`` at the files given to ``attnlab eval --data``."""
-    name, family = rc.data.name, rc.data.family
-    if name in ("copy", "reverse", "sort"):
-        raise ValueError(f"a synthetic {name!r} run makes its own data; --data is not allowed")
-    want = 2 if family == "encoder_decoder" else 1
-    if len(data) != want:
-        what = "SRC TGT (two line-aligned files)" if want == 2 else "one file"
-        kind = {"decoder": "language-model", "encoder": "classification",
-                "encoder_decoder": "translation"}[family]
-        raise ValueError(f"--data for a {kind} run takes {what}, got {len(data)} paths")
+    task = task_class(rc.data.name)
+    keys = task.eval_data_keys
+    if not keys:
+        raise ValueError(f"a {task.kind} {rc.data.name!r} run makes its own data; --data is "
+                         "not allowed")
+    if len(data) != len(keys):
+        what = "SRC TGT (two line-aligned files)" if len(keys) == 2 else "one file"
+        raise ValueError(f"--data for a {task.kind} run takes {what}, got {len(data)} paths")
     for path in data:
         if not Path(path).is_file():
             raise FileNotFoundError(f"--data file {path} does not exist")
@@ -141,9 +139,7 @@ def _eval_overrides(rc: RunConfig, split: str, data: list[str]) -> RunConfig:
             log.warning("--data %s is the file this run trained on: the %s metrics include "
                         "text the model has seen (leave --data out to evaluate the held-out "
                         "%s split)", path, split, split)
-    if want == 2:
-        return rc.replace("data", **{f"{split}_src_path": data[0], f"{split}_tgt_path": data[1]})
-    return rc.replace("data", **{f"{split}_path": data[0]})
+    return rc.replace("data", **{f"{split}_{key}": path for key, path in zip(keys, data)})
 
 
 def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None = None,
@@ -153,17 +149,20 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
     LM perplexity runs over every window of the split (not a sample)."""
     if split not in ("val", "test"):
         raise ValueError(f"--split {split!r} is not allowed: val or test")
-    run_dir = Path(run_dir)
-    rc = RunConfig.from_dict(read_run_config(run_dir))
+    rd = RunDir(run_dir)
+    rc = RunConfig.from_dict(rd.read_config())
     if data:
         rc = _eval_overrides(rc, split, data)
-    tok_path = run_dir / "tokenizer.json"
-    tokenizer = load_tokenizer(tok_path) if tok_path.is_file() else None
-    if tokenizer is None and rc.data.name not in ("copy", "reverse", "sort"):
-        raise RunError(f"run dir {run_dir} has no tokenizer.json")
+    tokenizer = rd.load_tokenizer()
+    if tokenizer is None and task_class(rc.data.name).uses_tokenizer:
+        raise RunError(f"run dir {rd.path} has no {rd.tokenizer_file.name}")
     task = build_task(rc, tokenizer)
     dev = resolve_device(device)
-    run = load_run(run_dir, checkpoint, device=str(dev))
+    run = load_run(rd.path, checkpoint, device=str(dev))
+    if run.model.config.family != "encoder" and dev.type == "cpu":
+        from ..decoding import inference_layout
+
+        inference_layout(run.model)  # faster token-by-token decoding on CPU; same values
     precision = resolve_precision(rc.train.precision, dev)
     metrics = task.evaluate(run.model, split, dev, lambda: autocast(precision, dev), 0)
     return {"split": split, "checkpoint": str(run.checkpoint), **metrics}
@@ -172,7 +171,7 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
 def sample_texts(model: nn.Module, tokenizer: Tokenizer, rc: RunConfig,
                  prompt: str = "\n") -> list[str]:
     """``train.samples`` continuations of ``prompt`` from a trained LM (top-k sampling)."""
-    from ..generate import generate_text
+    from ..decoding import generate_text
 
     t = rc.train
     model.eval()

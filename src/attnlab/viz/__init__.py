@@ -6,7 +6,7 @@ nothing beyond NumPy.
 """
 
 from .attention import plot_alignment, plot_attention
-from .curves import plot_loss_csv, plot_loss_curve, read_loss_csv
+from .curves import plot_loss_csv, plot_loss_curve
 from .explorer import AttentionView, attention_html, write_attention_html
 from .positions import plot_positions, sinusoidal_table
 
@@ -18,7 +18,6 @@ __all__ = [
     "plot_loss_csv",
     "plot_loss_curve",
     "plot_positions",
-    "read_loss_csv",
     "sinusoidal_table",
     "write_attention_html",
 ]

@@ -1,4 +1,4 @@
-"""Training curves: loss against step, from Python lists or from the trainer's CSV log.
+"""Training curves: loss against step, from Python lists or from the trainer's metrics log.
 
 Missing values (``None``, NaN, or an empty CSV cell) are allowed, e.g. a validation loss
 logged every 100 steps; each series is drawn through the points it has.
@@ -6,7 +6,6 @@ logged every 100 steps; each series is drawn through the points it has.
 
 from __future__ import annotations
 
-import csv
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -121,54 +120,53 @@ def plot_loss_curve(
     return _loss_figure(steps_arr, values, None, out_path, title, log_y)
 
 
-def read_loss_csv(csv_path: str | Path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Read a training log CSV: a ``step`` column and any of ``train_loss``, ``val_loss``, ``lr``.
+def _csv_series(
+    source: str | Path | Sequence[Mapping[str, float | None]], where: str
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """``(steps, columns)`` of a metrics log (a path, or its rows as dicts): each of
+    ``train_loss``, ``val_loss``, ``lr`` present as a float array (NaN where a cell is empty).
+    Other columns are ignored."""
+    if isinstance(source, (str, Path)):
+        from ..runs import read_metrics  # the one reader of the trainer's log
 
-    Returns ``(steps, columns)`` where ``columns`` maps each of those present column names to
-    a float array (NaN for empty cells). Other columns are ignored.
-    """
-    path = Path(csv_path)
-    with path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        header = [(h or "").strip() for h in (reader.fieldnames or [])]
-        if "step" not in header or not set(header) & set(CSV_COLUMNS[1:]):
-            raise ValueError(
-                f"{path} must have a header with 'step' and at least one of "
-                f"{', '.join(CSV_COLUMNS[1:])}; got header {header}"
-            )
-        reader.fieldnames = header
-        wanted = [c for c in CSV_COLUMNS if c in header]
-        rows: dict[str, list[float]] = {c: [] for c in wanted}
-        for line_no, row in enumerate(reader, start=2):
-            for col in wanted:
-                cell = (row.get(col) or "").strip()
-                if col == "step" and not cell:
-                    raise ValueError(f"{path} line {line_no}: the step cell is empty")
-                try:
-                    rows[col].append(float(cell) if cell else math.nan)
-                except ValueError as err:
-                    raise ValueError(
-                        f"{path} line {line_no}, column {col!r}: {cell!r} is not a number "
-                        "(cells must be numbers or empty)"
-                    ) from err
-    if not rows["step"]:
-        raise ValueError(f"{path} has a header but no data rows")
-    steps = np.array(rows.pop("step"))
-    return steps, {name: np.array(vals) for name, vals in rows.items()}
+        rows = read_metrics(source)
+    else:
+        rows = list(source)
+    header = list(rows[0]) if rows else []
+    if rows and ("step" not in header or not set(header) & set(CSV_COLUMNS[1:])):
+        raise ValueError(f"{where} must have a header with 'step' and at least one of "
+                         f"{', '.join(CSV_COLUMNS[1:])}; got header {header}")
+    if not rows:
+        raise ValueError(f"{where} has a header but no data rows")
+    wanted = [c for c in CSV_COLUMNS if c in header]
+    cols = {c: np.array([math.nan if r.get(c) is None else float(r[c]) for r in rows])
+            for c in wanted}
+    return cols.pop("step"), cols
 
 
 def plot_loss_csv(
-    csv_path: str | Path,
+    source: str | Path | Sequence[Mapping[str, float | None]],
     out_path: str | Path,
     *,
     title: str | None = None,
     log_y: bool = False,
 ) -> Path:
-    """Plot ``train_loss`` / ``val_loss`` (and ``lr`` in a second panel) from a CSV log.
+    """Plot ``train_loss`` / ``val_loss`` (and ``lr`` in a second panel) of a metrics log.
 
-    See :func:`read_loss_csv` for the format. Returns the written path.
+    Args:
+        source: the trainer's CSV log (a ``step`` column and any of ``train_loss``,
+            ``val_loss``, ``lr``; empty cells allowed; read with :func:`attnlab.runs.read_metrics`),
+            or its rows as dicts.
+        out_path: image path; the suffix picks the format.
+        title: figure title (default: the CSV's file name).
+        log_y: logarithmic loss axis.
+
+    Returns:
+        The written path.
     """
-    steps, columns = read_loss_csv(csv_path)
+    is_path = isinstance(source, (str, Path))
+    steps, columns = _csv_series(source, str(source) if is_path else "the metrics rows")
     lr = columns.pop("lr", None)
     losses = {name: columns[name] for name in LOSS_COLUMNS if name in columns}
-    return _loss_figure(steps, losses, lr, out_path, title or Path(csv_path).name, log_y)
+    default_title = Path(source).name if is_path else None
+    return _loss_figure(steps, losses, lr, out_path, title or default_title, log_y)

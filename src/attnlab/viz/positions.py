@@ -1,7 +1,8 @@
-"""Position encodings: the paper's sinusoidal table in NumPy, and a two-panel plot of a table.
+"""Position encodings: the model's sinusoidal table as NumPy, and a two-panel plot of a table.
 
-:func:`sinusoidal_table` is written independently of the model code (section 3.5 of
-"Attention Is All You Need") so the two implementations can check each other.
+:func:`sinusoidal_table` is the model's own table (:func:`attnlab.nn.positional.sinusoidal_table`,
+paper section 3.5) in float64, with argument checks for plotting; the written-out teaching copy
+that checks it lives in :mod:`attnlab.numpy_ref`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from ..nn.positional import sinusoidal_table as _torch_table
 from ._common import check_finite, new_figure, save_figure, to_numpy
 
 _DEFAULT_CURVES = (4, 5, 6, 7)
@@ -36,13 +39,7 @@ def sinusoidal_table(max_len: int, d_model: int) -> np.ndarray:
         raise ValueError(
             f"d_model must be even (sin and cos fill dimension pairs 2i, 2i+1), got {d_model}"
         )
-    pos = np.arange(max_len, dtype=np.float64)[:, None]  # (N, 1)
-    two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]  # (1, D/2)
-    angle = pos / np.power(10000.0, two_i / d_model)  # (N, D/2)
-    table = np.empty((max_len, d_model), dtype=np.float64)
-    table[:, 0::2] = np.sin(angle)
-    table[:, 1::2] = np.cos(angle)
-    return table
+    return _torch_table(max_len, d_model, dtype=torch.float64).numpy()  # (N, D)
 
 
 def _check_curves(curves: Sequence[int] | None, n_dims: int) -> list[int]:

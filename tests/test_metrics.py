@@ -1,4 +1,4 @@
-"""Tests for attnlab.evaluate: perplexity, BLEU, accuracy, F1, macro F1."""
+"""Tests for attnlab.metrics: perplexity, BLEU, accuracy, F1, macro F1."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.evaluate import accuracy, bleu, f1, macro_f1, perplexity
+from attnlab.metrics import accuracy, bleu, f1, macro_f1, perplexity
 
 
 def test_perplexity() -> None:

@@ -1,4 +1,4 @@
-"""Evaluation metrics: perplexity, corpus BLEU, accuracy, binary F1 and macro F1.
+"""Metrics: perplexity, corpus BLEU, accuracy, binary F1 and macro F1.
 
 Predictions and labels may be lists, tuples, numpy arrays or torch tensors (1-D).
 """

@@ -33,21 +33,18 @@ import logging
 import numbers
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-from .decoding.sampling import Sampler, make_generator
-from .decoding.text import (
-    StopChecker,
-    TextStream,
-    classify,
-    classify_texts,
-    cut_at_stop,
-    translate_texts,
-)
-from .decoding.translate import beam_search, greedy_search, translate
-from .nn.attention import padded_positions
+from ..data.batching import pad
+from ..nn.attention import padded_positions
+from .sampling import Sampler, make_generator
+from .stream import StopChecker, TextStream, cut_at_stop
+
+if TYPE_CHECKING:
+    from ..tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -98,17 +95,6 @@ def _prompt_list(prompts) -> list[list[int]]:
     return out
 
 
-def left_pad(prompts: list[list[int]], device) -> tuple[Tensor, Tensor]:
-    """Left-padded ids (B, P) (pads are 0) and the bool mask of real tokens (B, P)."""
-    longest = max(len(p) for p in prompts)
-    ids = torch.zeros(len(prompts), longest, dtype=torch.long)
-    mask = torch.zeros(len(prompts), longest, dtype=torch.bool)
-    for row, p in enumerate(prompts):
-        ids[row, longest - len(p):] = torch.tensor(p)
-        mask[row, longest - len(p):] = True
-    return ids.to(device), mask.to(device)
-
-
 def _token_steps(model: nn.Module, ids: Tensor, mask: Tensor, max_new_tokens: int,
                  sampler: Sampler, generator: torch.Generator | None,
                  use_cache: bool) -> Iterator[Tensor]:
@@ -149,7 +135,7 @@ def _token_steps(model: nn.Module, ids: Tensor, mask: Tensor, max_new_tokens: in
 def stream(model: nn.Module, prompts, max_new_tokens: int = 100, *, temperature: float = 1.0,
            top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
            generator: torch.Generator | None = None, eos_id: int | None = None,
-           stop: Sequence[str] = (), tokenizer=None, num_samples: int = 1,
+           stop: Sequence[str] = (), tokenizer: Tokenizer | None = None, num_samples: int = 1,
            use_cache: bool = True) -> Iterator[Tensor]:
     """Generate step by step: yield a (B,) tensor of new token ids per step, as produced.
 
@@ -183,7 +169,8 @@ def _stream_rows(model: nn.Module, rows: list[list[int]], max_new_tokens: int, s
                  use_cache: bool) -> Iterator[Tensor]:
     device = next(model.parameters()).device
     with torch.inference_mode():
-        ids, mask = left_pad(rows, device)
+        ids, mask = pad(rows, 0, left=True)  # (B, P) each
+        ids, mask = ids.to(device), mask.to(device)
         done = torch.zeros(len(rows), dtype=torch.bool, device=device)
     steps = _token_steps(model, ids, mask, max_new_tokens, sampler, gen, use_cache)
     watch = eos_id is not None or checker is not None
@@ -214,14 +201,15 @@ def _stream_rows(model: nn.Module, rows: list[list[int]], max_new_tokens: int, s
 def generate(model: nn.Module, prompts, max_new_tokens: int = 100, *,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              seed: int | None = None, generator: torch.Generator | None = None,
-             eos_id: int | None = None, stop: Sequence[str] = (), tokenizer=None,
-             num_samples: int = 1, use_cache: bool = True) -> list[list[int]]:
+             eos_id: int | None = None, stop: Sequence[str] = (),
+             tokenizer: Tokenizer | None = None, num_samples: int = 1,
+             use_cache: bool = True) -> list[list[int]]:
     """Continue each prompt with up to ``max_new_tokens`` new tokens.
 
     Args:
         model: a :class:`~attnlab.models.DecoderLM` in eval mode. On CPU, decoding is faster
-            after :func:`inference_layout` (1.5x for a GPT-2-sized vocabulary); models from
-            ``attnlab.runs.load_run`` already have it.
+            after :func:`inference_layout` (1.5x for a GPT-2-sized vocabulary), which the
+            caller applies (``attnlab.runs.load_run`` returns the layout training saved).
         prompts: one prompt (a list of ids or a (T,) tensor) or several (a list of lists or a
             (B, T) tensor); prompts may have different lengths (they are left-padded).
         temperature: 0 = greedy (argmax); > 0 samples from softmax(logits / temperature).
@@ -249,7 +237,7 @@ def generate(model: nn.Module, prompts, max_new_tokens: int = 100, *,
     return [[t for t in row if t != FINISHED] for row in table]
 
 
-def _encode_prompts(tokenizer, prompts: str | Sequence[str]) -> list[list[int]]:
+def _encode_prompts(tokenizer: Tokenizer, prompts: str | Sequence[str]) -> list[list[int]]:
     texts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not texts:
         raise ValueError("no prompt given")
@@ -260,7 +248,7 @@ def _encode_prompts(tokenizer, prompts: str | Sequence[str]) -> list[list[int]]:
     return [tokenizer.encode(t) for t in texts]
 
 
-def generate_text(model: nn.Module, tokenizer, prompts: str | Sequence[str],
+def generate_text(model: nn.Module, tokenizer: Tokenizer, prompts: str | Sequence[str],
                   max_new_tokens: int = 100, *, stop: Sequence[str] = (),
                   stop_at_eos: bool = True, **kwargs) -> list[str]:
     """:func:`generate` on text: the continuation of each prompt (``num_samples`` per prompt),
@@ -272,7 +260,7 @@ def generate_text(model: nn.Module, tokenizer, prompts: str | Sequence[str],
     return [cut_at_stop(tokenizer.decode(ids), stop) for ids in out]
 
 
-def stream_text(model: nn.Module, tokenizer, prompt: str, max_new_tokens: int = 100, *,
+def stream_text(model: nn.Module, tokenizer: Tokenizer, prompt: str, max_new_tokens: int = 100, *,
                 stop: Sequence[str] = (), stop_at_eos: bool = True, **kwargs) -> Iterator[str]:
     """Yield the continuation of one prompt as text pieces, as soon as they are decodable.
 
@@ -300,18 +288,10 @@ def stream_text(model: nn.Module, tokenizer, prompt: str, max_new_tokens: int = 
 
 __all__ = [
     "FINISHED",
-    "Sampler",
-    "beam_search",
-    "classify",
-    "classify_texts",
     "generate",
     "generate_text",
-    "greedy_search",
     "inference_layout",
-    "left_pad",
     "stream",
     "stream_text",
-    "translate",
-    "translate_texts",
     "window_keep",
 ]

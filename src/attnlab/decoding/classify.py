@@ -1,0 +1,101 @@
+"""Batch prediction with an encoder classifier: ids -> labels and probabilities, texts -> names.
+
+Shapes: B batch, S length, C classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from ..data.batching import pad
+
+if TYPE_CHECKING:
+    from ..tokenizers import Tokenizer
+
+
+class Classification(NamedTuple):
+    """Predicted class of each row (B,) and the class probabilities (B, C)."""
+
+    labels: list[int]
+    probs: Tensor
+
+
+@torch.inference_mode()
+def classify(model: nn.Module, ids: Tensor | Sequence[Sequence[int]], *,
+             mask: Tensor | None = None, pad_id: int | None = None) -> Classification:
+    """Classify a batch with an :class:`~attnlab.models.EncoderClassifier`.
+
+    Args:
+        model: the classifier, in eval mode.
+        ids: a (B, S) tensor, or a list of id lists of any lengths (right-padded here;
+            sequences longer than the model's ``max_len`` are cut).
+        mask: (B, S) bool, True at real tokens; default ``ids != pad_id`` for a tensor, the
+            padding for lists.
+        pad_id: the padding id (default the model config's ``pad_id``).
+
+    Returns:
+        The predicted class of each row and the (B, C) class probabilities.
+    """
+    cfg = model.config
+    if cfg.family != "encoder":
+        raise ValueError(f"classify needs an encoder (classifier) model, got {cfg.family!r}")
+    pad_id = cfg.pad_id if pad_id is None else pad_id
+    device = next(model.parameters()).device
+    if not isinstance(ids, Tensor):
+        seqs = [list(s)[:cfg.max_len] for s in ids]
+        if not seqs or any(not s for s in seqs):
+            raise ValueError("classify needs at least one non-empty sequence of ids")
+        ids, padded = pad(seqs, pad_id)  # (B, S) each
+        mask = padded if mask is None else mask
+    ids = ids.to(device)
+    mask = mask.to(device) if mask is not None else (None if pad_id is None else ids != pad_id)
+    logits, _ = model(ids, mask=mask)  # (B, C)
+    probs = torch.softmax(logits.float(), dim=-1)
+    return Classification(probs.argmax(dim=-1).tolist(), probs)
+
+
+def classify_texts(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str], *,
+                   label_names: Sequence[str] | None = None, max_len: int | None = None,
+                   batch_size: int = 64) -> list[tuple[str, float]]:
+    """``(label name, probability)`` of the predicted class of each text.
+
+    Texts are encoded as in training: ``[CLS]`` (the tokenizer's bos) first for ``cls``
+    pooling, cut to ``max_len`` (the run's ``data.max_len``; never more than the model's
+    ``max_len``).
+
+    Args:
+        model: an :class:`~attnlab.models.EncoderClassifier` in eval mode.
+        tokenizer: the tokenizer the model was trained with.
+        texts: the texts (leading/trailing whitespace is dropped; none may be empty).
+        label_names: the name of each class (default "0", "1", ...).
+        max_len: most tokens per text; default the model's ``max_len``.
+        batch_size: texts per forward pass.
+    """
+    cfg = model.config
+    if cfg.family != "encoder":
+        raise ValueError(f"classify needs an encoder (classifier) model, got {cfg.family!r}")
+    names = [str(i) for i in range(cfg.n_classes)] if label_names is None else list(label_names)
+    if len(names) != cfg.n_classes:
+        raise ValueError(f"{len(names)} label names given for a model of {cfg.n_classes} "
+                         "classes")
+    cls_id = tokenizer.bos_id if cfg.pooling == "cls" else None
+    limit = min(max_len or cfg.max_len, cfg.max_len)
+    seqs = []
+    for i, text in enumerate(texts):
+        if not text.strip():
+            raise ValueError(f"text {i + 1} is empty")
+        seqs.append(([] if cls_id is None else [cls_id]) + tokenizer.encode(text.strip()))
+    out: list[tuple[str, float]] = []
+    for start in range(0, len(seqs), batch_size):
+        result = classify(model, [s[:limit] for s in seqs[start:start + batch_size]],
+                          pad_id=tokenizer.pad_id)
+        for label, p in zip(result.labels, result.probs.tolist()):
+            out.append((names[label], p[label]))
+    return out
+
+
+__all__ = ["Classification", "classify", "classify_texts"]

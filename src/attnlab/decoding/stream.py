@@ -1,0 +1,102 @@
+"""Text around LM decoding: stop strings and incremental detokenisation (streaming)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..tokenizers import Tokenizer
+
+
+def _check_stops(stop: Sequence[str]) -> list[str]:
+    if isinstance(stop, str):
+        stop = [stop]
+    stops = list(stop)
+    if any(not isinstance(s, str) or not s for s in stops):
+        raise ValueError(f"stop strings must be non-empty strings, got {stops!r}")
+    return stops
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """``text`` up to (not including) the earliest occurrence of any stop string."""
+    cut = len(text)
+    for s in _check_stops(stop):
+        i = text.find(s)
+        if i >= 0:
+            cut = min(cut, i)
+    return text[:cut]
+
+
+class StopChecker:
+    """Tells, token by token, which rows' generated text now contains a stop string.
+
+    Only the last few tokens of a row are decoded at each step (enough to hold the longest
+    stop string even at 4 tokens per character), so checking costs O(1) per token.
+    """
+
+    def __init__(self, stop: Sequence[str], tokenizer: Tokenizer, n_rows: int):
+        self.stops = _check_stops(stop)
+        if tokenizer is None:
+            raise ValueError("stop strings need a tokenizer to decode the generated tokens")
+        self.tokenizer = tokenizer
+        self.tail = 4 * max(len(s) for s in self.stops) + 4
+        self.rows: list[list[int]] = [[] for _ in range(n_rows)]
+
+    def update(self, tokens: list[int]) -> list[bool]:
+        """Append this step's token of each row (negative = row finished); return the hits."""
+        hits = []
+        for row, t in zip(self.rows, tokens):
+            if t < 0:
+                hits.append(False)
+                continue
+            row.append(t)
+            text = self.tokenizer.decode(row[-self.tail:])
+            hits.append(any(s in text for s in self.stops))
+        return hits
+
+
+class TextStream:
+    """Turns tokens into text pieces as soon as they decode cleanly (incremental detokenising,
+    as in Hugging Face text-generation-inference) and holds back text that may begin a stop
+    string. ``stopped`` turns True once a stop string has appeared."""
+
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = ()):
+        self.tokenizer, self.stops = tokenizer, _check_stops(stop)
+        self.ids: list[int] = []
+        self.prefix, self.read = 0, 0  # token offsets: context start, start of unread tokens
+        self.text, self.sent = "", 0  # decoded text so far, and how much of it was yielded
+        self.stopped = False
+
+    def push(self, token: int) -> str:
+        """Add one token; return the text that is now safe to show (maybe "")."""
+        self.ids.append(token)
+        before = self.tokenizer.decode(self.ids[self.prefix:self.read])
+        after = self.tokenizer.decode(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):  # a whole character
+            self.text += after[len(before):]
+            self.prefix, self.read = self.read, len(self.ids)
+        return self._release(final=False)
+
+    def flush(self) -> str:
+        """The text held back so far (the stream is over)."""
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> str:
+        if self.stopped:
+            return ""
+        cut = cut_at_stop(self.text, self.stops) if self.stops else self.text
+        if len(cut) < len(self.text):
+            self.stopped = True
+            end = len(cut)
+        elif final:
+            end = len(self.text)
+        else:  # hold back a tail that could still grow into a stop string
+            hold = max((n for s in self.stops for n in range(1, len(s))
+                        if self.text.endswith(s[:n])), default=0)
+            end = len(self.text) - hold
+        piece, self.sent = self.text[self.sent:end], max(self.sent, end)
+        return piece
+
+
+__all__ = ["StopChecker", "TextStream", "cut_at_stop"]

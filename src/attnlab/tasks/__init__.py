@@ -1,0 +1,63 @@
+"""Tasks: the per-data-set glue between the data and the training loop.
+
+:data:`TASKS` is the one table of data sets: ``data.name`` -> the task class that trains it,
+and through the class, the model family (``data.family``), the metrics, and which files
+``attnlab eval --data`` may replace.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..config import ConfigError
+from ..data import SYNTHETIC_NAMES
+from ..tokenizers import Tokenizer
+from .base import Amp, Task, data_file, resolve_model, train_tokenizer
+from .classification import ClassifyTask
+from .lm import LMTask
+from .seq2seq import Seq2SeqTask, TranslationTask
+from .synthetic import SyntheticTask
+
+if TYPE_CHECKING:  # annotations only: the training config imports the task table
+    from ..train.config import RunConfig
+
+TASKS: dict[str, type[Task]] = {
+    "embedded": LMTask,  # the pydoc topics every Python install has
+    "text": LMTask,  # your own text file
+    "shakespeare": LMTask,
+    "multi30k": TranslationTask,
+    "parallel": TranslationTask,  # your own line-aligned files
+    "sst2": ClassifyTask,
+    "tsv": ClassifyTask,  # your own labelled TSV
+    **{name: SyntheticTask for name in SYNTHETIC_NAMES},
+}
+
+
+def task_class(name: str) -> type[Task]:
+    """The task class of data set ``name``."""
+    if name not in TASKS:
+        raise ConfigError(f"name={name!r} is not allowed: one of "
+                          + ", ".join(repr(n) for n in TASKS))
+    return TASKS[name]
+
+
+def build_task(rc: RunConfig, tokenizer: Tokenizer | None = None) -> Task:
+    """The task for ``rc.data.name``; ``tokenizer`` (a resumed run's) skips training one."""
+    return task_class(rc.data.name)(rc, tokenizer)
+
+
+__all__ = [
+    "TASKS",
+    "Amp",
+    "ClassifyTask",
+    "LMTask",
+    "Seq2SeqTask",
+    "SyntheticTask",
+    "Task",
+    "TranslationTask",
+    "build_task",
+    "data_file",
+    "resolve_model",
+    "train_tokenizer",
+    "task_class",
+]

@@ -1,0 +1,115 @@
+"""What every task shares: the :class:`Task` interface and the helpers that read a run config.
+
+A task turns a :class:`~attnlab.train.config.RunConfig` into what the trainer needs:
+
+* ``tokenizer`` (trained on the training data, or the run's saved one when resuming),
+* ``model_config``: the model config with what the data decides filled in (vocabulary size,
+  pad id, family, ...) unless the user set it (:func:`resolve_model`),
+* ``next_batch()``: the next global training micro-batch (CPU tensors, rows over processes),
+* ``count(batch)`` and ``loss_sum(model, batch, label_smoothing)``: the summed loss and the
+  number of targets it sums over, so the trainer can normalise over accumulated micro-batches,
+* ``evaluate(model, split, device, amp, max_batches)``: ``val_loss`` plus the task metric,
+* ``state_dict()`` / ``load_state_dict()``: the position in the training data.
+
+Tasks read the run config but never import the training code (the trainer imports them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from ..config import ConfigError, ModelConfig
+from ..data import fetch
+from ..tokenizers import BPETokenizer, CharTokenizer, Tokenizer
+
+if TYPE_CHECKING:  # annotations only: the training config imports the task table
+    from ..train.config import RunConfig
+
+Amp = Callable[[], contextlib.AbstractContextManager]
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+
+
+def data_file(rc: RunConfig, key: str, fetched: str | None) -> Path:
+    """``data.<key>`` if set, else file ``fetched`` of the data set (downloaded if needed)."""
+    d = rc.data
+    if getattr(d, key):
+        return Path(getattr(d, key))
+    if fetched is None:
+        raise ConfigError(f"data.name={d.name!r} needs data.{key}: set it with --set "
+                          f"data.{key}=/path/to/file")
+    return fetch(d.name, d.cache_dir or None) / fetched
+
+
+def resolve_model(rc: RunConfig, **derived: Any) -> ModelConfig:
+    """``rc.model`` with the data-derived values filled in where the user gave none."""
+    m, changes = rc.model, {}
+    family = rc.data.family
+    if "model.family" in rc.explicit and m.family != family:
+        raise ConfigError(f"model.family={m.family!r} does not fit data.name={rc.data.name!r}, "
+                          f"which trains family {family!r}; allowed: {family!r} (or leave "
+                          "model.family out)")
+    changes["family"] = family
+    for key, value in derived.items():
+        if f"model.{key}" not in rc.explicit:
+            changes[key] = value
+        elif key == "vocab_size" and getattr(m, key) < value:
+            raise ConfigError(
+                f"model.vocab_size={m.vocab_size} is too small for the data: its token ids go "
+                f"up to {value - 1}, which would be out of range; allowed: >= {value} (or "
+                "leave model.vocab_size out to take the tokenizer's size)")
+    try:
+        return m.replace(**changes)
+    except ConfigError as e:
+        raise ConfigError(f"model.{e}") from None
+
+
+def train_tokenizer(rc: RunConfig, texts: list[str]) -> Tokenizer:
+    d = rc.data
+    if d.tokenizer == "char":
+        specials = () if d.family == "decoder" else SPECIALS
+        return CharTokenizer.from_text("".join(texts), specials)
+    return BPETokenizer.train(texts, d.vocab_size, d.pre_tokenizer)
+
+
+class Task:
+    """Shared plumbing; subclasses set the class attributes and fill in the methods."""
+
+    family = ""  # the model family the task trains
+    kind = ""  # what the task is, for messages: "language-model", "translation", ...
+    # The data keys `attnlab eval --data` points at other files (prefixed with the split);
+    # empty for tasks that make their own data.
+    eval_data_keys: tuple[str, ...] = ()
+    uses_tokenizer = True  # False: the task makes token ids itself (no tokenizer.json)
+    metric_names: tuple[str, ...] = ()
+    default_metric = "val_loss"
+    sampled_eval = False  # True: evaluate() takes max_batches samples (LM), else the whole split
+    tokenizer: Tokenizer | None = None
+    model_config: ModelConfig
+
+    def __init__(self, rc: RunConfig):
+        self.rc = rc
+        self.generator = torch.Generator().manual_seed(rc.train.seed)
+
+    def count(self, batch: tuple[Tensor, ...]) -> Tensor:
+        """Number of targets ``loss_sum`` sums over (a tensor: no host sync)."""
+        target = batch[-1]
+        pad = self.model_config.pad_id
+        if pad is None or target.dim() == 1:
+            return torch.tensor(float(target.numel()), device=target.device)
+        return (target != pad).sum().float()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+
+    def eval_batch_size(self) -> int:
+        t = self.rc.train
+        return t.eval_batch_size or t.batch_size

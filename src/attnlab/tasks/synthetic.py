@@ -1,0 +1,71 @@
+"""The synthetic seq2seq tasks (copy / reverse / sort): data made on the fly, exact-match
+accuracy of greedy decoding (:func:`attnlab.decoding.translate`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ConfigError
+from ..data import SyntheticData
+from ..decoding import translate
+from ..tokenizers import Tokenizer
+from .base import Amp, resolve_model
+from .seq2seq import Seq2SeqTask
+
+if TYPE_CHECKING:  # annotations only: the training config imports the task table
+    from ..train.config import RunConfig
+
+
+class SyntheticTask(Seq2SeqTask):
+    """copy / reverse / sort, generated on the fly; metric: exact-match greedy accuracy."""
+
+    kind = "synthetic"
+    uses_tokenizer = False
+    metric_names = ("accuracy",)
+    default_metric = "accuracy"
+
+    def __init__(self, rc: RunConfig, tokenizer: Tokenizer | None = None):
+        super().__init__(rc)
+        d = rc.data
+        self.data = SyntheticData(d.name, d.synth_vocab, d.seq_min, d.seq_max)
+        self.model_config = resolve_model(rc, vocab_size=d.synth_vocab, pad_id=self.data.pad_id)
+        if self.model_config.max_len < d.seq_max + 2:
+            raise ConfigError(f"model.max_len={self.model_config.max_len} is too short for "
+                              f"data.seq_max={d.seq_max}; allowed: >= seq_max + 2")
+
+    def next_batch(self) -> tuple[Tensor, Tensor, Tensor]:
+        src, tgt = self.data.sample(self.rc.train.batch_size, self.generator)
+        return src, tgt[:, :-1], tgt[:, 1:]
+
+    def examples(self, split: str) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """A fixed set of ``data.val_size`` examples per split, in eval-sized batches."""
+        gen = torch.Generator().manual_seed(self.rc.train.seed + {"val": 1, "test": 2}.get(
+            split, 0))
+        if split not in ("val", "test"):
+            raise ConfigError(f"unknown split {split!r}; allowed: val, test")
+        n, bs, out = self.rc.data.val_size, self.eval_batch_size(), []
+        for i in range(0, n, bs):
+            src, tgt = self.data.sample(min(bs, n - i), gen)
+            out.append((src, tgt[:, :-1], tgt[:, 1:]))
+        return out
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
+                 max_batches: int = 0) -> dict[str, float]:
+        batches = self.examples(split)
+        metrics = {"val_loss": self._val_loss(model, batches, device, amp)}
+        right = total = 0
+        for src, _, _ in batches:
+            rows = [[t for t in row if t != self.data.pad_id] for row in src.tolist()]
+            with amp():
+                hyps = translate(model, rows, max_len=self.data.max_len + 1,
+                                 bos_id=self.data.bos_id, eos_id=self.data.eos_id,
+                                 pad_id=self.data.pad_id)
+            for row, hyp in zip(rows, hyps):
+                right += hyp == self.data.answer(row)
+                total += 1
+        metrics["accuracy"] = right / total
+        return metrics

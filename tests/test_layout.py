@@ -1,0 +1,182 @@
+"""The package layout: no import cycles between modules, and one owner of the run dir's files.
+
+Both checks read the source with ``ast`` (nothing is imported), so they see every import,
+including the ones inside functions, and every string literal.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+RUN_DIR_NAMES = ("config.json", "tokenizer.json", "metrics.csv", "results.json",
+                 "model.safetensors", "state.json", "state.safetensors", "manifest.json",
+                 "loss.png")
+# (module, name) pairs allowed outside attnlab.runs. Why each one is not a run-dir file:
+ALLOWED_NAMES = {
+    # a Hugging Face model directory has its own config.json (read when importing weights)
+    ("attnlab.interop.hf", "config.json"),
+}
+
+
+def modules(root: Path, package: str) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of ``package`` under ``root``."""
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` blocks, which hold
+    imports for annotations only and never run."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules of ``known`` that module ``name`` imports, at the top or in a function."""
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    found = set()
+    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)  # `from M import x` runs M (a package's __init__ included)
+            found.update(f"{target}.{a.name}" for a in node.names)  # x may be a submodule
+    return {m for m in found if m in known and m != name}
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    known = modules(root, package)
+    return {name: imports_of(name, path, known) for name, path in known.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def run_dir_names(root: Path, package: str) -> list[tuple[str, str]]:
+    """(module, run-dir file name) for each string literal outside docstrings that names a
+    file of a run dir, in every module but :mod:`attnlab.runs` (their one owner)."""
+    hits = []
+    for name, path in modules(root, package).items():
+        if name == f"{package}.runs":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                        ast.AsyncFunctionDef))
+                      and n.body and isinstance(n.body[0], ast.Expr)
+                      and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and id(node) not in docstrings):
+                hits += [(name, f) for f in RUN_DIR_NAMES
+                         if f in node.value and (name, f) not in ALLOWED_NAMES]
+    return sorted(set(hits))
+
+
+# ---- the package ------------------------------------------------------------------------------
+def test_no_import_cycles_in_attnlab():
+    graph = import_graph(SRC, "attnlab")
+    assert len(graph) > 30 and "attnlab.runs" in graph["attnlab.train.runner"]
+    assert cycles(graph) == []
+
+
+def test_only_runs_spells_run_dir_file_names():
+    assert run_dir_names(SRC, "attnlab") == []
+
+
+# ---- the checks themselves can fail -----------------------------------------------------------
+def write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_a_cycle_is_found_through_function_level_and_relative_imports(tmp_path):
+    write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from .sub import b\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/b.py": "def f():\n    from ..c import x\n",
+        "pkg/c.py": "import pkg.a\nx = 1\n",
+        "pkg/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n",
+        "pkg/e.py": "from pkg import d\n",
+    })
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.a"] == {"pkg.sub", "pkg.sub.b"}
+    assert graph["pkg.d"] == set()  # annotations-only imports do not run
+    assert cycles(graph) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
+    write(tmp_path, {"pkg/c.py": "x = 1\n"})
+    assert cycles(import_graph(tmp_path, "pkg")) == []
+
+
+@pytest.mark.parametrize("code, found", [
+    ('PATH = "runs/x/metrics.csv"\n', [("pkg.offender", "metrics.csv")]),
+    ('def f(d):\n    return d / f"best/{\'model.safetensors\'}"\n',
+     [("pkg.offender", "model.safetensors")]),
+    ('"""Writes config.json (a docstring is prose, not a path)."""\n', []),
+])
+def test_a_run_dir_file_name_outside_runs_is_found(tmp_path, code, found):
+    write(tmp_path, {"pkg/__init__.py": "", "pkg/runs.py": 'NAME = "config.json"\n',
+                     "pkg/offender.py": code})
+    assert run_dir_names(tmp_path, "pkg") == found
