@@ -34,7 +34,7 @@ from attnlab.models import token_loss  # noqa: E402
 from attnlab.runs import RunDir  # noqa: E402
 from attnlab.tasks import build_task  # noqa: E402
 from attnlab.train import build_optimizer, load_config, train_run  # noqa: E402
-from attnlab.train.loop import autocast, resolve_precision, sdpa_backends  # noqa: E402
+from attnlab.train.precision import autocast, resolve_precision, sdpa_backends  # noqa: E402
 
 
 def train_recipe(args) -> dict:

@@ -162,7 +162,7 @@ def test_fp16_on_cpu_is_refused_and_auto_resolves():
 def test_attention_kernel_choice():
     from torch.nn.attention import SDPBackend
 
-    from attnlab.train.loop import sdpa_backends
+    from attnlab.train.precision import sdpa_backends
 
     cpu = torch.device("cpu")
     assert sdpa_backends("auto", "bf16", cpu, 128) == [SDPBackend.MATH]

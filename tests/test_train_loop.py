@@ -162,3 +162,33 @@ def test_label_smoothing_raises_the_loss_of_a_confident_model(tmp_path):
     plain = float(task.loss_sum(trainer.model, batch, 0.0))
     smooth = float(task.loss_sum(trainer.model, batch, 0.1))
     assert plain != smooth
+
+
+@pytest.mark.parametrize("make", [lm_dict, translation_dict, classify_dict])
+def test_precision_auto_measures_without_changing_the_training(tmp_path, monkeypatch, make):
+    """precision = "auto" on a CPU times fp32 and bf16 on the first batch, then trains exactly
+    as a run that named the chosen precision: the probe puts back the data position and RNG."""
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path / "cache"))
+    from attnlab.train import precision as prec
+
+    measured = []
+
+    def fastest(step, key, **kw):  # run the real steps, then pick fp32 (as measured here)
+        for p in prec.CANDIDATES:
+            step(p)
+            measured.append(p)
+        return "fp32"
+
+    monkeypatch.setattr("attnlab.train.loop.fastest", fastest)
+    results = {}
+    for name in ("auto", "fp32"):
+        (tmp_path / name).mkdir()
+        rc = RunConfig.from_dict(make(tmp_path / name, precision=name))
+        trainer = Trainer(rc, build_task(rc))
+        assert trainer.precision == "fp32"
+        results[name] = [float(trainer.train_step()[0]) for _ in range(3)]
+        results[name + "_w"] = [p.detach().clone() for p in trainer.model.parameters()]
+    assert measured == ["fp32", "bf16"]  # only the auto run measured
+    assert results["auto"] == results["fp32"]
+    for a, b in zip(results["auto_w"], results["fp32_w"]):
+        assert torch.equal(a, b)

@@ -286,6 +286,16 @@ class RunDir:
         raise RunError(f"run dir {self.path} has no checkpoint yet (no best/ or "
                        f"last/{MODEL_FILE}): train first, or wait for the first checkpoint")
 
+    def checkpoint_meta(self, which: str) -> dict[str, Any]:
+        """What training recorded with checkpoint ``which`` (step, best metric, precision),
+        from its manifest; empty when there is none."""
+        folder = self.checkpoint_dir(which)
+        try:
+            meta = json.loads((folder / MANIFEST).read_text()) if folder else {}
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in meta.items() if k != "files"} if isinstance(meta, dict) else {}
+
     def save_checkpoint(self, which: str, model: nn.Module, state: dict[str, Any] | None = None,
                         meta: dict[str, Any] | None = None) -> None:
         """Write checkpoint folder ``which`` atomically: the weights, the training ``state``

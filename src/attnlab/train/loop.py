@@ -28,6 +28,7 @@ from .config import RunConfig
 from .distributed import DistInfo, all_reduce_sum, shard, wrap_ddp
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
+from .precision import autocast, fastest, probe_key, resolve_precision, sdpa_backends
 
 log = logging.getLogger(__name__)
 LOWER_IS_BETTER = ("val_loss", "ppl")
@@ -48,49 +49,6 @@ def resolve_device(name: str, info: DistInfo | None = None) -> torch.device:
     if name == "cuda" and info is not None and info.enabled:
         name = f"cuda:{info.local_rank}"
     return torch.device(name)
-
-
-def _cpu_has_fast_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def resolve_precision(name: str, device: torch.device) -> str:
-    """``auto`` = bf16 on CUDA with bf16 support (else fp16) and on CPUs with bf16 matmul
-    instructions (AMX / AVX512-BF16); fp32 elsewhere."""
-    if name == "auto":
-        if device.type == "cuda":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        return "bf16" if device.type == "cpu" and _cpu_has_fast_bf16() else "fp32"
-    if name == "fp16" and device.type != "cuda":
-        raise ValueError(f"train.precision='fp16' needs CUDA (loss scaling), not "
-                         f"{device.type}; allowed here: 'bf16', 'fp32' or 'auto'")
-    return name
-
-
-def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The autocast context of a resolved precision (none for fp32)."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
-
-
-def sdpa_backends(name: str, precision: str, device: torch.device, length: int) -> list | None:
-    """The attention kernels ``F.scaled_dot_product_attention`` may pick (None = torch's own
-    choice). ``auto``: on CPU under bf16, the math kernel for sequences up to 128 positions,
-    where the CPU flash kernel's bf16 backward is 1.6-2.5x slower (benchmarks/README.md)."""
-    from torch.nn.attention import SDPBackend
-
-    if name == "auto":
-        fast_math = device.type == "cpu" and precision == "bf16" and length <= 128
-        name = "math" if fast_math else "default"
-    table = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
-             "efficient": SDPBackend.EFFICIENT_ATTENTION}
-    return None if name == "default" else [table[name]]
 
 
 def rng_state() -> dict[str, Any]:
@@ -131,11 +89,12 @@ class Trainer:
         self.info = info or DistInfo()
         self.run = run_dir if run_dir is None or isinstance(run_dir, RunDir) else RunDir(run_dir)
         self.device = resolve_device(self.cfg.device, self.info)
-        self.precision = resolve_precision(self.cfg.precision, self.device)
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)  # process-wide, as torch has it
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every process
         self.model = build_model(task.model_config).to(self.device)
+        self.precision = resolve_precision(self.cfg.precision, self.device,
+                                           self._measure_precision)
         self.optimizer = build_optimizer(self.model, self.cfg, self.device.type)
         self.backends = sdpa_backends(self.cfg.sdpa_backend, self.precision, self.device,
                                       task.model_config.max_len)
@@ -156,15 +115,40 @@ class Trainer:
                              f"allowed: auto, val_loss, {', '.join(task.metric_names)}")
 
     # ---- precision -------------------------------------------------------------------------
-    def amp(self) -> contextlib.AbstractContextManager:
+    def amp(self, precision: str | None = None) -> contextlib.AbstractContextManager:
         """Autocast (bf16 / fp16) and the chosen attention kernels, around every forward."""
         stack = contextlib.ExitStack()
-        stack.enter_context(autocast(self.precision, self.device))
-        if self.backends is not None:
+        if precision is None:
+            precision, backends = self.precision, self.backends
+        else:
+            backends = sdpa_backends(self.cfg.sdpa_backend, precision, self.device,
+                                     self.task.model_config.max_len)
+        stack.enter_context(autocast(precision, self.device))
+        if backends is not None:
             from torch.nn.attention import sdpa_kernel
 
-            stack.enter_context(sdpa_kernel(self.backends))
+            stack.enter_context(sdpa_kernel(backends))
         return stack
+
+    def _measure_precision(self) -> str:
+        """``precision = "auto"`` on a CPU: time forward + backward of the first training batch
+        in fp32 and in bf16 (:func:`attnlab.train.precision.fastest`, cached). The data position
+        and the RNG states are put back, so training itself is the same with or without it."""
+        data = self.task.state_dict()
+        with torch.random.fork_rng(devices=[]):
+            batch = tuple(t.to(self.device) for t in shard(self.task.next_batch(), self.info))
+
+            def step(precision: str) -> None:
+                with self.amp(precision):
+                    loss = self.task.loss_sum(self.model, batch)
+                loss.backward()
+                self.model.zero_grad(set_to_none=True)
+
+            key = probe_key(self.task.model_config.to_dict(), [tuple(t.shape) for t in batch])
+            choice = fastest(step, key, reduce=lambda t: all_reduce_sum(
+                torch.tensor(t, dtype=torch.float64, device=self.device), self.info).tolist())
+        self.task.load_state_dict(data)
+        return choice
 
     # ---- one optimizer step ------------------------------------------------------------------
     def accumulate(self, micro: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor,
@@ -234,7 +218,7 @@ class Trainer:
         if self.run is None or not self.info.is_main:
             return
         state = self.state_dict() if which == "last" else None
-        meta = {"step": self.step}
+        meta = {"step": self.step, "precision": self.precision}
         if which == "best" and self.best is not None:
             meta.update(self.best)
         self.run.save_checkpoint(which, self.model, state, meta)

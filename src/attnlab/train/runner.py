@@ -21,8 +21,9 @@ from ..tasks import build_task, task_class
 from ..tokenizers import Tokenizer
 from .config import RunConfig
 from .distributed import cleanup, init_distributed
-from .loop import Trainer, TrainResult, autocast, resolve_device, resolve_precision
+from .loop import Trainer, TrainResult, resolve_device
 from .monitor import plot_curves
+from .precision import autocast, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,11 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
         from ..decoding import inference_layout
 
         inference_layout(run.model)  # faster token-by-token decoding on CPU; same values
-    precision = resolve_precision(rc.train.precision, dev)
+    # "auto" means what training measured fastest and used; a checkpoint records it
+    name = rc.train.precision
+    if name == "auto" and checkpoint in ("best", "last"):
+        name = rd.checkpoint_meta(checkpoint).get("precision", name)
+    precision = resolve_precision(name, dev)
     metrics = task.evaluate(run.model, split, dev, lambda: autocast(precision, dev), 0)
     return {"split": split, "checkpoint": str(run.checkpoint), **metrics}
 

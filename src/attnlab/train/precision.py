@@ -1,0 +1,152 @@
+"""Numeric precision of training: autocast, attention kernels, and ``precision = "auto"``.
+
+``auto`` on CUDA is bf16 where the GPU supports it, else fp16 (with loss scaling). On a CPU it
+is whichever of fp32 and bf16 autocast runs THIS model's training step faster on THIS machine:
+a CPU flag says whether bf16 instructions exist, not whether they pay (on a CPU with AMX bf16
+units bf16 runs the step several times faster; on one with AVX512-BF16 only, the step can be
+no faster, and autocast's casts then cost). The probe times a few forward + backward passes in
+each precision, alternately, on a copy of the first batch, and caches the answer per CPU
+model, torch version, thread count, model config and batch shape
+(``$ATTNLAB_CACHE_DIR`` or ``~/.cache/attnlab``, file ``precision.json``), so it runs once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CANDIDATES = ("fp32", "bf16")
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The autocast context of a resolved precision (none for fp32)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def sdpa_backends(name: str, precision: str, device: torch.device, length: int) -> list | None:
+    """The attention kernels ``F.scaled_dot_product_attention`` may pick (None = torch's own
+    choice). ``auto``: on CPU under bf16, the math kernel for sequences up to 128 positions,
+    where the CPU flash kernel's bf16 backward is 1.6-2.5x slower (benchmarks/README.md)."""
+    from torch.nn.attention import SDPBackend
+
+    if name == "auto":
+        fast_math = device.type == "cpu" and precision == "bf16" and length <= 128
+        name = "math" if fast_math else "default"
+    table = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+             "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    return None if name == "default" else [table[name]]
+
+
+def bound_kernel_caches(capacity: int = 64) -> None:
+    """Bound oneDNN's per-shape kernel caches before the first bf16 matrix product on a CPU.
+
+    PyTorch runs CPU bf16 matrix products through oneDNN, which builds (and caches, up to 1024
+    entries by default) one primitive per input shape. Batches of varying shape (translation
+    batches under a token budget) make a new shape at almost every step, and each cached
+    primitive holds megabytes: resident memory then grows by gigabytes over a run
+    (benchmarks/memory_growth.py). The caches read these variables lazily, at their first use;
+    a value the user set is kept.
+    """
+    for name in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):
+        os.environ.setdefault(name, str(capacity))
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def cache_file() -> Path:
+    root = os.environ.get("ATTNLAB_CACHE_DIR") or Path.home() / ".cache" / "attnlab"
+    return Path(root) / "precision.json"
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}  # no cache yet, or a damaged one: measure again
+
+
+def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):  # a read-only home only costs a probe next time
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {**_read_cache(path), key: entry}
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+
+
+def probe_key(model_config: dict[str, Any], batch_shapes: list[tuple[int, ...]]) -> str:
+    """What the measured answer depends on: machine, torch, threads, model, batch shape."""
+    text = json.dumps([cpu_model(), torch.__version__, torch.get_num_threads(), model_config,
+                       batch_shapes], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def fastest(step: Callable[[str], None], key: str, rounds: int = 3,
+            clock: Callable[[], float] = time.perf_counter,
+            reduce: Callable[[list[float]], list[float]] = lambda t: t) -> str:
+    """The precision of ``CANDIDATES`` whose ``step(precision)`` takes least time, cached
+    under ``key``. One untimed warm-up call each, then ``rounds`` timed calls each,
+    alternating (so a change in machine load falls on both); ``reduce`` combines the totals
+    over processes (distributed training must agree)."""
+    path = cache_file()
+    hit = _read_cache(path).get(key)
+    if isinstance(hit, dict) and hit.get("precision") in CANDIDATES:
+        return hit["precision"]
+    for p in CANDIDATES:
+        step(p)
+    totals = [0.0] * len(CANDIDATES)
+    for r in range(rounds):
+        order = range(len(CANDIDATES)) if r % 2 == 0 else reversed(range(len(CANDIDATES)))
+        for i in order:
+            t0 = clock()
+            step(CANDIDATES[i])
+            totals[i] += clock() - t0
+    totals = reduce(totals)
+    best = CANDIDATES[min(range(len(CANDIDATES)), key=totals.__getitem__)]
+    ms = {p: round(1000 * t / rounds, 2) for p, t in zip(CANDIDATES, totals)}
+    log.info("precision auto: %s (measured ms per forward+backward: %s; cached in %s)", best,
+             ", ".join(f"{p} {v}" for p, v in ms.items()), path)
+    _write_cache(path, key, {"precision": best, "ms": ms, "cpu": cpu_model(),
+                             "torch": torch.__version__})
+    return best
+
+
+def resolve_precision(name: str, device: torch.device,
+                      measure: Callable[[], str] | None = None) -> str:
+    """The precision to train in: ``name`` checked, or for ``auto`` bf16/fp16 on CUDA and on a
+    CPU the result of ``measure()`` (a :func:`fastest` probe; without one, fp32)."""
+    if device.type == "cpu":
+        bound_kernel_caches()  # before any bf16 matrix product of this process
+    if name == "auto":
+        if device.type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        if device.type == "cpu" and measure is not None:
+            return measure()
+        return "fp32"
+    if name == "fp16" and device.type != "cuda":
+        raise ValueError(f"train.precision='fp16' needs CUDA (loss scaling), not "
+                         f"{device.type}; allowed here: 'bf16', 'fp32' or 'auto'")
+    return name

@@ -1,0 +1,102 @@
+"""precision = "auto": a measured choice, cached; the oneDNN cache bound; bf16 stays close."""
+
+import os
+
+import pytest
+import torch
+
+from attnlab import DecoderLM, ModelConfig
+from attnlab.train import precision as prec
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path / "cache"))
+
+
+class FakeClock:
+    """A clock that advances by what the last step 'cost'."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def make_step(clock, cost, calls):
+    def step(precision):
+        calls.append(precision)
+        clock.now += cost[precision]
+    return step
+
+
+@pytest.mark.parametrize("cost, expected", [({"fp32": 2.0, "bf16": 1.0}, "bf16"),
+                                            ({"fp32": 1.0, "bf16": 1.5}, "fp32")])
+def test_fastest_picks_the_measured_faster_precision(cost, expected):
+    clock, calls = FakeClock(), []
+    assert prec.fastest(make_step(clock, cost, calls), "k", rounds=3, clock=clock) == expected
+    # one warm-up each, then 3 timed rounds each, alternating the order
+    assert calls == ["fp32", "bf16", "fp32", "bf16", "bf16", "fp32", "fp32", "bf16"]
+
+
+def test_fastest_is_cached_per_key():
+    clock, calls = FakeClock(), []
+    step = make_step(clock, {"fp32": 1.0, "bf16": 3.0}, calls)
+    assert prec.fastest(step, "a", clock=clock) == "fp32"
+    n = len(calls)
+    assert prec.fastest(step, "a", clock=clock) == "fp32"
+    assert len(calls) == n  # answered from the cache: no new measurement
+    flipped = make_step(clock, {"fp32": 3.0, "bf16": 1.0}, calls)
+    assert prec.fastest(flipped, "b", clock=clock) == "bf16"  # another key measures again
+    assert prec.cache_file().is_file()
+
+
+def test_a_damaged_cache_is_measured_again():
+    prec.cache_file().parent.mkdir(parents=True)
+    prec.cache_file().write_text("{not json")
+    clock = FakeClock()
+    assert prec.fastest(make_step(clock, {"fp32": 1.0, "bf16": 2.0}, []), "k",
+                        clock=clock) == "fp32"
+
+
+def test_probe_key_depends_on_the_model_and_the_batch():
+    a = prec.probe_key({"d_model": 64}, [(4, 16)])
+    assert a == prec.probe_key({"d_model": 64}, [(4, 16)])
+    assert a != prec.probe_key({"d_model": 128}, [(4, 16)])
+    assert a != prec.probe_key({"d_model": 64}, [(8, 16)])
+
+
+def test_resolve_precision():
+    cpu = torch.device("cpu")
+    assert prec.resolve_precision("auto", cpu, lambda: "bf16") == "bf16"
+    assert prec.resolve_precision("auto", cpu, lambda: "fp32") == "fp32"
+    assert prec.resolve_precision("auto", cpu) == "fp32"  # nothing measured: no guess
+    assert prec.resolve_precision("bf16", cpu) == "bf16"
+    with pytest.raises(ValueError, match="fp16"):
+        prec.resolve_precision("fp16", cpu)
+
+
+def test_bound_kernel_caches_keeps_a_users_value(monkeypatch):
+    monkeypatch.delenv("LRU_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "7")
+    prec.bound_kernel_caches(64)
+    assert os.environ["LRU_CACHE_CAPACITY"] == "64"
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "7"
+
+
+def test_bf16_autocast_stays_close_to_fp32():
+    """What the probe may switch to changes the numbers only within bf16's precision."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(family="decoder", vocab_size=50, d_model=64, n_heads=4, n_layers=2,
+                      max_len=32, dropout=0.0, norm="pre", pos="learned")
+    model = DecoderLM(cfg).eval()
+    ids = torch.randint(0, 50, (2, 32))
+    cpu = torch.device("cpu")
+    with prec.autocast("fp32", cpu):
+        ref, loss_ref = model(ids, ids)
+    with prec.autocast("bf16", cpu):
+        low, loss_low = model(ids, ids)
+    assert low.dtype == torch.bfloat16
+    assert torch.allclose(low.float(), ref, atol=0.05, rtol=0.05)
+    assert abs(float(loss_low) - float(loss_ref)) < 0.01 * float(loss_ref)
