@@ -12,3 +12,18 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """precision = "auto" caches what it measured; tests keep that cache out of the home dir
+    (subprocesses inherit the variable)."""
+    import os
+
+    before = os.environ.get("ATTNLAB_CACHE_DIR")
+    os.environ["ATTNLAB_CACHE_DIR"] = str(tmp_path_factory.mktemp("attnlab-cache"))
+    yield
+    if before is None:
+        os.environ.pop("ATTNLAB_CACHE_DIR", None)
+    else:
+        os.environ["ATTNLAB_CACHE_DIR"] = before

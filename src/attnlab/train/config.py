@@ -95,7 +95,7 @@ class TrainConfig:
 
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    precision: Precision = "auto"  # auto = bf16 where it is fast (CUDA, CPUs with AMX/AVX512-BF16)
+    precision: Precision = "auto"  # auto: bf16 on CUDA; on a CPU the faster of fp32/bf16, measured
     compile: bool = False  # torch.compile the model (falls back to eager with a warning)
     threads: int = 0  # CPU threads for torch (torch.set_num_threads); 0 = torch's default
     sdpa_backend: SdpaBackend = "auto"  # auto = math for bf16 on CPU with blocks <= 128 (faster
