@@ -1,5 +1,8 @@
 """`attnlab info` and `attnlab viz` end to end on tiny run dirs made here."""
 
+import json
+import re
+
 import pytest
 import torch
 
@@ -90,3 +93,49 @@ def test_viz_missing_checkpoint_and_no_run(tmp_path, capsys):
     assert main(["viz", "attention", str(run), "--text", "the", "--out", "x.png"]) == 2
     assert "no checkpoint" in capsys.readouterr().err
     assert main(["viz", "positions", str(run), "--out", str(tmp_path / "p.png")]) == 2
+
+
+@pytest.mark.parametrize("flag", ["--out", "--html"])
+def test_viz_output_under_a_file_is_one_line_exit_2(runs, tmp_path, capsys, flag):
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    name = "a.png" if flag == "--out" else "a.html"
+    code = main(["viz", "attention", str(runs["decoder"]), "--text", "the fox",
+                 flag, str(afile / name)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert str(afile) in err and "not a folder" in err
+    assert afile.read_text() == "keep me"
+
+
+def test_viz_encoder_decoder_greedy_target_fits_max_len(tmp_path, capsys):
+    """A model that never emits <eos>: its greedy output is capped so that <bos> + output
+    still fits the model's target positions."""
+    from attnlab.runs import load_run
+
+    run = make_run(tmp_path / "mt", "encoder_decoder")
+    loaded = load_run(run, "best")
+    assert loaded.tokenizer.eos_id != 0
+    with torch.no_grad():  # every logit 0: the argmax is always id 0, never <eos>
+        loaded.model.head.weight.zero_()
+    RunDir(run).save_checkpoint("best", loaded.model)
+    html = tmp_path / "mt.html"
+    assert main(["viz", "attention", str(run), "--text", "the lazy fox", "--html", str(html)]) == 0
+    page = html.read_text()
+    assert "cross-attention" in page
+    data = json.loads(re.search(r'id="attnlab-data">(.*?)</script>', page, re.S).group(1))
+    cross = [v for v in data["views"] if v["name"].startswith("cross")][0]
+    assert len(cross["query_tokens"]) == 40  # the model's max_len: <bos> + 39 greedy tokens
+
+
+def test_viz_encoder_decoder_page_labels_source_target_and_heads(runs, tmp_path):
+    html = tmp_path / "mt.html"
+    assert main(["viz", "attention", str(runs["encoder_decoder"]), "--text", "the lazy fox",
+                 "--target", "the dog", "--head", "1", "--html", str(html)]) == 0
+    data = json.loads(re.search(r'id="attnlab-data">(.*?)</script>', html.read_text(),
+                                re.S).group(1))
+    sides = [(v["query_label"], v["key_label"]) for v in data["views"]]
+    assert sides == [("source", "source"), ("target", "target"), ("target", "source")]
+    assert all(v["head_ids"] == [1] and len(v["weights"][0]) == 1 for v in data["views"])
+    enc, dec, cross = data["views"]
+    assert cross["query_tokens"] == dec["query_tokens"] and cross["key_tokens"] == enc["key_tokens"]

@@ -69,7 +69,8 @@ def test_eval_prints_loss_and_perplexity(lm_run, text, tmp_path, capsys, caplog)
     other.write_text(TEXT[::-1])
     assert main(["eval", str(lm_run), "--split", "test", "--data", str(other), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["split"] == "test" and result["ppl"] == pytest.approx(
+    assert result["data"] == str(other) and "split" not in result
+    assert result["ppl"] == pytest.approx(
         torch.tensor(result["val_loss"]).exp().item(), rel=1e-5)
     assert "trained on" not in caplog.text
 

@@ -192,3 +192,17 @@ def test_precision_auto_measures_without_changing_the_training(tmp_path, monkeyp
     assert results["auto"] == results["fp32"]
     for a, b in zip(results["auto_w"], results["fp32_w"]):
         assert torch.equal(a, b)
+
+
+def test_resolve_device_is_the_one_check_of_a_device_name():
+    from attnlab.train.loop import available_devices, resolve_device
+
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("auto").type in ("cpu", "cuda", "mps")
+    assert available_devices()[:2] == ["auto", "cpu"]
+    for bad in ("foo", "cpu:3", "xla", "cuda:99"):
+        with pytest.raises(ValueError, match=r"--device '.*'.*allowed: auto, cpu"):
+            resolve_device(bad, flag="--device")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available here; allowed: auto, cpu"):
+            resolve_device("cuda", flag="--device")

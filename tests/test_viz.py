@@ -246,6 +246,17 @@ def test_attention_html_roundtrips_tokens_and_weights() -> None:
     assert data["views"][0]["layer_ids"] == [1, 3] and data["views"][1]["layer_ids"] == [0]
 
 
+def test_attention_html_carries_head_ids_and_side_labels() -> None:
+    view = viz.AttentionView("cross", ["a", "b"], ["x", "y", "z"], _attention((1, 2, 2, 3)),
+                             layer_ids=[5], head_ids=[1, 3], query_label="target",
+                             key_label="source")
+    got = _embedded_data(viz.attention_html([view]))["views"][0]
+    assert (got["layer_ids"], got["head_ids"]) == ([5], [1, 3])
+    assert (got["query_label"], got["key_label"]) == ("target", "source")
+    plain = _embedded_data(viz.attention_html(_views()[:1]))["views"][0]
+    assert plain["head_ids"] == [0, 1] and plain["query_label"] == plain["key_label"] == ""
+
+
 def test_attention_html_is_offline_and_cannot_be_broken_out_of() -> None:
     page = viz.attention_html(_views(), title="<b>title</b> " + EVIL)
     assert "http://" not in page and "https://" not in page
@@ -295,6 +306,14 @@ def test_write_attention_html_accepts_dicts_and_tensors(tmp_path: Path) -> None:
         ([viz.AttentionView("", ["a"], ["a"], np.ones((1, 1, 1, 1)))], "name must be"),
         ([viz.AttentionView("v", ["a"], ["a"], np.ones((1, 1, 1)))], "rank 4"),
         (["not a view"], "must be an AttentionView or a dict"),
+        (
+            [viz.AttentionView("v", ["a"], ["a"], np.ones((1, 2, 1, 1)) / 2, head_ids=[0])],
+            r"head_ids must be 2 integers",
+        ),
+        (
+            [viz.AttentionView("v", ["a"], ["a"], np.ones((1, 1, 1, 1)), query_label=3)],
+            "query_label must be a string",
+        ),
     ],
 )
 def test_attention_html_rejects_bad_views(views, match) -> None:

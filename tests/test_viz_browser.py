@@ -102,8 +102,9 @@ class Chromium:
         self.send("Runtime.enable")
         self.send("Emulation.setDeviceMetricsOverride", width=1200, height=900,
                   deviceScaleFactor=1, mobile=False)  # fmt: skip
+        start = len(self.events)  # a second page: wait for its own load event
         self.send("Page.navigate", url=url)
-        while not any(e.get("method") == "Page.loadEventFired" for e in self.events):
+        while not any(e.get("method") == "Page.loadEventFired" for e in self.events[start:]):
             self._on_event(self._read_message())
 
     def js(self, expression: str) -> Any:
@@ -178,7 +179,8 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Any:
     cross_w = _softmax(rng.normal(size=(1, 2, len(tgt), len(src))) * 2)
     views = [
         AttentionView("decoder self-attention", tokens, tokens, self_w, layer_ids=[0, 3]),
-        AttentionView("cross-attention", tgt, src, cross_w, layer_ids=[3]),
+        AttentionView("cross-attention", tgt, src, cross_w, layer_ids=[3],
+                      query_label="target", key_label="source"),
     ]
     root = tmp_path_factory.mktemp("explorer")
     path = write_attention_html(root / "explorer.html", views, title=EVIL)
@@ -194,87 +196,246 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def _drawn_lines(browser: Chromium) -> list[dict[str, str]]:
     return browser.js(
         "Array.from(document.querySelectorAll('#lines line')).map(l => ({...l.dataset,"
-        " stroke: l.getAttribute('stroke')}))"
+        " stroke: l.getAttribute('stroke'), opacity: l.getAttribute('stroke-opacity')}))"
     )
 
 
-def test_hover_single_head_draws_the_weight_row(page: Any) -> None:
+def _key(browser: Chromium, key: str) -> None:
+    """Press and release one key as the keyboard sends it (to the focused element)."""
+    codes = {"ArrowDown": 40, "ArrowUp": 38, "ArrowLeft": 37, "ArrowRight": 39, "Escape": 27,
+             "Enter": 13}
+    code = codes.get(key, ord(key.upper()) if len(key) == 1 else 0)
+    text = key if len(key) == 1 else ""
+    for kind in ("keyDown" if text else "rawKeyDown", "keyUp"):
+        browser.send("Input.dispatchKeyEvent", type=kind, key=key, text=text if kind != "keyUp"
+                     else "", windowsVirtualKeyCode=code)
+
+
+def _pixels(browser: Chromium, selector: str, points: list[tuple[float, float]]) -> np.ndarray:
+    """RGB of the canvas ``selector`` at CSS-pixel points (x, y): what is drawn there."""
+    rgb = browser.js(
+        f"(() => {{ const c = document.querySelector({json.dumps(selector)});"
+        " const r = c.width / c.clientWidth;"
+        " const ctx = c.getContext('2d');"
+        f" return {json.dumps(points)}.map(([x, y]) => Array.from("
+        "ctx.getImageData(Math.floor(x * r), Math.floor(y * r), 1, 1).data.slice(0, 3))); })()"
+    )
+    return np.array(rgb, dtype=float)
+
+
+def _hex(color: str) -> np.ndarray:
+    return np.array([int(color[i:i + 2], 16) for i in (1, 3, 5)], dtype=float)
+
+
+def _tone(pixels: np.ndarray, background: np.ndarray, color: np.ndarray) -> np.ndarray:
+    """Invert the page's colour scale: where each pixel lies between background and colour."""
+    axis = int(np.argmax(np.abs(color - background)))
+    return (pixels[:, axis] - background[axis]) / (color[axis] - background[axis])
+
+
+def _reset(browser: Chromium, view: int = 0, layer: int = 0) -> None:
+    browser.js("document.activeElement && document.activeElement.blur()")
+    _key(browser, "h")
+    _key(browser, "Escape")
+    browser.choose("view", str(view))
+    browser.choose("layer", str(layer))
+    _key(browser, "a")  # all heads shown
+
+
+def test_head_view_overlays_every_head_in_its_colour(page: Any) -> None:
     browser, tokens, self_w, _ = page
-    browser.choose("view", "0")
-    browser.choose("layer", "1")
-    browser.choose("head", "2")
-    browser.hover("#queries .tok:not(.head)", 4)
+    _reset(browser, 0, 1)
+    browser.hover("#queries .tok", 4)
     state = browser.js("window.attnlab.state()")
-    assert (state["view"], state["layer"], state["layer_id"], state["head"], state["query"]) == (
-        0, 1, 3, 2, 4,
+    assert (state["tab"], state["view"], state["layer"], state["layer_id"], state["query"]) == (
+        "head", 0, 1, 3, 4,
     )  # fmt: skip
-    expected = self_w[1, 2, 4]
-    np.testing.assert_allclose(state["weights"], expected, atol=1e-3)
-    lines = sorted(_drawn_lines(browser), key=lambda d: int(d["key"]))
-    assert [int(d["key"]) for d in lines] == list(range(len(tokens)))
-    assert {d["query"] for d in lines} == {"4"} and {d["head"] for d in lines} == {"2"}
-    np.testing.assert_allclose([float(d["weight"]) for d in lines], expected, atol=1e-3)
-    shades = browser.js(
-        "Array.from(document.querySelectorAll('#keys .key .tok'), t => Number(t.dataset.weight))"
-    )
-    np.testing.assert_allclose(shades, expected, atol=1e-3)
-
-
-def test_mean_and_overlay_of_heads(page: Any) -> None:
-    browser, tokens, self_w, _ = page
-    browser.choose("view", "0")
-    browser.choose("layer", "0")
-    browser.choose("head", "mean")
-    browser.hover("#queries .tok:not(.head)", 5)
-    state = browser.js("window.attnlab.state()")
-    assert state["head"] == "mean" and state["query"] == 5
-    np.testing.assert_allclose(state["weights"], self_w[0, :, 5].mean(axis=0), atol=1e-3)
-
-    browser.choose("head", "all")
-    browser.hover("#queries .tok:not(.head)", 3)
-    state = browser.js("window.attnlab.state()")
-    np.testing.assert_allclose(state["weights"], self_w[0, :, 3], atol=1e-3)
+    assert state["heads"] == [0, 1, 2]
+    np.testing.assert_allclose(state["weights"], self_w[1, :, 4], atol=1e-3)
     lines = _drawn_lines(browser)
-    assert len(lines) == 3 * len(tokens)
+    assert len(lines) == 3 * len(tokens) and {d["query"] for d in lines} == {"4"}
     assert len({d["stroke"] for d in lines}) == 3  # one distinct colour per head
+    for d in lines:
+        assert float(d["weight"]) == pytest.approx(self_w[1, int(d["head"]), 4, int(d["key"])],
+                                                   abs=1e-3)
+    # The key tokens are shaded by the mean of the shown heads.
+    shades = browser.js("Array.from(document.querySelectorAll('#keys .tok'),"
+                        " t => Number(t.dataset.weight))")
+    np.testing.assert_allclose(shades, self_w[1, :, 4].mean(axis=0), atol=1e-3)
 
 
-def test_cross_attention_view_and_mouse_leave(page: Any) -> None:
+def test_heads_toggle_one_by_one_with_mouse_and_keyboard(page: Any) -> None:
+    browser, tokens, self_w, _ = page
+    _reset(browser, 0, 0)
+    browser.click("#heads .chip", 1)  # hide head 1
+    browser.hover("#queries .tok", 5)
+    state = browser.js("window.attnlab.state()")
+    assert state["heads"] == [0, 2]
+    assert browser.js("Array.from(document.querySelectorAll('#heads .chip'),"
+                      " b => b.getAttribute('aria-pressed'))") == ["true", "false", "true"]
+    lines = _drawn_lines(browser)
+    assert {d["head"] for d in lines} == {"0", "2"} and len(lines) == 2 * len(tokens)
+    _key(browser, "0")  # keyboard: hide head 0 as well
+    browser.hover("#queries .tok", 5)
+    state = browser.js("window.attnlab.state()")
+    assert state["heads"] == [2]
+    np.testing.assert_allclose(state["weights"], self_w[0, [2], 5], atol=1e-3)
+    _key(browser, ".")  # only the next head
+    assert browser.js("window.attnlab.state()")["heads"] == [0]
+
+
+def test_hovering_a_key_shows_what_attends_to_it(page: Any) -> None:
+    browser, tokens, self_w, _ = page
+    _reset(browser, 0, 1)
+    browser.hover("#keys .tok", 2)
+    state = browser.js("window.attnlab.state()")
+    assert state["key"] == 2 and state["query"] is None
+    np.testing.assert_allclose(state["weights"], self_w[1, :, :, 2], atol=1e-3)
+    assert {d["key"] for d in _drawn_lines(browser)} == {"2"}
+
+
+def test_matrix_draws_the_weights_and_reads_the_cell_under_the_pointer(page: Any) -> None:
+    browser, tokens, self_w, _ = page
+    _reset(browser, 0, 1)
+    _key(browser, "1")
+    _key(browser, "2")  # only head 0 shown: the matrix is head 0 in its own colour
+    state = browser.js("window.attnlab.state()")
+    assert state["heads"] == [0]
+    geom = state["matrix"]
+    n = len(tokens)
+    centres = [(geom["left"] + (k + 0.5) * geom["cell"], geom["top"] + (q + 0.5) * geom["cell"])
+               for q in range(n) for k in range(n)]
+    drawn = _tone(_pixels(browser, "#matrix", centres), _bg(browser), _hex("#1f77b4"))
+    np.testing.assert_allclose(drawn.reshape(n, n), self_w[1, 0], atol=0.02)
+
+    # The value under the pointer: move the real mouse over cell (query 3, key 1).
+    x, y = browser.js("(() => { const r = document.getElementById('matrix')"
+                      ".getBoundingClientRect(); return [r.x, r.y]; })()")
+    cx, cy = centres[3 * n + 1]
+    browser.send("Input.dispatchMouseEvent", type="mouseMoved", x=x + cx, y=y + cy)
+    state = browser.js("window.attnlab.state()")
+    assert state["cell"] == [3, 1] and state["query"] == 3  # the line view follows
+    assert state["cell_weights"][0] == pytest.approx(self_w[1, 0, 3, 1], abs=1e-3)
+    readout = browser.js("document.getElementById('readout').textContent")
+    assert f"{self_w[1, 0, 3, 1]:.4f}" in readout and "#3" in readout and "#1" in readout
+
+    # Keyboard: focus the matrix, move the cell with the arrow keys.
+    browser.js("document.getElementById('matrix').focus()")
+    _key(browser, "ArrowRight")
+    _key(browser, "ArrowDown")
+    state = browser.js("window.attnlab.state()")
+    assert state["cell"] == [4, 2] and state["pinned"]
+    assert state["cell_weights"][0] == pytest.approx(self_w[1, 0, 4, 2], abs=1e-3)
+
+
+def _bg(browser: Chromium) -> np.ndarray:
+    color = browser.js("getComputedStyle(document.documentElement).getPropertyValue('--bg')")
+    return _hex(color.strip())
+
+
+def test_model_view_grid_and_click_to_open(page: Any) -> None:
+    browser, tokens, self_w, _ = page
+    _reset(browser, 0, 0)
+    _key(browser, "m")
+    state = browser.js("window.attnlab.state()")
+    assert state["tab"] == "model" and state["thumbs"] == 2 * 3  # layers x heads
+    n = len(tokens)
+    for layer, head in [(0, 0), (1, 2)]:
+        sel = f'#grid canvas[data-layer="{layer}"][data-head="{head}"]'
+        rgb = browser.js(
+            f"Array.from(document.querySelector({json.dumps(sel)}).getContext('2d')"
+            f".getImageData(0, 0, {n}, {n}).data)"
+        )
+        pixels = np.array(rgb, dtype=float).reshape(-1, 4)[:, :3]
+        colour = _hex(["#1f77b4", "#ff7f0e", "#2ca02c"][head])
+        np.testing.assert_allclose(_tone(pixels, _bg(browser), colour).reshape(n, n),
+                                   self_w[layer, head], atol=0.02)
+    browser.click("#grid canvas", 1 * 3 + 2)  # layer 1, head 2
+    state = browser.js("window.attnlab.state()")
+    assert (state["tab"], state["layer"], state["layer_id"], state["heads"]) == ("head", 1, 3, [2])
+    # Keyboard: back to the model view, move to a thumbnail, Enter opens it.
+    _key(browser, "m")
+    browser.js("document.querySelector('#grid canvas[data-layer=\"0\"][data-head=\"0\"]')"
+               ".focus()")
+    _key(browser, "ArrowRight")
+    _key(browser, "Enter")
+    state = browser.js("window.attnlab.state()")
+    assert (state["tab"], state["layer"], state["heads"]) == ("head", 0, [1])
+
+
+def test_cross_attention_labels_source_and_target(page: Any) -> None:
     browser, _, _, cross_w = page
-    browser.choose("view", "1")
-    browser.choose("head", "1")
-    browser.hover("#queries .tok:not(.head)", 2)
+    _reset(browser, 1, 0)
+    assert browser.js("document.querySelector('#queries .colhead').textContent") == (
+        "query (target)")
+    assert browser.js("document.querySelector('#keys .colhead').textContent") == "key (source)"
+    browser.hover("#queries .tok", 2)
     state = browser.js("window.attnlab.state()")
     assert state["view_name"] == "cross-attention" and state["query"] == 2
-    np.testing.assert_allclose(state["weights"], cross_w[0, 1, 2], atol=1e-3)
-    assert browser.js("document.querySelectorAll('#keys .key .tok').length") == 3
-
-    browser.hover("h1", 0)  # leave the query column: nothing hovered, all lines faint
+    np.testing.assert_allclose(state["weights"], cross_w[0, :, 2], atol=1e-3)
+    assert browser.js("document.querySelectorAll('#keys .tok').length") == 3
+    browser.hover("h1", 0)  # leave the tokens: nothing focused, the strong lines faintly
     state = browser.js("window.attnlab.state()")
     assert state["query"] is None and state["weights"] is None and state["lines"] > 0
 
 
-def test_click_pins_a_query_token(page: Any) -> None:
+def test_click_and_arrow_keys_pin_a_query_token(page: Any) -> None:
     browser, _, _, cross_w = page
-    browser.choose("view", "1")
-    browser.choose("head", "0")
-    browser.click("#queries .tok:not(.head)", 1)
-    browser.hover("#queries .tok:not(.head)", 3)  # pinned: hovering elsewhere changes nothing
+    _reset(browser, 1, 0)
+    browser.click("#queries .tok", 1)
+    browser.hover("#queries .tok", 3)  # pinned: hovering elsewhere changes nothing
     browser.hover("h1", 0)
     state = browser.js("window.attnlab.state()")
     assert state["pinned"] and state["query"] == 1
-    np.testing.assert_allclose(state["weights"], cross_w[0, 0, 1], atol=1e-3)
-    browser.click("#queries .tok:not(.head)", 1)  # click again: released
+    np.testing.assert_allclose(state["weights"], cross_w[0, :, 1], atol=1e-3)
+    _key(browser, "ArrowDown")
+    state = browser.js("window.attnlab.state()")
+    assert state["pinned"] and state["query"] == 2
+    np.testing.assert_allclose(state["weights"], cross_w[0, :, 2], atol=1e-3)
+    browser.click("#queries .tok", 2)  # click again: released
     browser.hover("h1", 0)
     state = browser.js("window.attnlab.state()")
     assert not state["pinned"] and state["query"] is None
 
 
+def test_layers_views_and_theme_from_the_keyboard(page: Any) -> None:
+    browser, _, self_w, _ = page
+    _reset(browser, 0, 0)
+    _key(browser, "]")
+    assert browser.js("window.attnlab.state()")["layer_id"] == 3
+    _key(browser, "v")
+    assert browser.js("window.attnlab.state()")["view_name"] == "cross-attention"
+    _key(browser, "v")
+    light = browser.js("getComputedStyle(document.body).backgroundColor")
+    assert browser.js("window.attnlab.state()")["theme"] == "light"  # the test browser's default
+    _key(browser, "t")  # system -> light
+    _key(browser, "t")  # light -> dark
+    state = browser.js("window.attnlab.state()")
+    assert state["theme"] == "dark"
+    assert browser.js("getComputedStyle(document.body).backgroundColor") != light
+    # The matrix is repainted on the dark background: a zero weight is the background.
+    geom = state["matrix"]
+    n = self_w.shape[-1]
+    centre = [(geom["left"] + (n - 0.5) * geom["cell"], geom["top"] + 0.5 * geom["cell"])]
+    assert self_w[state["layer"], :, 0, n - 1].max() == 0  # causal: the first query
+    np.testing.assert_allclose(_pixels(browser, "#matrix", centre)[0], _bg(browser), atol=1)
+    _key(browser, "t")  # dark -> system
+    assert browser.js("window.attnlab.state()")["theme"] == "light"
+    browser.send("Emulation.setEmulatedMedia",  # the system asks for dark: the page follows
+                 features=[{"name": "prefers-color-scheme", "value": "dark"}])
+    try:
+        assert browser.js("window.attnlab.state()")["theme"] == "dark"
+        assert browser.js("getComputedStyle(document.body).backgroundColor") != light
+    finally:
+        browser.send("Emulation.setEmulatedMedia", features=[])
+    assert browser.js("document.getElementById('keyhelp').textContent").count("head") >= 2
+
+
 def test_tokens_are_literal_text_and_nothing_executes(page: Any) -> None:
     browser, tokens, _, _ = page
-    browser.choose("view", "0")
+    _reset(browser, 0, 0)
     shown = browser.js(
-        "Array.from(document.querySelectorAll('#queries .tok:not(.head)')).map(t => t.textContent)"
+        "Array.from(document.querySelectorAll('#queries .tok')).map(t => t.textContent)"
     )
     assert shown == tokens
     assert browser.js("document.getElementById('title').textContent") == EVIL
@@ -284,3 +445,26 @@ def test_tokens_are_literal_text_and_nothing_executes(page: Any) -> None:
     assert browser.js("document.querySelectorAll('img').length") == 0
     assert browser.events_named("Page.javascriptDialogOpening") == []
     assert browser.events_named("Runtime.exceptionThrown") == []
+
+
+def test_long_sequences_scroll_and_zoom(page: Any, tmp_path: Path) -> None:
+    """130 tokens: every token reachable by scrolling, the matrix zooms with + and -."""
+    browser, _, _, _ = page
+    n = 130
+    tokens = [f"t{i}" for i in range(n)]
+    weights = _softmax(np.random.default_rng(1).normal(size=(1, 2, n, n)) * 3)
+    path = write_attention_html(tmp_path / "long.html",
+                                [AttentionView("long", tokens, tokens, weights)])
+    browser.open(path.resolve().as_uri())
+    browser.hover("#queries .tok", n - 1)  # scrolled into view first, as a user scrolls
+    state = browser.js("window.attnlab.state()")
+    assert state["query"] == n - 1
+    np.testing.assert_allclose(state["weights"], weights[0, :, n - 1], atol=1e-3)
+    zoom = state["zoom"]
+    assert zoom >= 4 and state["matrix"]["cell"] == zoom
+    _key(browser, "+")
+    _key(browser, "+")
+    assert browser.js("window.attnlab.state()")["zoom"] == zoom + 4
+    box = browser.js("(() => { const b = document.getElementById('matrixbox'); return"
+                     " [b.scrollHeight > b.clientHeight, b.scrollWidth > b.clientWidth]; })()")
+    assert box == [True, True]  # the zoomed matrix scrolls inside its box

@@ -183,6 +183,10 @@ def load_weights(model: nn.Module, path: Path) -> None:
             f"checkpoint {path} does not fit this model (different config?): "
             f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
         )
+    for name, tensor in _unwrap(model).state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise RunError(f"checkpoint {path} is damaged: tensor {name!r} holds NaN or inf "
+                           "values; use another checkpoint (best/ or last/) or train again")
 
 
 # ---- metrics.csv ---------------------------------------------------------------------------------
@@ -241,10 +245,10 @@ class RunDir:
             raise RunError(f"{self.path} is not an attnlab run dir: it has no "
                            f"{self.config_file.name}")
         try:
-            cfg = json.loads(self.config_file.read_text())
-        except json.JSONDecodeError as e:
-            raise RunError(f"{self.config_file} is not valid JSON: {e}") from e
-        if "model" not in cfg:
+            cfg = json.loads(self.config_file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RunError(f"{self.config_file} is not valid JSON: {e}") from None
+        if not isinstance(cfg, dict) or "model" not in cfg:
             raise RunError(f"{self.config_file} has no 'model' section")
         return cfg
 
@@ -332,9 +336,19 @@ class RunDir:
             raise RunError(f"checkpoint {folder} has no training state ({STATE_JSON} and "
                            f"{STATE_TENSORS}); it holds weights only and cannot be resumed")
         try:
-            return unflatten(json.loads(doc_path.read_text()), load_file(str(tensor_path)))
-        except (SafetensorError, OSError, ValueError, KeyError) as e:
-            raise RunError(f"checkpoint {folder} has an unreadable training state: {e}") from e
+            doc = json.loads(doc_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise RunError(f"{doc_path} is not valid JSON ({e}); the checkpoint is damaged "
+                           "and cannot be resumed") from None
+        try:
+            state = unflatten(doc, load_file(str(tensor_path)))
+        except (SafetensorError, OSError, ValueError, KeyError, TypeError) as e:
+            raise RunError(f"checkpoint {folder} has an unreadable training state "
+                           f"({STATE_JSON}, {STATE_TENSORS}): {e}") from None
+        if not isinstance(state, dict):
+            raise RunError(f"{doc_path} does not hold a training state; the checkpoint is "
+                           "damaged and cannot be resumed")
+        return state
 
     # ---- logs and results ------------------------------------------------------------------------
     def read_metrics(self) -> list[dict[str, int | float | None]]:

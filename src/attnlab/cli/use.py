@@ -27,10 +27,17 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("sample", help="continue a prompt with a decoder-only LM run",
-                              description="Sample text from a trained decoder-only run; the "
-                              "text is streamed to stdout as it is generated.")
+                              description="Sample text from a trained decoder-only run. One "
+                              "prompt: the text is streamed to stdout as it is generated; several "
+                              "(--prompt repeated, or --prompt-file): they are sampled together "
+                              "in one batch and each continuation is printed under a "
+                              "'--- prompt N ---' line.")
     _add_run_args(p)
-    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--prompt", action="append", default=[],
+                   help="the text to continue (repeatable: several prompts are sampled together "
+                   "in one batch)")
+    p.add_argument("--prompt-file", default=None, metavar="FILE",
+                   help="a text file of prompts, one per line (blank lines skipped)")
     p.add_argument("--max-new-tokens", type=int, default=200, help="default 200")
     p.add_argument("--temperature", type=float, default=1.0,
                    help="0 = greedy, 1 = the model's distribution (default 1.0)")
@@ -72,13 +79,15 @@ def _add_input_args(p: argparse.ArgumentParser, item: str) -> None:
 def _load(args: argparse.Namespace, family: str):
     from ..config import ModelConfig
     from ..runs import RunDir, load_run
+    from ..train.loop import resolve_device
 
+    device = str(resolve_device(args.device, flag="--device"))
     # Check the family before loading weights, so a wrong run fails fast and says why.
     got = ModelConfig.from_dict(RunDir(args.run_dir).read_config()["model"]).family
     if got != family:
         raise UserError(f"`attnlab {args.command}` needs {FAMILY_NAMES[family]} run, but "
                         f"{args.run_dir} holds {FAMILY_NAMES[got]} model")
-    run = load_run(args.run_dir, args.checkpoint, device=args.device)
+    run = load_run(args.run_dir, args.checkpoint, device=device)
     if run.tokenizer is None:
         raise UserError(f"run dir {args.run_dir} has no "
                         f"{RunDir(args.run_dir).tokenizer_file.name}: cannot turn text into ids")
@@ -110,12 +119,26 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from ..decoding import Sampler, stream_text
 
     Sampler(args.temperature, args.top_k, args.top_p)  # validate before loading anything
-    if not args.prompt:
-        raise UserError("the prompt is empty: give some text to continue with --prompt")
+    prompts = list(args.prompt)
+    if args.prompt_file is not None:
+        prompts += [line for line in _read_lines(args.prompt_file) if line.strip()]
+        if not prompts:
+            raise UserError(f"--prompt-file {args.prompt_file} has no prompt: give one per line")
+    if not prompts:
+        raise UserError("no prompt: give the text to continue with --prompt (repeatable) or "
+                        "--prompt-file")
+    if not all(prompts):
+        raise UserError("a prompt is empty: give some text to continue with --prompt")
     if args.max_new_tokens < 0 or args.num_samples < 1:
         raise UserError("--max-new-tokens must be >= 0 and --num-samples >= 1")
+    if args.top_k is not None and args.top_k < 1:
+        raise UserError(f"--top-k {args.top_k} is not allowed: >= 1 (leave it out to sample "
+                        "from every token)")
+    if any(not s for s in args.stop):
+        raise UserError('--stop "" is empty: a stop string needs at least one character')
     run = _load(args, "decoder")
-    run.tokenizer.encode(args.prompt)  # unknown characters: a clear error before any output
+    for prompt in prompts:  # unknown characters: a clear error before any output
+        run.tokenizer.encode(prompt)
     _fast_layout(run.model)
     import torch
 
@@ -123,13 +146,16 @@ def cmd_sample(args: argparse.Namespace) -> int:
     if args.seed is not None:  # one generator for all samples: the same seed, the same text
         gen = torch.Generator(device=next(run.model.parameters()).device).manual_seed(args.seed)
     out = sys.stdout
+    if len(prompts) > 1:
+        return _sample_batch(run, prompts, args, gen)
+    prompt = prompts[0]
     for i in range(args.num_samples):
         if args.num_samples > 1:
             out.write(f"--- sample {i + 1} ---\n")
-        out.write(args.prompt)
+        out.write(prompt)
         out.flush()
         pieces: Iterator[str] = stream_text(
-            run.model, run.tokenizer, args.prompt, args.max_new_tokens,
+            run.model, run.tokenizer, prompt, args.max_new_tokens,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=gen,
             stop=args.stop)
         for piece in pieces:
@@ -137,6 +163,20 @@ def cmd_sample(args: argparse.Namespace) -> int:
             out.flush()
         out.write("\n")
         out.flush()
+    return 0
+
+
+def _sample_batch(run, prompts: list[str], args: argparse.Namespace, gen) -> int:
+    """Several prompts: sampled together in one left-padded batch, printed prompt by prompt."""
+    from ..decoding import generate_text
+
+    texts = generate_text(run.model, run.tokenizer, prompts, args.max_new_tokens,
+                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          generator=gen, stop=args.stop, num_samples=args.num_samples)
+    for i, text in enumerate(texts):  # prompt-major: each prompt's samples together
+        p, k = divmod(i, args.num_samples)
+        label = f"prompt {p + 1}" + (f", sample {k + 1}" if args.num_samples > 1 else "")
+        print(f"--- {label} ---\n{prompts[p]}{text}", flush=True)
     return 0
 
 

@@ -2,7 +2,8 @@
 
 Seq2seq tasks feed the trainer ``(src, tgt_in, tgt_out)`` batches (``tgt_in = <bos> y1 ..``,
 ``tgt_out = y1 .. <eos>``, right-padded with ``pad_id``). Translation is evaluated with greedy
-decoding (:func:`attnlab.decoding.translate_texts`, KV cache) and corpus BLEU (sacrebleu).
+(or beam-search) decoding (:func:`attnlab.decoding.translate_texts`, KV cache) and corpus
+BLEU (sacrebleu).
 """
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ class TranslationTask(Seq2SeqTask):
     eval_data_keys = ("src_path", "tgt_path")
     metric_names = ("bleu",)
     default_metric = "bleu"
+    # How evaluate() decodes for BLEU: greedy (beam 1, as in training) unless set otherwise
+    # (``attnlab eval --beam 4``).
+    beam = 1
+    length_penalty = 0.6
+
+    def decoding(self) -> str:
+        """How BLEU's translations are decoded, in words."""
+        if self.beam == 1:
+            return "greedy"
+        return f"beam search, beam {self.beam}, length penalty {self.length_penalty:g}"
 
     def __init__(self, rc: RunConfig, tokenizer: Tokenizer | None = None):
         super().__init__(rc)
@@ -136,6 +147,7 @@ class TranslationTask(Seq2SeqTask):
         sources = [s for s, _ in self.pairs(split)]
         with amp():
             hyps = translate_texts(model, sources, self.tokenizer,
-                                   add_special=self.rc.data.src_add_special, batch_size=128)
+                                   add_special=self.rc.data.src_add_special, batch_size=128,
+                                   beam=self.beam, length_penalty=self.length_penalty)
         metrics["bleu"] = bleu(hyps, [t for _, t in self.pairs(split)])
         return metrics

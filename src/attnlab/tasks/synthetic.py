@@ -1,5 +1,9 @@
 """The synthetic seq2seq tasks (copy / reverse / sort): data made on the fly, exact-match
-accuracy of greedy decoding (:func:`attnlab.decoding.translate`)."""
+accuracy of greedy decoding (:func:`attnlab.decoding.translate`).
+
+Their tokenizer is an :class:`~attnlab.tokenizers.IdTokenizer`: the text of a sequence is its
+content token ids separated by spaces, so a trained run can be used from the command line
+(``echo "5 9 4 12" | attnlab translate runs/reverse`` prints ``12 4 9 5``)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from torch import Tensor, nn
 from ..config import ConfigError
 from ..data import SyntheticData
 from ..decoding import translate
-from ..tokenizers import Tokenizer
+from ..tokenizers import IdTokenizer, Tokenizer
 from .base import Amp, resolve_model
 from .seq2seq import Seq2SeqTask
 
@@ -23,7 +27,6 @@ class SyntheticTask(Seq2SeqTask):
     """copy / reverse / sort, generated on the fly; metric: exact-match greedy accuracy."""
 
     kind = "synthetic"
-    uses_tokenizer = False
     metric_names = ("accuracy",)
     default_metric = "accuracy"
 
@@ -32,6 +35,8 @@ class SyntheticTask(Seq2SeqTask):
         d = rc.data
         self.data = SyntheticData(d.name, d.synth_vocab, d.seq_min, d.seq_max)
         self.model_config = resolve_model(rc, vocab_size=d.synth_vocab, pad_id=self.data.pad_id)
+        # the ids of the data written as text; a resumed run's saved one is the same
+        self.tokenizer = tokenizer or IdTokenizer(d.synth_vocab)
         if self.model_config.max_len < d.seq_max + 2:
             raise ConfigError(f"model.max_len={self.model_config.max_len} is too short for "
                               f"data.seq_max={d.seq_max}; allowed: >= seq_max + 2")

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..models import build_model
-from ..runs import RunDir
+from ..runs import RunDir, RunError
 from ..tasks import Task
 from .config import RunConfig
 from .distributed import DistInfo, all_reduce_sum, shard, wrap_ddp
@@ -34,8 +34,13 @@ log = logging.getLogger(__name__)
 LOWER_IS_BETTER = ("val_loss", "ppl")
 
 
-def resolve_device(name: str, info: DistInfo | None = None) -> torch.device:
-    """``auto`` = CUDA (this process's GPU under torchrun), else MPS, else CPU."""
+def resolve_device(name: str, info: DistInfo | None = None,
+                   flag: str = "train.device") -> torch.device:
+    """The one check of a device name (``flag`` names the setting in errors).
+
+    ``auto`` = CUDA (this process's GPU under torchrun), else MPS, else CPU. A name that is no
+    device, or a device this machine does not have, raises ``ValueError`` naming the allowed
+    ones."""
     if name == "auto":
         if torch.cuda.is_available():
             name = "cuda"
@@ -43,12 +48,39 @@ def resolve_device(name: str, info: DistInfo | None = None) -> torch.device:
             name = "mps"
         else:
             name = "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"train.device={name!r} but CUDA is not available here; allowed: "
-                         "'auto' or 'cpu'")
+    allowed = available_devices()
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"{flag} {name!r} is not a device; allowed: "
+                         f"{', '.join(allowed)}") from None
+    if dev.type not in ("cpu", "cuda", "mps") or (dev.type == "cpu" and dev.index):
+        raise ValueError(f"{flag} {name!r} is not supported; allowed: {', '.join(allowed)}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{flag} {name!r} but CUDA is not available here; allowed: "
+                             f"{', '.join(allowed)}")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{flag} {name!r} but this machine has "
+                             f"{torch.cuda.device_count()} CUDA device(s); allowed: "
+                             f"{', '.join(allowed)}")
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None)
+                                  and torch.backends.mps.is_available()):
+        raise ValueError(f"{flag} {name!r} but MPS is not available here; allowed: "
+                         f"{', '.join(allowed)}")
     if name == "cuda" and info is not None and info.enabled:
-        name = f"cuda:{info.local_rank}"
-    return torch.device(name)
+        return torch.device(f"cuda:{info.local_rank}")
+    return dev
+
+
+def available_devices() -> list[str]:
+    """The device names this machine accepts: auto, cpu, and cuda / cuda:N / mps if present."""
+    names = ["auto", "cpu"]
+    if torch.cuda.is_available():
+        names += ["cuda", *(f"cuda:{i}" for i in range(torch.cuda.device_count()))]
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        names.append("mps")
+    return names
 
 
 def rng_state() -> dict[str, Any]:
@@ -229,12 +261,21 @@ class Trainer:
             raise ValueError("cannot resume a Trainer without a run dir")
         state = self.run.load_state("last")
         self.run.load_weights(self.model, "last")
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.task.load_state_dict(state["data"])
-        set_rng_state(state["rng"])
-        self.step, self.best, self.bad_evals = state["step"], state["best"], state["bad_evals"]
-        self.window = list(state["window"])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scaler.load_state_dict(state["scaler"])
+            self.task.load_state_dict(state["data"])
+            set_rng_state(state["rng"])
+            self.step, self.best = int(state["step"]), state["best"]
+            self.bad_evals, self.window = int(state["bad_evals"]), list(state["window"])
+        except KeyError as e:
+            raise RunError(f"the training state of {self.run.checkpoint_dir('last')} has no "
+                           f"{e.args[0]!r} entry (a damaged or foreign checkpoint); it cannot "
+                           "be resumed: train into a new --out") from None
+        except (TypeError, ValueError, IndexError, RuntimeError) as e:
+            raise RunError(f"the training state of {self.run.checkpoint_dir('last')} does not "
+                           f"fit this run ({type(e).__name__}: {str(e).splitlines()[0][:150]}); "
+                           "it cannot be resumed: train into a new --out") from None
 
     # ---- the loop ------------------------------------------------------------------------------
     def _improved(self, value: float) -> bool:
@@ -304,6 +345,10 @@ class Trainer:
                     stopped = self._after_eval(metrics)
                     self._fold(win_loss, folded)
                     folded = self.step
+                    # the row first: a kill between the two loses nothing (on resume, rows
+                    # after last/'s step are dropped and written again)
+                    mon.row(self.step, row)
+                    row = {}
                     self.save("last")
                     last_time = time.perf_counter()  # evaluation time is not training time
                 if row:

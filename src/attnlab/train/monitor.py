@@ -1,4 +1,5 @@
-"""What a run reports while it trains: the metrics log, TensorBoard, a progress bar, a loss plot.
+"""What a run reports while it trains: the metrics log, TensorBoard, a progress bar, a log line
+per evaluation, a loss plot.
 
 The files are those of :class:`~attnlab.runs.RunDir`. The metrics log has one row per logged
 or evaluated step with the header ``step,train_loss,val_loss,lr,tokens_per_s,elapsed_s``,
@@ -9,6 +10,7 @@ dropped, so the file reads as if the run had never stopped.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import logging
@@ -37,6 +39,8 @@ class Monitor:
     def __init__(self, run: RunDir | None, metric_names: tuple[str, ...], *, total: int,
                  start: int, progress: bool, tensorboard: bool, enabled: bool = True):
         self.columns = BASE_COLUMNS + tuple(metric_names)
+        self.metric_names = tuple(metric_names)
+        self.main = enabled  # rank 0: the one process that reports
         self.enabled = enabled and run is not None
         self.file = self.tb = self.bar = None
         if self.enabled:
@@ -63,7 +67,14 @@ class Monitor:
         atomic_write_bytes(path, buf.getvalue().encode())
 
     def row(self, step: int, values: dict[str, Any]) -> None:
-        """Append one row (missing columns stay empty) and send the values to TensorBoard."""
+        """Append one row (missing columns stay empty) and send the values to TensorBoard; an
+        evaluation (a row with ``val_loss``) is also logged, as one line, when it happens."""
+        if self.main and values.get("val_loss") is not None:
+            shown = [f"{k} {values[k]:.4f}" for k in ("val_loss", *self.metric_names)
+                     if values.get(k) is not None]
+            with self.bar.external_write_mode() if self.bar is not None \
+                    else contextlib.nullcontext():  # the line above the bar, not through it
+                log.info("step %d  %s", step, "  ".join(shown))
         if not self.enabled:
             return
         self.writer.writerow([_cell(step)] + [_cell(values.get(c)) for c in self.columns[1:]])

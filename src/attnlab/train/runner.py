@@ -6,6 +6,7 @@ config) is checked before the first file is written, so a bad command never dama
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -20,12 +21,14 @@ from ..runs import RunDir, RunError, load_run
 from ..tasks import build_task, task_class
 from ..tokenizers import Tokenizer
 from .config import RunConfig
-from .distributed import cleanup, init_distributed
+from .distributed import DistInfo, cleanup, init_distributed
 from .loop import Trainer, TrainResult, resolve_device
 from .monitor import plot_curves
-from .precision import autocast, resolve_precision
+from .precision import autocast, resolve_precision, sdpa_backends
 
 log = logging.getLogger(__name__)
+FAMILY_WORDS = {"decoder": "a decoder-only", "encoder": "an encoder-only",
+                "encoder_decoder": "an encoder-decoder"}
 
 
 @dataclass
@@ -53,7 +56,7 @@ def check_run_dir(run: RunDir, resume: bool) -> None:
     except OSError as e:
         raise RunError(f"cannot write to run dir {run_dir} ({e.strerror or e}); choose a "
                        "writable --out folder") from None
-    if resume and not run.has_checkpoint("last"):
+    if resume and not run.has_checkpoint("last") and not run.has_checkpoint("best"):
         raise RunError(f"cannot resume: {run_dir} has no last/ checkpoint (train without "
                        "--resume first, or give the --out of an earlier run)")
     if not resume and run.has_checkpoint():
@@ -80,44 +83,96 @@ def check_same_config(run_dir: Path, saved: dict, new: RunConfig) -> None:
                            f"{run_dir} --resume) or train into a new --out")
 
 
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` that does not exist yet (what a mkdir would create)."""
+    path = path.absolute()
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
+
+
+def _remove_if_empty(top: Path, run_dir: Path) -> None:
+    """Remove the empty folders from ``run_dir`` up to ``top`` that this call created; a
+    folder holding any file stays (``os.rmdir`` only removes empty folders)."""
+    run_dir = run_dir.absolute()
+    for folder in sorted((p for p in run_dir.rglob("*") if p.is_dir()), reverse=True):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    for folder in (run_dir, *run_dir.parents):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+        if folder == top:
+            break
+
+
+def _restart_from_nothing(run: RunDir) -> bool:
+    """``--resume`` of a run stopped after its first best/ but before its first last/ (the
+    only state that has no last/): there is no training state to continue from, so it starts
+    again at step 0 with the same config and seed, which recomputes the same best/."""
+    if run.has_checkpoint("last") or not run.has_checkpoint("best"):
+        return False
+    log.warning("%s has no last/ checkpoint (it was stopped before its first one): training "
+                "starts again from step 0 with the run's config; best/ and the metrics log are "
+                "rewritten", run.path)
+    return True
+
+
 def train_run(rc: RunConfig, run_dir: str | Path, resume: bool = False) -> RunOutcome:
-    """Train (or with ``resume`` continue) the run described by ``rc`` in ``run_dir``."""
+    """Train (or with ``resume`` continue) the run described by ``rc`` in ``run_dir``.
+
+    A call that fails before it wrote a file leaves no new folder behind."""
     run = RunDir(run_dir)
     info = init_distributed(resolve_device(rc.train.device).type)
+    created = _first_missing(run.path) if info.is_main else None
     try:
-        if info.is_main:
-            check_run_dir(run, resume)
-        tokenizer = saved = None
-        if resume:
-            saved = run.read_config()
-            tokenizer = run.load_tokenizer()
-        task = build_task(rc, tokenizer)
-        resolved = dataclasses.replace(rc, model=task.model_config)
-        if saved is not None:
-            check_same_config(run.path, saved, resolved)
-        trainer = Trainer(resolved, task, run, info)
-        if resume:
-            trainer.resume()
-            log.info("resuming %s at step %d", run.path, trainer.step)
-        if info.is_main:
-            run.write_config(resolved.to_dict())
-            if task.tokenizer is not None and not (resume and tokenizer is not None):
-                run.save_tokenizer(task.tokenizer)
-        n_params = sum(p.numel() for p in trainer.model.parameters())
-        log.info("training a %s model (%.2fM parameters) on %s, %s, %s%s", resolved.model.family,
-                 n_params / 1e6, trainer.device, trainer.precision, resolved.data.name,
-                 f", {info.world_size} processes" if info.enabled else "")
-        result = trainer.fit()
-        if info.is_main:
-            plot_curves(run)
-            run.write_results({
-                "step": result.step, "metrics": result.metrics, "best": result.best,
-                "stopped_early": result.stopped_early, "wall_s": round(result.wall_s, 2),
-                "precision": trainer.precision, "device": str(trainer.device),
-                "world_size": info.world_size})
-        return RunOutcome(result, trainer.model, task.tokenizer, run.path, resolved, info.is_main)
+        return _train_run(rc, run, resume, info)
+    except BaseException:
+        if created is not None:
+            _remove_if_empty(created, run.path)
+        raise
     finally:
         cleanup()
+
+
+def _train_run(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> RunOutcome:
+    if info.is_main:
+        check_run_dir(run, resume)
+    tokenizer = saved = None
+    if resume:
+        saved = run.read_config()
+        tokenizer = run.load_tokenizer()
+        resume = not _restart_from_nothing(run)
+    task = build_task(rc, tokenizer)
+    resolved = dataclasses.replace(rc, model=task.model_config)
+    if saved is not None:
+        check_same_config(run.path, saved, resolved)
+    trainer = Trainer(resolved, task, run, info)
+    if resume:
+        trainer.resume()
+        log.info("resuming %s at step %d", run.path, trainer.step)
+    if info.is_main:
+        run.write_config(resolved.to_dict())
+        if task.tokenizer is not None and not (resume and tokenizer is not None):
+            run.save_tokenizer(task.tokenizer)
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    log.info("training %s model (%.2fM parameters) on %s, %s, %s%s",
+             FAMILY_WORDS.get(resolved.model.family, resolved.model.family),
+             n_params / 1e6, trainer.device, trainer.precision, resolved.data.name,
+             f", {info.world_size} processes" if info.enabled else "")
+    if trainer.compile_pending:
+        log.info("compiling the model with torch.compile (train.compile=true) at the first "
+                 "step: this takes a while, often a minute or more")
+    result = trainer.fit()
+    if info.is_main:
+        plot_curves(run)
+        run.write_results({
+            "step": result.step, "metrics": result.metrics, "best": result.best,
+            "stopped_early": result.stopped_early, "wall_s": round(result.wall_s, 2),
+            "precision": trainer.precision, "device": str(trainer.device),
+            "world_size": info.world_size})
+    return RunOutcome(result, trainer.model, task.tokenizer, run.path, resolved, info.is_main)
 
 
 def _eval_overrides(rc: RunConfig, split: str, data: list[str]) -> RunConfig:
@@ -144,33 +199,57 @@ def _eval_overrides(rc: RunConfig, split: str, data: list[str]) -> RunConfig:
 
 
 def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None = None,
-                 checkpoint: str = "best", device: str = "auto") -> dict[str, Any]:
-    """Metrics of a trained run on ``split``: loss + perplexity / BLEU (greedy) / accuracy+F1.
+                 checkpoint: str = "best", device: str = "auto", beam: int = 1,
+                 length_penalty: float = 0.6) -> dict[str, Any]:
+    """Metrics of a trained run on ``split``: loss + perplexity / BLEU / accuracy+F1.
 
-    LM perplexity runs over every window of the split (not a sample)."""
+    LM perplexity runs over every window of the split (not a sample). BLEU decodes greedily,
+    or with beam search when ``beam`` > 1 (translation only). The model runs as in training's
+    evaluation (the checkpoint's precision, the same attention kernels and batches), so the
+    metrics of ``best/`` are those training recorded for it."""
     if split not in ("val", "test"):
         raise ValueError(f"--split {split!r} is not allowed: val or test")
     rd = RunDir(run_dir)
     rc = RunConfig.from_dict(rd.read_config())
+    cls = task_class(rc.data.name)
+    if beam != 1 and not hasattr(cls, "beam"):
+        raise ValueError(f"--beam is for translation runs (BLEU); a {cls.kind} run decodes "
+                         "nothing to search over (leave --beam out)")
+    if beam < 1:
+        raise ValueError(f"--beam must be >= 1, got {beam}")
     if data:
         rc = _eval_overrides(rc, split, data)
     tokenizer = rd.load_tokenizer()
-    if tokenizer is None and task_class(rc.data.name).uses_tokenizer:
+    if tokenizer is None and cls.uses_tokenizer:
         raise RunError(f"run dir {rd.path} has no {rd.tokenizer_file.name}")
     task = build_task(rc, tokenizer)
     dev = resolve_device(device)
     run = load_run(rd.path, checkpoint, device=str(dev))
-    if run.model.config.family != "encoder" and dev.type == "cpu":
-        from ..decoding import inference_layout
-
-        inference_layout(run.model)  # faster token-by-token decoding on CPU; same values
     # "auto" means what training measured fastest and used; a checkpoint records it
     name = rc.train.precision
     if name == "auto" and checkpoint in ("best", "last"):
         name = rd.checkpoint_meta(checkpoint).get("precision", name)
     precision = resolve_precision(name, dev)
-    metrics = task.evaluate(run.model, split, dev, lambda: autocast(precision, dev), 0)
-    return {"split": split, "checkpoint": str(run.checkpoint), **metrics}
+    backends = sdpa_backends(rc.train.sdpa_backend, precision, dev, task.model_config.max_len)
+
+    def amp():  # as Trainer.amp: autocast and the attention kernels training evaluated with
+        stack = contextlib.ExitStack()
+        stack.enter_context(autocast(precision, dev))
+        if backends is not None:
+            from torch.nn.attention import sdpa_kernel
+
+            stack.enter_context(sdpa_kernel(backends))
+        return stack
+
+    where = {"data": " ".join(data)} if data else {"split": split}
+    decoding = {}
+    if hasattr(task, "beam"):
+        task.beam, task.length_penalty = beam, length_penalty
+        decoding = {"decoding": task.decoding()}
+    run.model.eval()
+    metrics = task.evaluate(run.model, split, dev, amp, 0)
+    return {**where, "checkpoint": str(run.checkpoint), "precision": precision, **decoding,
+            **metrics}
 
 
 def sample_texts(model: nn.Module, tokenizer: Tokenizer, rc: RunConfig,

@@ -19,6 +19,8 @@ from ._common import new_figure, save_figure
 log = logging.getLogger(__name__)
 
 LOSS_COLUMNS = ("train_loss", "val_loss")
+METRIC_COLUMNS = ("bleu", "accuracy", "f1")  # task metrics drawn in a panel of their own
+METRIC_NAMES = {"bleu": "BLEU", "accuracy": "accuracy", "f1": "F1"}
 CSV_COLUMNS = ("step", *LOSS_COLUMNS, "lr")
 
 
@@ -63,25 +65,29 @@ def _loss_figure(
     out_path: str | Path,
     title: str | None,
     log_y: bool,
+    metrics: dict[str, np.ndarray] | None = None,
 ) -> Path:
-    """One panel of losses, plus a learning-rate panel below when ``lr`` has values."""
+    """One panel of losses, a panel of task ``metrics`` (BLEU, accuracy, ...) when given, and a
+    learning-rate panel below when ``lr`` has values."""
     has_lr = lr is not None and bool(np.isfinite(lr).any())
-    fig = new_figure(8.0, 6.0 if has_lr else 4.5)
-    if has_lr:
-        loss_ax, lr_ax = fig.subplots(2, 1, sharex=True, height_ratios=[2.0, 1.0])
-    else:
-        loss_ax, lr_ax = fig.subplots(1, 1), None
+    metrics = {k: v for k, v in (metrics or {}).items() if np.isfinite(v).any()}
+    ratios = [2.0] + [1.2] * bool(metrics) + [1.0] * has_lr
+    fig = new_figure(8.0, 4.5 + 1.5 * (len(ratios) - 1))
+    axes = fig.subplots(len(ratios), 1, sharex=True, height_ratios=ratios, squeeze=False)[:, 0]
+    loss_ax, lr_ax = axes[0], axes[-1] if has_lr else None
     drawn = _plot_series(loss_ax, steps, series, log_y)
     if not drawn and not has_lr:
         raise ValueError("nothing to plot: every series is empty (all values missing)")
     loss_ax.set_ylabel("loss")
+    if metrics:
+        _plot_series(axes[1], steps, {METRIC_NAMES.get(k, k): v for k, v in metrics.items()},
+                     log_y=False)
+        axes[1].set_ylabel(" / ".join(METRIC_NAMES.get(k, k) for k in metrics))
     if lr_ax is not None:
         _plot_series(lr_ax, steps, {"lr": lr}, log_y=False)
         lr_ax.set_ylabel("learning rate")
         lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-        lr_ax.set_xlabel("step")
-    else:
-        loss_ax.set_xlabel("step")
+    axes[-1].set_xlabel("step")
     if title:
         fig.suptitle(title)
     return save_figure(fig, out_path)
@@ -124,7 +130,8 @@ def _csv_series(
     source: str | Path | Sequence[Mapping[str, float | None]], where: str
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """``(steps, columns)`` of a metrics log (a path, or its rows as dicts): each of
-    ``train_loss``, ``val_loss``, ``lr`` present as a float array (NaN where a cell is empty).
+    ``train_loss``, ``val_loss``, ``lr`` and the task metrics present as a float array (NaN
+    where a cell is empty).
     Other columns are ignored."""
     if isinstance(source, (str, Path)):
         from ..runs import read_metrics  # the one reader of the trainer's log
@@ -138,7 +145,7 @@ def _csv_series(
                          f"{', '.join(CSV_COLUMNS[1:])}; got header {header}")
     if not rows:
         raise ValueError(f"{where} has a header but no data rows")
-    wanted = [c for c in CSV_COLUMNS if c in header]
+    wanted = [c for c in (*CSV_COLUMNS, *METRIC_COLUMNS) if c in header]
     cols = {c: np.array([math.nan if r.get(c) is None else float(r[c]) for r in rows])
             for c in wanted}
     return cols.pop("step"), cols
@@ -151,14 +158,15 @@ def plot_loss_csv(
     title: str | None = None,
     log_y: bool = False,
 ) -> Path:
-    """Plot ``train_loss`` / ``val_loss`` (and ``lr`` in a second panel) of a metrics log.
+    """Plot ``train_loss`` / ``val_loss``, the task metrics (``bleu``, ``accuracy``, ``f1``)
+    and ``lr`` of a metrics log, one panel each.
 
     Args:
         source: the trainer's CSV log (a ``step`` column and any of ``train_loss``,
             ``val_loss``, ``lr``; empty cells allowed; read with :func:`attnlab.runs.read_metrics`),
             or its rows as dicts.
         out_path: image path; the suffix picks the format.
-        title: figure title (default: the CSV's file name).
+        title: figure title (default: what is drawn, and the run dir's name for a path).
         log_y: logarithmic loss axis.
 
     Returns:
@@ -168,5 +176,12 @@ def plot_loss_csv(
     steps, columns = _csv_series(source, str(source) if is_path else "the metrics rows")
     lr = columns.pop("lr", None)
     losses = {name: columns[name] for name in LOSS_COLUMNS if name in columns}
-    default_title = Path(source).name if is_path else None
-    return _loss_figure(steps, losses, lr, out_path, title or default_title, log_y)
+    metrics = {name: columns[name] for name in METRIC_COLUMNS
+               if name in columns and np.isfinite(columns[name]).any()}
+    if title is None:
+        shown = ["loss", *(METRIC_NAMES[k] for k in metrics)] + ["learning rate"] * (
+            lr is not None and bool(np.isfinite(lr).any()))
+        title = ", ".join(shown[:-1]) + " and " + shown[-1] if len(shown) > 1 else shown[0]
+        title = f"{title} by training step" + (f" ({Path(source).parent.name})"
+                                               if is_path else "")
+    return _loss_figure(steps, losses, lr, out_path, title, log_y, metrics)

@@ -1,4 +1,9 @@
-"""Interactive attention explorer: one self-contained HTML file (bertviz "head view" style).
+"""Interactive attention explorer: one self-contained HTML file, bertviz-style, offline.
+
+Three ways to look at the weights: a head view (tokens on both sides, one line per head and
+token pair, each head in its own colour, heads shown or hidden one by one), a matrix beside it
+(tokens on both axes, the value under the pointer) and a model view (every layer x head as a
+small map; click one to open it). Light and dark, keyboard keys listed on the page.
 
 The page (template ``explorer.html`` next to this module) has inline CSS and JS only, a
 Content-Security-Policy that forbids any network access, and the attention data embedded as
@@ -46,6 +51,9 @@ class AttentionView:
         key_tokens: the S tokens attended to (right column); for cross-attention the source.
         weights: (L, H, T, S) array or tensor of attention probabilities.
         layer_ids: the model layer index of each of the L slices (default ``0..L-1``).
+        head_ids: the model head index of each of the H slices (default ``0..H-1``).
+        query_label / key_label: what the query and key tokens are, e.g. "target" and
+            "source" for cross-attention (default: none).
     """
 
     name: str
@@ -53,6 +61,9 @@ class AttentionView:
     key_tokens: Sequence[str]
     weights: Any
     layer_ids: Sequence[int] | None = None
+    head_ids: Sequence[int] | None = None
+    query_label: str | None = None
+    key_label: str | None = None
 
 
 _VIEW_FIELDS = tuple(f.name for f in fields(AttentionView))
@@ -72,7 +83,7 @@ def _as_view(item: Any, index: int) -> AttentionView:
     if unknown or missing:
         raise ValueError(
             f"views[{index}] has unknown keys {unknown} / missing keys {missing}; "
-            f"allowed keys: {', '.join(_VIEW_FIELDS)} (layer_ids optional)"
+            f"allowed keys: {', '.join(_VIEW_FIELDS)} (the last four optional)"
         )
     return AttentionView(**item)
 
@@ -92,20 +103,33 @@ def _view_payload(view: AttentionView, index: int) -> dict[str, Any]:
             f"{len(queries)} query_tokens and {len(keys)} key_tokens; "
             f"need T={n_rows} and S={n_cols}"
         )
-    layer_ids = list(range(n_layers)) if view.layer_ids is None else list(view.layer_ids)
-    if len(layer_ids) != n_layers or not all(
-        isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in layer_ids
-    ):
-        raise ValueError(
-            f"{where}.layer_ids must be {n_layers} integers (one per weights[l]), got {layer_ids!r}"
-        )
+    layer_ids = _indices(view.layer_ids, n_layers, f"{where}.layer_ids", "weights[l]")
+    head_ids = _indices(view.head_ids, arr.shape[1], f"{where}.head_ids", "weights[:, h]")
+    labels = {}
+    for key in ("query_label", "key_label"):
+        value = getattr(view, key)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{where}.{key} must be a string or None, got {value!r}")
+        labels[key] = value or ""
     return {
         "name": view.name,
         "query_tokens": queries,
         "key_tokens": keys,
-        "layer_ids": [int(i) for i in layer_ids],
+        "layer_ids": layer_ids,
+        "head_ids": head_ids,
+        **labels,
         "weights": np.rint(arr * SCALE).astype(np.int32).tolist(),
     }
+
+
+def _indices(values: Sequence[int] | None, n: int, where: str, per: str) -> list[int]:
+    """``values`` as n integers (default ``0..n-1``), one per slice ``per``."""
+    out = list(range(n)) if values is None else list(values)
+    if len(out) != n or not all(
+        isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in out
+    ):
+        raise ValueError(f"{where} must be {n} integers (one per {per}), got {out!r}")
+    return [int(i) for i in out]
 
 
 def _json_for_script(data: Any) -> str:
@@ -148,10 +172,12 @@ def attention_html(views: Sequence[Any], title: str = "attention explorer") -> s
         The page. Raises ValueError for malformed views, or when the page would exceed
         ~20 MB (choose fewer layers or heads).
 
-    In the page, ``window.attnlab.state()`` returns what is drawn: ``{view, view_name, layer,
-    layer_id, head ("mean" | "all" | index), query (index or null), pinned, lines, weights}``
-    where ``weights`` is the hovered query's row (S values; H x S for "all"), or null. Each
-    drawn ``<line>`` and each shaded key token also carries a ``data-weight`` attribute.
+    In the page, ``window.attnlab.state()`` returns what is drawn: ``{tab ("head" | "model"),
+    view, view_name, layer, layer_id, heads (shown head indices), head_ids, query, key (the
+    focused token or null), pinned, lines, weights (per shown head, the focused token's row or
+    column), cell ([query, key] under the pointer in the matrix), cell_weights, scale, theme,
+    zoom, matrix (the canvas geometry: left, top, cell), thumbs}``. Each drawn ``<line>`` and
+    each shaded token also carries a ``data-weight`` attribute.
     """
     if isinstance(views, (AttentionView, Mapping)) or not isinstance(views, Sequence) or not views:
         raise ValueError("views must be a non-empty list of AttentionView (or dicts)")
@@ -160,7 +186,7 @@ def attention_html(views: Sequence[Any], title: str = "attention explorer") -> s
     if n_weights * BYTES_PER_WEIGHT > MAX_PAGE_BYTES:
         raise ValueError(_too_big(n_weights * BYTES_PER_WEIGHT, parsed))
     payloads = [_view_payload(v, i) for i, v in enumerate(parsed)]
-    payload = {"version": 1, "scale": SCALE, "views": payloads}
+    payload = {"version": 2, "scale": SCALE, "views": payloads}
     template, csp = _template()
     values = {
         "TITLE": html.escape(str(title)),

@@ -1,0 +1,380 @@
+"""Every kind of bad input, one table: exit code 2, exactly one line on stderr, no traceback,
+and the run dirs unchanged; plus the run dirs a kill can leave behind, resumed."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from _runs import classifier_run, lm_run, seq2seq_run
+from attnlab.cli import main
+from attnlab.runs import RunDir, read_metrics
+
+TEXT = "".join(f"to be or not to be, line {i}; that is the question.\n" for i in range(40))
+TINY = ["--set", "model.d_model=16", "--set", "model.n_heads=2", "--set", "model.n_layers=1",
+        "--set", "train.precision=fp32", "--set", "train.progress=false",
+        "--set", "train.tensorboard=false", "--set", "train.batch_size=4",
+        "--set", "data.val_size=8"]
+
+
+def synth(out, steps=2, *extra):
+    """A tiny synthetic training (no files needed)."""
+    return ["train", "--set", "data.name=reverse", *TINY, "--set", f"train.max_steps={steps}",
+            "--set", "train.eval_every=1", "--set", "train.log_every=1", "--out", str(out),
+            *extra]
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _edit_state(run: Path, edit) -> None:
+    doc_path = run / "last" / "state.json"
+    doc = json.loads(doc_path.read_text())
+    edit(doc)
+    doc_path.write_text(json.dumps(doc))
+    _fix_manifest(run / "last")
+
+
+def _fix_manifest(folder: Path) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"] = {n: (folder / n).stat().st_size for n in manifest["files"]}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _poison(weights: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(weights))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, str(weights))
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """Tiny run dirs of each family, broken copies of them, and bad input files."""
+    base = tmp_path_factory.mktemp("bad")
+    e = {"base": base}
+    e["lm"] = lm_run(base / "lm")
+    e["mt"] = seq2seq_run(base / "mt")
+    e["cls"] = classifier_run(base / "cls")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    assert main(synth(base / "syn")) == 0  # a run with last/ and a training state
+    torch.set_num_threads(before)
+    e["syn"] = base / "syn"
+    files = {"text.txt": TEXT.encode(), "empty.txt": b"", "binary.bin": bytes(range(256)) * 4,
+             "latin1.txt": "caf\xe9 cr\xe8me\n".encode("latin-1"), "unknown.txt": b"ZZZ @@@\n",
+             "a_file": b"x", "bad.toml": b"[model\nd_model = ", "bad.json": b"{not json",
+             "cfg_badkey.toml": b"[model]\nd_modle = 32\n", "cfg_badval.toml":
+             b"[model]\nfamily = 'decoder'\nvocab_size = 40\nd_model = 30\nn_heads = 4\n",
+             "junk.safetensors": b"\x00\x01not a safetensors file"}
+    for name, data in files.items():
+        (base / name).write_bytes(data)
+        e[name] = base / name
+    long = base / "long.txt"
+    long.write_text("the quick brown fox " * 10 + "\n")
+    e["long.txt"] = long
+    # broken copies of the LM run
+    for name, edit in {
+        "truncated": lambda r: (r / "best" / "model.safetensors").write_bytes(
+            (r / "best" / "model.safetensors").read_bytes()[:200]),
+        "config_not_json": lambda r: (r / "config.json").write_text("{oops"),
+        "config_binary": lambda r: (r / "config.json").write_bytes(b"\xff\xfe\x00bin"),
+        "no_tokenizer": lambda r: (r / "tokenizer.json").unlink(),
+        "tokenizer_not_json": lambda r: (r / "tokenizer.json").write_text("[[["),
+        "nan_weights": lambda r: _poison(r / "best" / "model.safetensors"),
+        "other_config": lambda r: (r / "config.json").write_text(json.dumps({
+            **json.loads((r / "config.json").read_text()),
+            "model": {**json.loads((r / "config.json").read_text())["model"], "d_model": 64}})),
+        "no_checkpoint": lambda r: shutil.rmtree(r / "best"),
+    }.items():
+        shutil.copytree(e["lm"], base / name)
+        edit(base / name)
+        e[name] = base / name
+    # broken copies of the trained synthetic run (for --resume)
+    for name, edit in {
+        "state_missing_key": lambda r: _edit_state(r, lambda d: d["__dict__"].pop(
+            [i for i, kv in enumerate(d["__dict__"]) if kv[0] == "optimizer"][0])),
+        "state_not_json": lambda r: ((r / "last" / "state.json").write_text("{broken"),
+                                     _fix_manifest(r / "last")),
+        "state_nan": lambda r: (_poison(r / "last" / "model.safetensors"),
+                                _fix_manifest(r / "last")),
+        "state_truncated": lambda r: ((r / "last" / "state.safetensors").write_bytes(b"\x08"),
+                                      _fix_manifest(r / "last")),
+    }.items():
+        shutil.copytree(e["syn"], base / name)
+        edit(base / name)
+        e[name] = base / name
+    return e
+
+
+def _rows(e):
+    """(id, argv) of each bad input; ``e`` maps names to paths."""
+    lm, mt, cls, syn = (str(e[k]) for k in ("lm", "mt", "cls", "syn"))
+    b = Path(e["base"])
+    out = str(b / "fresh-out")
+    text = str(e["text.txt"])
+    return {
+        # train: config keys, values, types, files
+        "train_unknown_key": synth(out, 2, "--set", "train.learning_rate=1"),
+        "train_wrong_type": synth(out, 2, "--set", "model.d_model=big"),
+        "train_bad_value": synth(out, 2, "--set", "model.n_heads=3"),
+        "train_bad_section": synth(out, 2, "--set", "nosuch.key=1"),
+        "train_set_no_equals": synth(out, 2, "--set", "train.lr"),
+        "train_negative_steps": synth(out, 2, "--set", "train.max_steps=-3"),
+        "train_bad_data_name": synth(out, 2, "--set", "data.name=imagenet"),
+        "train_missing_text": ["train", "--set", "data.name=text", "--set",
+                               f"data.path={b}/nope.txt", *TINY, "--out", out],
+        "train_empty_text": ["train", "--set", "data.name=text", "--set",
+                             f"data.path={e['empty.txt']}", *TINY, "--out", out],
+        "train_binary_text": ["train", "--set", "data.name=text", "--set",
+                              f"data.path={e['binary.bin']}", *TINY, "--out", out],
+        "train_non_utf8_text": ["train", "--set", "data.name=text", "--set",
+                                f"data.path={e['latin1.txt']}", *TINY, "--out", out],
+        "train_recipe_missing": ["train", f"{b}/nope.toml", "--out", out],
+        "train_recipe_not_toml": ["train", str(e["bad.toml"]), "--out", out],
+        "train_recipe_bad_key": ["train", str(e["cfg_badkey.toml"]), "--out", out],
+        "train_out_is_file": synth(e["a_file"]),
+        "train_out_under_file": synth(f"{e['a_file']}/run"),
+        "train_out_unwritable_system": synth("/proc/attnlab-run"),
+        "train_bad_device": synth(out, 2, "--set", "train.device='foo'"),
+        "train_cuda_on_cpu": synth(out, 2, "--set", "train.device='cuda'"),
+        "train_existing_checkpoint": synth(syn),
+        "train_resume_nothing": synth(out, 2, "--resume"),
+        "train_resume_other_config": synth(syn, 4, "--resume", "--set", "model.d_model=32"),
+        "train_resume_missing_key": ["train", "--out", str(e["state_missing_key"]), "--resume",
+                                     "--set", "train.max_steps=4"],
+        "train_resume_state_not_json": ["train", "--out", str(e["state_not_json"]), "--resume",
+                                        "--set", "train.max_steps=4"],
+        "train_resume_nan_weights": ["train", "--out", str(e["state_nan"]), "--resume",
+                                     "--set", "train.max_steps=4"],
+        "train_resume_truncated_state": ["train", "--out", str(e["state_truncated"]),
+                                         "--resume", "--set", "train.max_steps=4"],
+        "train_unknown_option": ["train", "--bogus"],
+        "train_set_missing_value": ["train", "--set"],
+        # eval
+        "eval_missing_run": ["eval", f"{b}/nothing"],
+        "eval_bad_split": ["eval", lm, "--split", "train"],
+        "eval_bad_device": ["eval", lm, "--device", "foo"],
+        "eval_cuda_on_cpu": ["eval", lm, "--device", "cuda"],
+        "eval_truncated_weights": ["eval", str(e["truncated"]), "--data", text],
+        "eval_config_not_json": ["eval", str(e["config_not_json"])],
+        "eval_config_binary": ["eval", str(e["config_binary"])],
+        "eval_no_tokenizer": ["eval", str(e["no_tokenizer"]), "--data", text],
+        "eval_nan_weights": ["eval", str(e["nan_weights"]), "--data", text],
+        "eval_other_config": ["eval", str(e["other_config"]), "--data", text],
+        "eval_checkpoint_junk": ["eval", lm, "--data", text, "--checkpoint",
+                                 str(e["junk.safetensors"])],
+        "eval_checkpoint_name": ["eval", lm, "--checkpoint", "middle"],
+        "eval_data_binary": ["eval", lm, "--data", str(e["binary.bin"])],
+        "eval_data_non_utf8": ["eval", lm, "--data", str(e["latin1.txt"])],
+        # sample
+        "sample_bad_device": ["sample", lm, "--prompt", "the", "--device", "foo"],
+        "sample_cuda_on_cpu": ["sample", lm, "--prompt", "the", "--device", "cuda"],
+        "sample_negative_temperature": ["sample", lm, "--prompt", "the", "--temperature", "-1"],
+        "sample_top_k_0": ["sample", lm, "--prompt", "the", "--top-k", "0"],
+        "sample_top_p_2": ["sample", lm, "--prompt", "the", "--top-p", "2"],
+        "sample_negative_tokens": ["sample", lm, "--prompt", "the", "--max-new-tokens", "-1"],
+        "sample_zero_samples": ["sample", lm, "--prompt", "the", "--num-samples", "0"],
+        "sample_empty_stop": ["sample", lm, "--prompt", "the", "--stop", ""],
+        "sample_empty_prompt": ["sample", lm, "--prompt", ""],
+        "sample_unknown_chars": ["sample", lm, "--prompt", "ZZZ"],
+        "sample_bad_float": ["sample", lm, "--prompt", "the", "--temperature", "hot"],
+        "sample_bad_int": ["sample", lm, "--prompt", "the", "--top-k", "many"],
+        "sample_missing_prompt": ["sample", lm],
+        "sample_wrong_family": ["sample", mt, "--prompt", "the"],
+        "sample_no_tokenizer": ["sample", str(e["no_tokenizer"]), "--prompt", "the"],
+        "sample_tokenizer_not_json": ["sample", str(e["tokenizer_not_json"]), "--prompt", "the"],
+        "sample_truncated_weights": ["sample", str(e["truncated"]), "--prompt", "the"],
+        "sample_nan_weights": ["sample", str(e["nan_weights"]), "--prompt", "the"],
+        "sample_other_config": ["sample", str(e["other_config"]), "--prompt", "the"],
+        "sample_no_checkpoint": ["sample", str(e["no_checkpoint"]), "--prompt", "the"],
+        # translate
+        "translate_bad_device": ["translate", mt, "--input", text, "--device", "foo"],
+        "translate_beam_0": ["translate", mt, "--input", text, "--beam", "0"],
+        "translate_batch_0": ["translate", mt, "--input", text, "--batch-size", "0"],
+        "translate_missing_input": ["translate", mt, "--input", f"{b}/nope.txt"],
+        "translate_binary_input": ["translate", mt, "--input", str(e["binary.bin"])],
+        "translate_non_utf8_input": ["translate", mt, "--input", str(e["latin1.txt"])],
+        "translate_unknown_chars": ["translate", mt, "--input", str(e["unknown.txt"])],
+        "translate_max_len_over_model": ["translate", mt, "--input", text, "--max-len", "999"],
+        "viz_text_over_max_len": ["viz", "attention", lm, "--text", "the fox " * 8,
+                                  "--out", f"{b}/v.png"],
+        "classify_batch_0": ["classify", cls, "--input", text, "--batch-size", "0"],
+        "eval_data_missing": ["eval", lm, "--data", f"{b}/nope.txt"],
+        "translate_wrong_family": ["translate", lm, "--input", text],
+        "translate_bad_max_len": ["translate", mt, "--input", text, "--max-len", "-1"],
+        # classify
+        "classify_missing_input": ["classify", cls, "--input", f"{b}/nope.txt"],
+        "classify_empty_input": ["classify", cls, "--input", str(e["empty.txt"])],
+        "classify_unknown_chars": ["classify", cls, "--input", str(e["unknown.txt"])],
+        "classify_wrong_family": ["classify", lm, "--input", text],
+        "classify_bad_device": ["classify", cls, "--input", text, "--device", "cuda:7"],
+        # viz, info
+        "viz_layer_out_of_range": ["viz", "attention", lm, "--text", "the", "--layer", "9",
+                                   "--out", f"{b}/v.png"],
+        "viz_unknown_chars": ["viz", "attention", lm, "--text", "ZZZ", "--out", f"{b}/v.png"],
+        "viz_no_action": ["viz"],
+        "viz_positions_bad_int": ["viz", "positions", "--d-model", "x", "--out", f"{b}/p.png"],
+        "info_missing": ["info", f"{b}/nothing"],
+        "info_bad_toml": ["info", str(e["bad.toml"])],
+        "info_bad_json": ["info", str(e["bad.json"])],
+        "info_bad_config_value": ["info", str(e["cfg_badval.toml"])],
+        "info_zero_batch": ["info", lm, "--batch", "0"],
+        "viz_out_unwritable_system": ["viz", "positions", "--d-model", "8", "--out",
+                                      "/sys/attnlab.png"],
+        # data, top level
+        "data_cache_unwritable_system": ["data", "fetch", "shakespeare", "--cache",
+                                         "/sys/attnlab-cache"],
+        "data_no_action": ["data"],
+        "data_fetch_unknown": ["data", "fetch", "imagenet", "--cache", f"{b}/cache"],
+        "unknown_command": ["bogus"],
+        "unknown_top_option": ["--bogus"],
+        "no_command": ["-v"],
+    }
+
+
+ROW_IDS = list(_rows(collections.defaultdict(lambda: Path("/x"))))
+
+
+# what the line must say, where the kind of error alone does not tell the user what to do
+EXPECT = {
+    "train_bad_device": "train.device='foo' is not allowed",
+    "train_cuda_on_cpu": "allowed: auto, cpu",
+    "eval_bad_device": "allowed: auto, cpu",
+    "sample_bad_device": "--device 'foo' is not a device; allowed: auto, cpu",
+    "sample_cuda_on_cpu": "CUDA is not available here; allowed: auto, cpu",
+    "translate_bad_device": "allowed: auto, cpu",
+    "classify_bad_device": "allowed: auto, cpu",
+    "train_resume_missing_key": "has no 'optimizer' entry",
+    "train_resume_state_not_json": "state.json is not valid JSON",
+    "train_resume_nan_weights": "is damaged: tensor",
+    "eval_nan_weights": "is damaged: tensor",
+    "sample_nan_weights": "model.safetensors is damaged: tensor",
+    "train_out_unwritable_system": "choose a writable --out folder",
+    "viz_out_unwritable_system": "choose a path in a folder you can write to",
+    "data_cache_unwritable_system": "choose a path in a folder you can write to",
+    "sample_empty_stop": "--stop",
+    "sample_top_k_0": "--top-k 0 is not allowed: >= 1",
+    "sample_bad_int": "argument --top-k: invalid int value: 'many'",
+    "eval_bad_split": "(choose from 'val', 'test')",
+    "unknown_command": "invalid choice: 'bogus'",
+    "no_command": "choose a command: train, eval",
+    "train_unknown_option": "unrecognized arguments: --bogus; allowed arguments: `attnlab train",
+    "data_no_action": "choose an action: fetch or list",
+    "eval_config_not_json": "config.json is not valid JSON",
+    "eval_config_binary": "config.json is not valid JSON",
+    "sample_tokenizer_not_json": "tokenizer.json is not valid JSON",
+}
+
+
+@pytest.mark.parametrize("row", ROW_IDS)
+def test_bad_input_is_one_line_exit_2_nothing_changed(row, env, capsys):
+    argv = _rows(env)[row]
+    base = env["base"]
+    before, entries = digest(base), set(os.listdir(base))
+    try:
+        code = main(argv)
+        captured = capsys.readouterr()
+        err = captured.err.strip()
+        assert code == 2, (code, err)
+        assert len(err.splitlines()) == 1, err
+        assert "Traceback" not in err and err.startswith("attnlab"), err
+        assert EXPECT.get(row, "") in err
+        assert captured.out == "", captured.out  # nothing printed before the error
+        assert digest(base) == before
+        assert set(os.listdir(base)) == entries  # a failed train leaves no new folder
+    finally:  # (so that one failing row cannot fail the next ones)
+        for new in set(os.listdir(base)) - entries:
+            shutil.rmtree(base / new)
+
+
+@pytest.mark.parametrize("row", ["sample_bad_device", "train_resume_missing_key",
+                                 "eval_nan_weights", "unknown_top_option"])
+def test_no_traceback_escapes_a_real_process(row, env):
+    argv = _rows(env)[row]
+    before = digest(env["base"])
+    p = subprocess.run([sys.executable, "-m", "attnlab", *argv], capture_output=True,
+                       text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert p.returncode == 2, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert digest(env["base"]) == before
+
+
+def test_help_still_prints_the_full_help(capsys):
+    assert main(["sample", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--temperature" in out and "--top-k" in out and "usage:" in out
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys\nfrom attnlab.cli import main\n"
+            "for argv in (['--help'], ['sample', '--top-k', 'x']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+# ---- the run dirs a kill leaves behind ------------------------------------------------------
+def _train(argv) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(argv) == 0
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_kill_between_first_best_and_last_restarts_from_nothing(tmp_path, capsys, caplog):
+    _train(synth(tmp_path / "whole", 3))
+    _train(synth(tmp_path / "killed", 3))
+    killed = RunDir(tmp_path / "killed")
+    # the state right after the first best/ write: no last/, metrics with step 1's row at most
+    shutil.rmtree(killed.path / "last")
+    for which in ("best",):
+        assert killed.has_checkpoint(which)
+    assert main(synth(killed.path, 3)) == 2  # without --resume: refuses, as before
+    assert "pass --resume" in capsys.readouterr().err
+    _train(["train", "--out", str(killed.path), "--resume"])
+    assert "starts again from step 0" in caplog.text
+    whole = read_metrics(tmp_path / "whole" / "metrics.csv")
+    again = read_metrics(killed.metrics_file)
+    key = ("step", "train_loss", "val_loss")
+    assert [[r[k] for k in key] for r in again] == [[r[k] for k in key] for r in whole]
+    assert killed.checkpoint_meta("last")["step"] == 3
+
+
+def test_kill_after_last_before_its_metrics_row_loses_no_row(tmp_path, monkeypatch):
+    _train(synth(tmp_path / "whole", 4))
+    # the killed run: the process dies in the step-2 checkpoint write, after its row
+    real_save = RunDir.save_checkpoint
+
+    def dying_save(self, which, *args, **kwargs):
+        real_save(self, which, *args, **kwargs)
+        if which == "last" and args[2]["step"] == 2:  # (model, state, meta)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunDir, "save_checkpoint", dying_save)
+    assert main(synth(tmp_path / "killed", 4)) == 130  # "interrupted"
+    monkeypatch.undo()
+    # the row of step 2 is on disk: it is written before last/ of step 2
+    assert [r["step"] for r in read_metrics(tmp_path / "killed" / "metrics.csv")] == [1, 2]
+    _train(synth(tmp_path / "killed", 4, "--resume"))
+    whole = read_metrics(tmp_path / "whole" / "metrics.csv")
+    again = read_metrics(tmp_path / "killed" / "metrics.csv")
+    key = ("step", "train_loss", "val_loss")
+    assert [[r[k] for k in key] for r in again] == [[r[k] for k in key] for r in whole]
