@@ -103,7 +103,7 @@ def section_cache(model, args) -> None:
 
 
 def section_hf(model, args) -> None:
-    from attnlab.interop.hf import gpt2_to_hf
+    from attnlab.interop import gpt2_to_hf
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     hf = gpt2_to_hf(model)

