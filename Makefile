@@ -24,8 +24,9 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
+# `make bench BENCH_ARGS=--quick` for a shorter run (see benchmarks/run_all.py --help)
 bench: $(STAMP)
-	$(BIN)/python benchmarks/run_all.py
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python benchmarks/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) runs build dist *.egg-info src/*.egg-info .pytest_cache .ruff_cache

@@ -6,18 +6,25 @@
 2. Side by side in one process: one training step of attnlab's DecoderLM and of Hugging Face's
    GPT2LMHeadModel with the same configuration (4 layers, 4 heads, 128 dims, block 64,
    vocab 65, dropout 0, tied embeddings, exact GELU), the same batch (12 x 64) and the same
-   optimizer (AdamW, decay on matrices only, fused kernel, grad clip 1.0) and precision; prints
-   tokens/s of both and the ratio. Rounds alternate between the two to share any drift in
-   machine load. (GPT-2 always has biases; attnlab's recipe has none.)
+   optimizer (AdamW, decay on matrices only, fused kernel, grad clip 1.0) and precision; and
+   nanoGPT's own ``GPT`` (its model.py, from ``--nanogpt``) stepped as its train.py does on a
+   CPU: fp32, its ``configure_optimizers`` AdamW, grad clip 1.0. Prints tokens/s of each and
+   the ratios. Rounds alternate between the models to share any drift in machine load.
+   ``--clock cpu`` times the thread's CPU time instead of wall time (one thread only): on a
+   machine shared with other jobs it leaves out the time the process was descheduled.
+   (GPT-2 always has biases; attnlab's recipe and nanoGPT's has none.)
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/train_shakespeare_cpu.py
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/train_shakespeare_cpu.py --skip-train
+    HF_HUB_OFFLINE=1 taskset -c 0 .venv/bin/python benchmarks/train_shakespeare_cpu.py \
+        --skip-train --threads 1 --clock cpu
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import sys
 import tempfile
@@ -28,6 +35,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+NANOGPT = ROOT.parent / "shared" / "peers" / "nanogpt"
 sys.path.insert(0, str(ROOT / "src"))
 
 from attnlab.models import token_loss  # noqa: E402
@@ -64,6 +72,20 @@ def hf_model(cfg):
     return GPT2LMHeadModel(hf_cfg)
 
 
+def nanogpt_model(cfg, path: Path):
+    """nanoGPT's GPT (its model.py, imported from ``path``) in the recipe's shape, and the
+    optimizer its train.py builds for it on a CPU."""
+    spec = importlib.util.spec_from_file_location("nanogpt_model", path / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with contextlib.redirect_stdout(None):  # it prints parameter counts
+        model = module.GPT(module.GPTConfig(block_size=cfg.max_len, vocab_size=cfg.vocab_size,
+                                            n_layer=cfg.n_layers, n_head=cfg.n_heads,
+                                            n_embd=cfg.d_model, dropout=0.0, bias=False))
+        opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
+    return model, opt
+
+
 def step_speed(args) -> dict:
     from attnlab import build_model
 
@@ -74,6 +96,10 @@ def step_speed(args) -> dict:
     precision = resolve_precision(args.precision or rc.train.precision, torch.device("cpu"))
     models = {"attnlab": build_model(cfg), "hf_gpt2": hf_model(cfg)}
     opts = {k: build_optimizer(m, rc.train, "cpu") for k, m in models.items()}
+    nanogpt = Path(getattr(args, "nanogpt", "") or "")
+    if (nanogpt / "model.py").is_file():
+        models["nanogpt"], opts["nanogpt"] = nanogpt_model(cfg, nanogpt)
+    clock = time.thread_time if getattr(args, "clock", "wall") == "cpu" else time.perf_counter
     batches = [task.next_batch() for _ in range(8)]
     tokens = batches[0][0].numel()
 
@@ -91,6 +117,13 @@ def step_speed(args) -> dict:
     def step(name, i):
         model, opt = models[name], opts[name]
         x, y = batches[i % len(batches)]
+        if name == "nanogpt":  # fp32 (its train.py runs no autocast on a CPU), mean loss
+            _, loss = model(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return
         with context():
             if name == "attnlab":
                 logits, _ = model(x)
@@ -108,16 +141,19 @@ def step_speed(args) -> dict:
     times = {name: 0.0 for name in models}
     for r in range(args.rounds):
         for name in (models if r % 2 == 0 else reversed(list(models))):
-            t0 = time.perf_counter()
+            t0 = clock()
             for i in range(args.steps):
                 step(name, i)
-            times[name] += time.perf_counter() - t0
+            times[name] += clock() - t0
     n = args.rounds * args.steps
     out = {name: n * tokens / t for name, t in times.items()}
     out["ms_attnlab"] = 1000 * times["attnlab"] / n
     out["ms_hf"] = 1000 * times["hf_gpt2"] / n
     out["params_attnlab"] = sum(p.numel() for p in models["attnlab"].parameters())
     out["params_hf"] = sum(p.numel() for p in models["hf_gpt2"].parameters())
+    if "nanogpt" in models:
+        out["ms_nanogpt"] = 1000 * times["nanogpt"] / n
+        out["params_nanogpt"] = sum(p.numel() for p in models["nanogpt"].parameters())
     out["precision"] = precision
     out["kernel"] = "torch default" if kernels is None else kernels[0].name
     return out
@@ -134,11 +170,20 @@ def main() -> None:
                    "recipe's auto)")
     p.add_argument("--sdpa", default="auto", help="speed part: attention kernel for both "
                    "models: auto (the trainer's choice), default, math, flash")
+    p.add_argument("--nanogpt", default=str(NANOGPT), help="speed part: nanoGPT's code (its "
+                   "model.py); a missing one leaves nanoGPT out")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="speed part: wall time, or the thread's CPU time (one thread only)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--warmup", type=int, default=10)
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and torch.get_num_threads() != 1:
+        p.error("--clock cpu times one thread: add --threads 1")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{os.cpu_count()} CPUs")
     if not args.skip_train:
@@ -159,7 +204,13 @@ def main() -> None:
                   f"{s['attnlab']:,.0f} |")
             print(f"| HF GPT2LMHeadModel | {s['params_hf']:,} | {s['ms_hf']:.1f} | "
                   f"{s['hf_gpt2']:,.0f} |")
+            if "nanogpt" in s:
+                print(f"| nanoGPT GPT (fp32, as its train.py on CPU) | {s['params_nanogpt']:,} "
+                      f"| {s['ms_nanogpt']:.1f} | {s['nanogpt']:,.0f} |")
             print(f"attnlab / HF tokens/s: {s['attnlab'] / s['hf_gpt2']:.2f}x")
+            if "nanogpt" in s:
+                print(f"attnlab / nanoGPT tokens/s: {s['attnlab'] / s['nanogpt']:.2f}x "
+                      f"({args.clock} clock)")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import io
 import sys
 
 import pytest
+import torch
 
 from _runs import TEXT, classifier_run, lm_run, seq2seq_run
 from attnlab.cli import main
@@ -105,6 +106,22 @@ def test_classify_prints_label_probability_text(runs, capsys, tmp_path):
         (label, float(r[1])) for r, (label, _) in zip(rows, expected)]
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "int8"])
+def test_sample_dtype_runs_and_stays_close_to_fp32(runs, capsys, dtype):
+    if dtype != "bf16" and "fbgemm" not in torch.backends.quantized.supported_engines:
+        pytest.skip("FBGEMM kernels (x86) are not in this PyTorch build")
+    argv = ["sample", runs["lm"], "--prompt", "the ", "--max-new-tokens", 30,
+            "--temperature", 0]
+    code, ref, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    code, out, err = run_cli(capsys, *argv, "--dtype", dtype)
+    assert code == 0, err
+    assert len(out) == len(ref) and out.startswith("the ")
+    # greedy text: the same characters at >= 90% of the positions (tolerances in
+    # test_generate.py bound the logits themselves)
+    assert sum(a == b for a, b in zip(out, ref)) >= 0.9 * len(ref)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["sample", "lm", "--prompt", ""], "prompt is empty"),
     (["sample", "lm", "--prompt", "QZ!"], "not in the vocabulary"),
@@ -120,6 +137,8 @@ def test_classify_prints_label_probability_text(runs, capsys, tmp_path):
     (["translate", "mt", "--input", "IN", "--beam", "0"], "--beam"),
     (["translate", "mt", "--input", "IN", "--max-len", "1000"], "max_len"),
     (["classify", "cls", "--input", "EMPTY"], "no text"),
+    (["sample", "lm", "--prompt", "the", "--dtype", "int4"],
+     "--dtype 'int4' is not allowed; allowed: fp32, bf16, fp16, int8"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(runs, capsys, tmp_path, argv, message):
     (tmp_path / "in.txt").write_text("the dog\n")

@@ -28,6 +28,8 @@ from attnlab.data import (
     read_parallel,
     read_text,
     split_holdout,
+    split_sentences,
+    whole_sentences,
 )
 from attnlab.data.fetch import DatasetInfo, RemoteFile, fetch
 
@@ -151,6 +153,93 @@ def test_split_holdout_is_deterministic_and_disjoint() -> None:
         split_holdout(items, 1.5, seed=0)
     with pytest.raises(DataError, match="both parts"):
         split_holdout([1, 2], 0.1, seed=0)
+
+
+# Made-up SST-style rows: two whole sentences and the phrases cut from them, plus sentences of
+# their own. "he" is a word of its own, not part of "the".
+PHRASED = [("the movie is good , he said", 1), ("the movie", 1), ("is good", 1),
+           ("he said", 1), ("he", 1), ("a dull and lifeless film", 0), ("dull", 0),
+           ("lifeless film", 0), ("the", 1)]
+PHRASED += [(f"sentence number {i} stands alone", i % 2) for i in range(18)]
+
+
+def _inside(row: str, sentence: str) -> bool:
+    """Brute force: ``row`` is a run of consecutive words of ``sentence``."""
+    words, part = sentence.split(), row.split()
+    return any(words[i:i + len(part)] == part for i in range(len(words) - len(part) + 1))
+
+
+def test_whole_sentences_are_the_rows_no_other_row_contains() -> None:
+    found = whole_sentences([s for s, _ in PHRASED] + ["the   movie"])
+    texts = [s for s, _ in PHRASED]
+    want = {s for s in texts if not any(s != t and _inside(s, t) for t in texts)}
+    assert set(found) == want and len(found) == 20
+    assert found == sorted(found, key=lambda t: (-len(t), t))  # longest first
+    assert "he" not in found and "the" not in found  # inside "..., he said" / "the movie ..."
+    assert whole_sentences(["he", "the end"]) == ["the end", "he"]  # by words, not letters
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_split_sentences_holds_out_whole_sentences_and_drops_their_phrases(tmp_path, seed):
+    path = tmp_path / "train.tsv"
+    path.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in PHRASED))
+    items = read_labelled_tsv(path)
+    kept, held = split_sentences(items, 0.2, seed=seed)
+    sentences = whole_sentences([s for s, _ in items])
+    assert len(held) == 4 and all(s in sentences for s, _ in held)
+    # kept = exactly the rows that are no run of words of a held-out sentence
+    want = [(s, y) for s, y in items if not any(_inside(s, h) for h, _ in held)]
+    assert kept == want
+    assert [x for x in items if x in held] == held  # original order
+    assert split_sentences(items, 0.2, seed=seed) == (kept, held)
+    assert {s for s, _ in kept}.isdisjoint({s for s, _ in held})
+
+
+def test_split_sentences_drops_the_phrases_of_a_held_out_sentence() -> None:
+    items = PHRASED
+    for seed in range(40):  # a seed that holds out the sentence with phrases
+        kept, held = split_sentences(items, 0.1, seed=seed)
+        if ("the movie is good , he said", 1) in held:
+            break
+    else:
+        raise AssertionError("no seed held out the phrased sentence")
+    texts = {s for s, _ in kept}
+    assert not texts & {"the movie", "is good", "he said", "he", "the"}
+    assert {"a dull and lifeless film", "dull", "lifeless film"} <= texts or \
+        ("a dull and lifeless film", 0) in held
+    with pytest.raises(DataError, match="between 0 and 1"):
+        split_sentences(items, 1.0, seed=0)
+    with pytest.raises(DataError, match="whole sentences"):  # 3 sentences, 9 rows
+        split_sentences(PHRASED[:9], 0.1, seed=0)
+
+
+def test_classification_batches_bucket_by_length_and_resume() -> None:
+    gen_ = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 40, (400,), generator=gen_).tolist()
+    examples = [(list(range(1, n + 1)), i % 2) for i, n in enumerate(lengths)]
+    plain = ClassificationBatches(examples, 8, pad_id=0, seed=3)
+    bucketed = ClassificationBatches(examples, 8, pad_id=0, seed=3, bucket=True)
+
+    def epoch(batches):
+        it = iter(batches)
+        return [next(it) for _ in range(50)]
+
+    a, b = epoch(plain), epoch(bucketed)
+    # the same examples, each once per epoch (a row's ids are 1..n: its length is its sum)
+    assert sorted(n for ids, _ in b for n in (ids != 0).sum(1).tolist()) == sorted(lengths)
+    padded = [sum(ids.numel() for ids, _ in x) for x in (a, b)]
+    assert padded[1] < 1.05 * sum(lengths) < 1.5 * sum(lengths) < padded[0]  # little padding
+    again = ClassificationBatches(examples, 8, pad_id=0, seed=3, bucket=True)
+    it = iter(again)
+    first = [next(it) for _ in range(7)]
+    state = again.state_dict()
+    rest = list(it)  # the rest of the epoch
+    resumed = ClassificationBatches(examples, 8, pad_id=0, seed=3, bucket=True)
+    resumed.load_state_dict(state)
+    again_rest = list(iter(resumed))
+    assert len(rest) == len(again_rest) == 43
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(rest, again_rest))
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(first, b[:7]))
 
 
 # --- synthetic ---------------------------------------------------------------------------------

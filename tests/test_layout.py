@@ -19,6 +19,11 @@ RUN_DIR_NAMES = ("config.json", "tokenizer.json", "metrics.csv", "results.json",
 ALLOWED_NAMES = {
     # a Hugging Face model directory has its own config.json (read when importing weights)
     ("attnlab.interop.hf", "config.json"),
+    # ... and its own weight file names (model.safetensors, pytorch_model.bin, shard indexes)
+    ("attnlab.interop.hf", "model.safetensors"),
+    # ... and its own tokenizer files (tokenizer.json, tokenizer_config.json), read and written
+    ("attnlab.interop.hf_tokenizer", "tokenizer.json"),
+    ("attnlab.interop.hf_tokenizer", "config.json"),
 }
 
 

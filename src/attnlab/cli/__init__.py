@@ -10,13 +10,13 @@ import argparse
 import logging
 import sys
 
-from . import inspect, train, use
+from . import inspect, interop, train, use
 from .common import Parser, UserError, run_command
 
-COMMAND_MODULES = (train, use, inspect)
+COMMAND_MODULES = (train, use, inspect, interop)
 # third-party loggers that flood debug output (matplotlib alone logs ~270 font lines)
 NOISY_LOGGERS = ("matplotlib", "PIL", "urllib3", "fsspec", "filelock", "h5py", "torch._dynamo",
-                 "torch._inductor", "asyncio")
+                 "torch._inductor", "asyncio", "torch.onnx", "onnxscript", "onnx_ir")
 
 
 def build_parser() -> argparse.ArgumentParser:

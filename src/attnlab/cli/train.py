@@ -32,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="run dir (default: runs/<recipe name>)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its last checkpoint")
+    p.add_argument("--init-from", default=None, metavar="RUN_DIR",
+                   help="fine-tune: start from the weights and tokenizer of this run dir, a "
+                   "Hugging Face model dir, or all-MiniLM-L6-v2 (sets train.init_from)")
     p.set_defaults(func=cmd_train)
 
     p = subparsers.add_parser(
@@ -113,10 +116,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     stem = recipe.stem if recipe else "demo"
     out = Path(args.out) if args.out else _default_out(stem, args.resume)
     run = RunDir(out)
+    # --init-from wins over a train.init_from of the recipe or of --set (given last)
+    overrides = args.overrides + ([f"train.init_from={json.dumps(args.init_from)}"]
+                                  if args.init_from else [])
     if recipe is None and args.resume and run.config_file.is_file():
-        rc = load_config(None, args.overrides, base=run.read_config())  # the run's own
+        rc = load_config(None, overrides, base=run.read_config())  # the run's own
     else:
-        rc = load_config(recipe, args.overrides)
+        rc = load_config(recipe, overrides)
     outcome = train_run(rc, out, resume=args.resume)
     if not outcome.is_main:
         return 0

@@ -47,6 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--num-samples", type=int, default=1, help="samples to draw (default 1)")
     p.add_argument("--stop", action="append", default=[],
                    help="stop a sample at this string (repeatable)")
+    p.add_argument("--dtype", default="fp32", metavar="fp32|bf16|fp16|int8",
+                   help="weights for decoding (default fp32). bf16: every weight cast to "
+                   "bfloat16; fp16 / int8 (CPU): linear layers in float16 or int8 with "
+                   "FBGEMM's kernels, fewer bytes per token, slightly different logits")
     p.set_defaults(func=cmd_sample)
 
     p = subparsers.add_parser("translate", help="translate sentences with an encoder-decoder run",
@@ -136,10 +140,17 @@ def cmd_sample(args: argparse.Namespace) -> int:
                         "from every token)")
     if any(not s for s in args.stop):
         raise UserError('--stop "" is empty: a stop string needs at least one character')
+    from ..decoding.quant import check_inference_dtype, to_inference_dtype
+    from ..train.loop import resolve_device
+
+    check_inference_dtype(args.dtype, resolve_device(args.device, flag="--device"), "--dtype")
     run = _load(args, "decoder")
     for prompt in prompts:  # unknown characters: a clear error before any output
         run.tokenizer.encode(prompt)
-    _fast_layout(run.model)
+    if args.dtype == "fp32":
+        _fast_layout(run.model)  # the column-major layout helps fp32 only
+    else:
+        to_inference_dtype(run.model, args.dtype)
     import torch
 
     gen = None

@@ -16,7 +16,7 @@ Note: the function :func:`~attnlab.data.fetch.fetch` is re-exported here, so the
 from attnlab.data.batching import ClassificationBatches, Seq2SeqBatches, pad
 from attnlab.data.errors import DataError, DataFileNotFoundError, DownloadError
 from attnlab.data.fetch import DATASETS, default_cache_dir, fetch
-from attnlab.data.labelled import read_labelled_tsv, split_holdout
+from attnlab.data.labelled import read_labelled_tsv, split_holdout, split_sentences, whole_sentences
 from attnlab.data.parallel import read_lines, read_parallel
 from attnlab.data.synthetic import SYNTHETIC_NAMES, SyntheticData
 from attnlab.data.text import LMData, embedded_corpus, read_text
@@ -40,4 +40,6 @@ __all__ = [
     "read_parallel",
     "read_text",
     "split_holdout",
+    "split_sentences",
+    "whole_sentences",
 ]

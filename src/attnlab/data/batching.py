@@ -170,6 +170,9 @@ class Seq2SeqBatches(_EpochBatches):
         return src, tgt[:, :-1], tgt[:, 1:]
 
 
+BUCKET_WINDOW = 50  # batches per length-sorted window of ClassificationBatches(bucket=True)
+
+
 class ClassificationBatches(_EpochBatches):
     """Shuffled fixed-size batches of ``(ids [B, T], labels [B])`` for sentence classification.
 
@@ -177,34 +180,49 @@ class ClassificationBatches(_EpochBatches):
         examples: ``(token_ids, label)`` pairs.
         batch_size: examples per batch (the last batch of an epoch may be smaller).
         pad_id: padding id; pads are on the right.
-        cls_id: if given, prepended to every sequence. Pass None when the ids already start
-            with ``[CLS]`` (e.g. from ``WordPieceTokenizer.encode(text, add_special=True)``).
+        cls_id: if given, prepended to every sequence that does not already start with it
+            (``WordPieceTokenizer.encode(text, add_special=True)`` adds ``[CLS]`` itself).
         max_len: if given, sequences (including the prepended ``cls_id``) are cut to this many
             ids.
         seed: seeds the per-epoch shuffles; ``shuffle=False`` keeps the input order.
+        bucket: group examples of similar length: each shuffled window of
+            ``BUCKET_WINDOW * batch_size`` examples is sorted by length before it is cut into
+            batches, and the batches are shuffled (as HF's ``group_by_length``), so a batch
+            pads little (about 3x fewer padded tokens on SST-2's phrases).
     """
 
     def __init__(self, examples: Sequence[tuple[Sequence[int], int]], batch_size: int,
                  pad_id: int, cls_id: int | None = None, max_len: int | None = None,
-                 seed: int = 0, shuffle: bool = True) -> None:
+                 seed: int = 0, shuffle: bool = True, bucket: bool = False) -> None:
         super().__init__(len(examples), seed)
         if batch_size < 1:
             raise DataError(f"batch_size must be >= 1, got {batch_size}")
         if max_len is not None and max_len < 1:
             raise DataError(f"max_len must be >= 1 or None, got {max_len}")
         prefix = [] if cls_id is None else [cls_id]
-        self.ids = [(prefix + list(ids))[:max_len] for ids, _ in examples]
+        # ids that already start with [CLS] (WordPiece adds it) get no second one
+        self.ids = [(([] if list(ids[:1]) == prefix else prefix) + list(ids))[:max_len]
+                    for ids, _ in examples]
         if any(len(ids) == 0 for ids in self.ids):
             raise DataError("ClassificationBatches got an example with no token ids")
         self.labels = [int(label) for _, label in examples]
         self.batch_size, self.pad_id, self.shuffle = batch_size, pad_id, shuffle
+        self.bucket = bucket
 
     def _plan(self, epoch: int) -> list[list[int]]:
         order = list(range(self.num_examples))
-        if self.shuffle:
-            order = torch.randperm(self.num_examples,
-                                   generator=_epoch_generator(self.seed, epoch)).tolist()
-        return [order[i: i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        if not self.shuffle:
+            return [order[i: i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        generator = _epoch_generator(self.seed, epoch)
+        order = torch.randperm(self.num_examples, generator=generator).tolist()
+        if not self.bucket:
+            return [order[i: i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        window = BUCKET_WINDOW * self.batch_size
+        batches = []
+        for start in range(0, len(order), window):
+            part = sorted(order[start: start + window], key=lambda i: len(self.ids[i]))
+            batches += [part[i: i + self.batch_size] for i in range(0, len(part), self.batch_size)]
+        return [batches[j] for j in torch.randperm(len(batches), generator=generator).tolist()]
 
     def _collate(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = pad([self.ids[i] for i in indices], self.pad_id)[0]

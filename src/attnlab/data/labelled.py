@@ -90,3 +90,71 @@ def split_holdout(items: Sequence[T], frac: float, seed: int) -> tuple[list[T], 
     kept = [x for i, x in enumerate(items) if i not in held]
     held_out = [x for i, x in enumerate(items) if i in held]
     return kept, held_out
+
+
+def whole_sentences(texts: Sequence[str]) -> list[str]:
+    """The texts that are not a run of words inside another (longer) text, longest first.
+
+    SST-2's ``train.tsv`` holds every phrase of its parse trees as a row of its own; the rows
+    that no other row contains are the whole sentences the phrases were cut from. Containment
+    is by whole words: ``a b`` is inside ``x a b y`` but ``he`` is not inside ``the``. Texts are
+    compared with their whitespace collapsed to single spaces.
+    """
+    # Longest first: whatever contains a text is longer, and (containment being transitive)
+    # inside some whole sentence already found, so only those need checking. Each word maps
+    # to the sentences holding it; a text is looked up under its rarest word.
+    unique = sorted({" ".join(t.split()) for t in texts}, key=lambda t: (-len(t), t))
+    found: list[str] = []
+    padded: list[str] = []  # " " + sentence + " ": containment by whole words is ``in``
+    holding: dict[str, list[int]] = {}
+    for text in unique:
+        words = set(text.split())
+        rarest = min(words, key=lambda w: len(holding.get(w, ())))
+        if any(f" {text} " in padded[i] for i in holding.get(rarest, ())):
+            continue
+        for w in words:
+            holding.setdefault(w, []).append(len(found))
+        found.append(text)
+        padded.append(f" {text} ")
+    return found
+
+
+def split_sentences(items: Sequence[tuple[str, int]], frac: float,
+                    seed: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """Hold out whole sentences, and every phrase cut from them: ``(kept, held_out)``.
+
+    A random 10% of SST-2's rows is no test of unseen text: most held-out rows are phrases of
+    sentences whose other phrases were trained on. Here ``held_out`` is ``round(frac * n)`` of
+    the ``n`` whole sentences (:func:`whole_sentences`), chosen at random with a generator
+    seeded by ``seed``, one row each; ``kept`` is every row that is not a run of words of a
+    held-out sentence (so no held-out sentence, nor any of its phrases, is trained on). Both
+    keep the original order of the rows. On data without phrases (no row inside another) this
+    is a random split of the distinct texts.
+
+    Raises:
+        DataError: ``frac`` outside (0, 1), or too few sentences for both parts.
+    """
+    if not 0.0 < frac < 1.0:
+        raise DataError(f"holdout fraction must be between 0 and 1 (exclusive), got {frac}")
+    sentences = whole_sentences([text for text, _ in items])
+    n_held = round(frac * len(sentences))
+    if n_held < 1 or n_held >= len(sentences):
+        raise DataError(f"cannot hold out {frac:.0%} of {len(sentences)} whole sentences: both "
+                        "parts need at least one (hold out a larger fraction, or use "
+                        "data.holdout_unit='row')")
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(sentences), generator=generator)[:n_held].tolist()
+    held_texts = {sentences[i] for i in order}
+    # one line per held-out sentence: a phrase is inside one exactly when its padded text is
+    # inside the padded lines joined ("\n" never occurs in a row, so no match spans two)
+    joined = "\n".join(f" {t} " for t in sorted(held_texts))
+    kept, held_out, seen = [], [], set()
+    for text, label in items:
+        norm = " ".join(text.split())
+        if norm in held_texts:
+            if norm not in seen:
+                seen.add(norm)
+                held_out.append((text, label))
+        elif f" {norm} " not in joined:
+            kept.append((text, label))
+    return kept, held_out

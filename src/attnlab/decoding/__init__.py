@@ -7,6 +7,7 @@
 * :mod:`~attnlab.decoding.translate`: greedy and beam search for the encoder-decoder, and
   :func:`translate_texts` (text in, text out).
 * :mod:`~attnlab.decoding.classify`: batch prediction with an encoder classifier.
+* :mod:`~attnlab.decoding.quant`: reduced-precision inference (bf16, fp16 and int8 weights).
 
 Nothing here knows about run dirs: every function takes a model (and tokenizers).
 
@@ -25,6 +26,7 @@ from .lm import (
     stream_text,
     window_keep,
 )
+from .quant import INFERENCE_DTYPES, PackedLinear, to_inference_dtype
 from .sampling import Sampler, filter_logits, make_generator
 from .stream import StopChecker, TextStream, cut_at_stop
 from .translate import (
@@ -37,6 +39,7 @@ from .translate import (
 
 __all__ = [
     "FINISHED",
+    "INFERENCE_DTYPES",
     "Classification",
     "Sampler",
     "StopChecker",
@@ -52,9 +55,11 @@ __all__ = [
     "greedy_search",
     "inference_layout",
     "make_generator",
+    "PackedLinear",
     "stream",
     "stream_text",
     "translate",
+    "to_inference_dtype",
     "translate_texts",
     "window_keep",
 ]

@@ -82,13 +82,14 @@ def classify_texts(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str],
     if len(names) != cfg.n_classes:
         raise ValueError(f"{len(names)} label names given for a model of {cfg.n_classes} "
                          "classes")
-    cls_id = tokenizer.bos_id if cfg.pooling == "cls" else None
+    cls_id = tokenizer.bos_id if cfg.pools_first_token else None
     limit = min(max_len or cfg.max_len, cfg.max_len)
     seqs = []
     for i, text in enumerate(texts):
         if not text.strip():
             raise ValueError(f"text {i + 1} is empty")
-        seqs.append(([] if cls_id is None else [cls_id]) + tokenizer.encode(text.strip()))
+        ids = tokenizer.encode(text.strip())
+        seqs.append(ids if cls_id is None or ids[:1] == [cls_id] else [cls_id, *ids])  # one [CLS]
     out: list[tuple[str, float]] = []
     for start in range(0, len(seqs), batch_size):
         result = classify(model, [s[:limit] for s in seqs[start:start + batch_size]],

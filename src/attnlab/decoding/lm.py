@@ -57,18 +57,23 @@ def window_keep(max_len: int) -> int:
 
 
 def inference_layout(model: nn.Module) -> nn.Module:
-    """Store every ``nn.Linear`` weight of ``model`` column-major, in place; returns ``model``.
+    """Store the ``nn.Linear`` weights of ``model`` that have more outputs than inputs
+    column-major, in place; returns ``model``.
 
     The values and shapes do not change (nor do the outputs, beyond float rounding): only the
     memory order does, so that ``F.linear``'s ``x @ W.T`` reads a contiguous (in, out) matrix.
-    On CPU (MKL) that is the fast order for the thin matrix products of decoding: the
-    50257 x 384 output projection of a GPT-2-sized model runs 2x faster at batch 1
-    (see ``benchmarks/sample_speed.py``). Tied embeddings share the layout. Use it for
-    inference; training works too, but nothing is gained there.
+    On CPU (MKL) that is the fast order for the thin matrix products of decoding when the
+    output is the wide side: the 50257 x 384 output projection of a GPT-2-sized model runs 2x
+    faster at batch 1, the q/k/v and first feed-forward projections ~1.4x; a square or
+    narrowing product (the output projection, the feed-forward's (D, 4D) second matrix, a
+    small vocabulary's head) is as fast or faster in the usual row-major order
+    (see ``benchmarks/README.md``). Tied embeddings share the layout. Use it for inference;
+    training works too, but nothing is gained there.
     """
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, nn.Linear) and module.weight.stride(0) != 1:
+            if (isinstance(module, nn.Linear) and module.weight.stride(0) != 1
+                    and module.out_features > module.in_features):
                 module.weight.data = module.weight.data.t().contiguous().t()  # (out, in) view
     return model
 

@@ -1,17 +1,23 @@
-"""BERT (``BertModel``) -> attnlab :class:`~attnlab.models.EncoderClassifier`.
+"""BERT (``BertModel``, ``BertForSequenceClassification``) <-> attnlab
+:class:`~attnlab.models.EncoderClassifier`.
 
-What attnlab does not have, and how the converters deal with it:
+How the two models line up, and what attnlab does not have:
 
+* BERT's pooler (dense + tanh on [CLS]) is attnlab's ``pooling="pooler"``; the classifier of a
+  ``BertForSequenceClassification`` is attnlab's ``head``, and ``config.id2label`` gives the
+  class names (:func:`bert_labels`). A ``BertModel`` has no head: attnlab's starts fresh.
 * BERT segment ids: ``token_type_embeddings[0]`` is folded into the learned position table,
   so attnlab reproduces BERT for single-segment inputs (``token_type_ids`` all 0, the
-  default). Sentence pairs with segment 1 are not reproduced.
-* BERT's pooler (dense + tanh on [CLS]) and task heads: not converted. ``bert_from_hf``
-  returns an :class:`~attnlab.models.EncoderClassifier` whose classification head is freshly
-  initialised; use :meth:`~attnlab.models.EncoderClassifier.hidden_states` for features.
+  default). Sentence pairs with segment 1 are not reproduced. Exported models get zero
+  segment embeddings, so their segment-0 outputs equal attnlab's.
+* Only BERT's own layout exports (:func:`bert_problems`): post-norm, an embedding LayerNorm,
+  learned positions, biases. attnlab's pre-norm encoders (``configs/sst2.toml``) have no
+  ``BertForSequenceClassification`` counterpart, nor has mean pooling.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -19,7 +25,17 @@ import torch
 from ..config import ModelConfig
 from ..models import EncoderClassifier
 from ._load import load_mapped
-from .hf import _activation, _linear, _load, _norm
+from .hf import (
+    _TO_HF_ACTIVATION,
+    _activation,
+    _linear,
+    _load,
+    _norm,
+    _transformers,
+    read_hf_config,
+)
+
+CLASSIFIER = "BertForSequenceClassification"
 
 
 def bert_config(hf_config: Any, *, n_classes: int = 2, pooling: str = "cls",
@@ -61,31 +77,83 @@ def bert_config(hf_config: Any, *, n_classes: int = 2, pooling: str = "cls",
     )
 
 
-def bert_from_hf(model_or_dir: Any, *, n_classes: int = 2, pooling: str = "cls",
-                 dropout: float = 0.0) -> EncoderClassifier:
-    """An attnlab :class:`EncoderClassifier` (in eval mode) with the encoder weights of a
-    ``BertModel``.
+def bert_labels(hf_config: Any) -> list[str]:
+    """The class names of a ``BertForSequenceClassification`` config, in id order
+    (``config.id2label``; ``transformers`` fills in ``LABEL_0, LABEL_1, ...``)."""
+    id2label = getattr(hf_config, "id2label", None) or {}
+    return [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}")))
+            for i in range(hf_config.num_labels)]
+
+
+def _load_bert(model_or_dir: Any) -> Any:
+    """A ``transformers`` BERT: the model itself, or loaded from a directory as the class its
+    ``config.json`` names (``BertForSequenceClassification`` keeps its head)."""
+    if not isinstance(model_or_dir, (str, os.PathLike)):
+        return model_or_dir
+    archs = read_hf_config(model_or_dir).get("architectures") or []
+    return _load(model_or_dir, CLASSIFIER if CLASSIFIER in archs else "BertModel")
+
+
+def bert_classifier_from_hf(model_or_dir: Any, *, n_classes: int | None = None,
+                            pooling: str | None = None, dropout: float = 0.0,
+                            ) -> tuple[EncoderClassifier, list[str] | None]:
+    """An attnlab :class:`EncoderClassifier` (eval mode) from a BERT, and its class names.
 
     Args:
-        model_or_dir: a ``transformers.BertModel`` or a local directory with ``config.json``
-            and weights (loaded as ``BertModel``, offline; task heads in the checkpoint are
-            dropped by ``transformers``).
-        n_classes, pooling: of the attnlab classification head, which is freshly initialised.
+        model_or_dir: a ``transformers.BertModel`` or ``BertForSequenceClassification``, or a
+            local directory saved from one (``config.json`` + weights, read offline).
+        n_classes: of the head; default: the checkpoint's labels, or 2 for a ``BertModel``.
+        pooling: default ``"pooler"`` for a classifier (its head reads BERT's pooler, so no
+            other value is allowed), ``"cls"`` for a ``BertModel`` (``"pooler"`` keeps its
+            pooler weights).
         dropout: attnlab's dropout (0 reproduces HF's eval mode).
 
-    ``hidden_states(ids, mask)`` equals HF's ``last_hidden_state`` for ``attention_mask=mask``
-    and ``token_type_ids`` all 0, at the real (unmasked) positions.
+    Returns:
+        The model and, for a ``BertForSequenceClassification``, :func:`bert_labels` (None for
+        a ``BertModel``, whose head is freshly initialised). The logits equal HF's for
+        ``attention_mask=mask`` and ``token_type_ids`` all 0; ``hidden_states(ids, mask)``
+        equals HF's ``last_hidden_state`` at the real positions.
+
+    Raises:
+        ValueError: another BERT head (masked LM, ...), a regression head, a ``pooling`` or
+            ``n_classes`` that contradicts the checkpoint's head, an unsupported setting.
     """
-    model = _load(model_or_dir, "BertModel")
+    model = _load_bert(model_or_dir)
+    head = getattr(model, "classifier", None)
+    if head is not None and hasattr(model, "bert"):
+        labels = bert_labels(model.config)
+        if len(labels) < 2 or getattr(model.config, "problem_type", None) == "regression":
+            raise ValueError(f"{CLASSIFIER} with num_labels={len(labels)} is a regression "
+                             "head: attnlab classifies into 2 or more classes")
+        if pooling not in (None, "pooler"):
+            raise ValueError(f"pooling={pooling!r} is not allowed for a {CLASSIFIER}: its "
+                             "head reads BERT's pooler; allowed: 'pooler'")
+        if n_classes not in (None, len(labels)):
+            raise ValueError(f"n_classes={n_classes} contradicts the checkpoint's head of "
+                             f"{len(labels)} labels {labels}")
+        clf = _convert(model.bert, len(labels), "pooler", dropout, head)
+        return clf, labels
     if hasattr(model, "bert"):
-        raise ValueError(
-            f"got {type(model).__name__}: BERT's tanh pooler and task heads have no attnlab "
-            f"counterpart; pass its encoder (`model.bert`) to convert the encoder weights"
-        )
+        raise ValueError(f"got {type(model).__name__}: only BertModel and {CLASSIFIER} convert; "
+                         f"pass its encoder (`model.bert`) to convert the encoder weights")
     if not (hasattr(model, "embeddings") and hasattr(model, "encoder")):
-        raise ValueError(f"expected a BertModel, got {type(model).__name__}")
-    cfg = bert_config(model.config, n_classes=n_classes, pooling=pooling, dropout=dropout)
-    sd = model.state_dict()
+        raise ValueError(f"expected a BertModel or {CLASSIFIER}, got {type(model).__name__}")
+    return _convert(model, n_classes or 2, pooling or "cls", dropout, None), None
+
+
+def bert_from_hf(model_or_dir: Any, *, n_classes: int | None = None, pooling: str | None = None,
+                 dropout: float = 0.0) -> EncoderClassifier:
+    """:func:`bert_classifier_from_hf` without the class names (see there for the arguments):
+    a ``BertModel`` gets a fresh head, a ``BertForSequenceClassification`` keeps its own."""
+    return bert_classifier_from_hf(model_or_dir, n_classes=n_classes, pooling=pooling,
+                                   dropout=dropout)[0]
+
+
+def _convert(bert: Any, n_classes: int, pooling: str, dropout: float,
+             head: Any) -> EncoderClassifier:
+    """attnlab classifier from a ``BertModel`` (``bert``) and an optional HF ``head``."""
+    cfg = bert_config(bert.config, n_classes=n_classes, pooling=pooling, dropout=dropout)
+    sd = bert.state_dict()
     tok_type = sd["embeddings.token_type_embeddings.weight"][0]  # segment 0 for every token
     mapped = {
         "emb.tok.weight": sd["embeddings.word_embeddings.weight"],
@@ -102,6 +170,100 @@ def bert_from_hf(model_or_dir: Any, *, n_classes: int = 2, pooling: str = "cls",
         mapped |= _linear(sd, src + "intermediate.dense", dst + "ffn.w1")
         mapped |= _linear(sd, src + "output.dense", dst + "ffn.w2")
         mapped |= _norm(sd, src + "output.LayerNorm", dst + "norm2")
+    keep = ["head."]
+    if pooling == "pooler":
+        if "pooler.dense.weight" in sd:  # a BertModel built without its pooler: a fresh one
+            mapped |= _linear(sd, "pooler.dense", "pooler")
+        else:
+            keep.append("pooler.")
+    if head is not None:
+        mapped |= {"head.weight": head.weight, "head.bias": head.bias}
     clf = EncoderClassifier(cfg)
-    load_mapped(clf, mapped, keep=("head.",))
+    load_mapped(clf, mapped, keep=keep)
     return clf.to(sd["embeddings.word_embeddings.weight"]).eval()
+
+
+def bert_problems(cfg: ModelConfig) -> list[str]:
+    """The settings a ``BertForSequenceClassification`` needs that ``cfg`` lacks, each with
+    the value it has (empty: it exports)."""
+    return [
+        f"{what} (got {got!r})" for what, ok, got in (
+            ("family='encoder'", cfg.family == "encoder", cfg.family),
+            ("norm='post'", cfg.norm == "post", cfg.norm),
+            ("norm_type='layernorm'", cfg.norm_type == "layernorm", cfg.norm_type),
+            ("final_norm=False", not cfg.use_final_norm, cfg.use_final_norm),
+            ("embed_norm=True", cfg.embed_norm, cfg.embed_norm),
+            ("pos='learned'", cfg.pos == "learned", cfg.pos),
+            ("scale_embeddings=False", not cfg.scale_embeddings, cfg.scale_embeddings),
+            ("bias=True", cfg.bias, cfg.bias),
+            ("head_dim=d_model/n_heads", cfg.dh * cfg.n_heads == cfg.d_model, cfg.head_dim),
+            ("ffn relu/gelu/gelu_tanh", cfg.ffn in _TO_HF_ACTIVATION, cfg.ffn),
+            ("pooling='pooler'", cfg.pooling == "pooler", cfg.pooling),
+        ) if not ok
+    ]
+
+
+def bert_to_hf(model: EncoderClassifier, label_names: list[str] | None = None) -> Any:
+    """A ``transformers.BertForSequenceClassification`` (eval mode, same dtype and device)
+    with the weights of a BERT-shaped attnlab :class:`EncoderClassifier`.
+
+    Args:
+        model: post-norm, embedding LayerNorm, learned positions, biases, ``pooling="pooler"``
+            (as :func:`bert_from_hf` makes them; see :func:`bert_problems`).
+        label_names: the class names, stored as ``id2label`` / ``label2id``; default
+            ``LABEL_0, LABEL_1, ...``.
+
+    Returns:
+        The HF model; its logits for ``attention_mask=mask`` (and ``token_type_ids`` 0)
+        equal ``model(ids, mask=mask)[0]``.
+
+    Raises:
+        ValueError: one line naming the settings that BERT cannot express, or label names
+            that do not match ``n_classes``.
+    """
+    cfg = model.config
+    problems = bert_problems(cfg)
+    if problems:
+        raise ValueError(f"this encoder cannot be exported as {CLASSIFIER}: it needs "
+                         f"{', '.join(problems)}")
+    names = [f"LABEL_{i}" for i in range(cfg.n_classes)] if label_names is None \
+        else [str(n) for n in label_names]
+    if len(names) != cfg.n_classes or len(set(names)) != len(names):
+        raise ValueError(f"label_names={names} must be {cfg.n_classes} distinct names, one "
+                         "per class")
+    tf = _transformers()
+    hf_config = tf.BertConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads, intermediate_size=cfg.ff_dim,
+        hidden_act=_TO_HF_ACTIVATION[cfg.ffn], hidden_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.p_attn, max_position_embeddings=cfg.max_len,
+        type_vocab_size=2, layer_norm_eps=cfg.norm_eps,
+        pad_token_id=0 if cfg.pad_id is None else cfg.pad_id, num_labels=cfg.n_classes,
+        id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
+    )
+    hf = tf.BertForSequenceClassification(hf_config)
+    sd = model.state_dict()
+    d = cfg.d_model
+    mapped = {
+        "bert.embeddings.word_embeddings.weight": sd["emb.tok.weight"],
+        "bert.embeddings.position_embeddings.weight": sd["emb.pos.weight"],
+        # segment 0 is already inside the position table (see the module docstring)
+        "bert.embeddings.token_type_embeddings.weight": sd["emb.tok.weight"].new_zeros(2, d),
+        **_norm(sd, "emb.norm", "bert.embeddings.LayerNorm"),
+        **_linear(sd, "pooler", "bert.pooler.dense"),
+        **_linear(sd, "head", "classifier"),
+    }
+    for i in range(cfg.n_layers):
+        src, dst = f"encoder.layers.{i}.", f"bert.encoder.layer.{i}."
+        qkv_w = sd[src + "self_attn.qkv_proj.weight"].split(d)  # 3 x (D, D): q, k, v
+        qkv_b = sd[src + "self_attn.qkv_proj.bias"].split(d)
+        for name, w, b in zip(("query", "key", "value"), qkv_w, qkv_b):
+            mapped[f"{dst}attention.self.{name}.weight"] = w
+            mapped[f"{dst}attention.self.{name}.bias"] = b
+        mapped |= _linear(sd, src + "self_attn.out_proj", dst + "attention.output.dense")
+        mapped |= _norm(sd, src + "norm1", dst + "attention.output.LayerNorm")
+        mapped |= _linear(sd, src + "ffn.w1", dst + "intermediate.dense")
+        mapped |= _linear(sd, src + "ffn.w2", dst + "output.dense")
+        mapped |= _norm(sd, src + "norm2", dst + "output.LayerNorm")
+    load_mapped(hf, mapped)
+    return hf.to(sd["emb.tok.weight"]).eval()

@@ -81,27 +81,33 @@ def gpt2_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
     return lm.to(base.wte.weight).eval()
 
 
+def gpt2_problems(cfg: ModelConfig) -> list[str]:
+    """The settings a GPT-2 checkpoint needs that ``cfg`` lacks (empty: it exports)."""
+    return [
+        what for what, ok in (
+            ("family='decoder'", cfg.family == "decoder"), ("norm='pre'", cfg.norm == "pre"),
+            ("norm_type='layernorm'", cfg.norm_type == "layernorm"),
+            ("a final norm", cfg.use_final_norm), ("pos='learned'", cfg.pos == "learned"),
+            ("scale_embeddings=False", not cfg.scale_embeddings),
+            ("embed_norm=False", not cfg.embed_norm),
+            ("head_dim=d_model/n_heads", cfg.dh * cfg.n_heads == cfg.d_model),
+            ("ffn relu/gelu/gelu_tanh", cfg.ffn in _TO_HF_ACTIVATION),
+        ) if not ok
+    ]
+
+
 def gpt2_to_hf(model: DecoderLM) -> Any:
     """A ``transformers.GPT2LMHeadModel`` with the weights of an attnlab :class:`DecoderLM`
     (in eval mode, same dtype and device) — e.g. to benchmark HF on identical weights.
 
     Raises:
         ValueError: the model is not GPT-2 shaped (pre-norm layernorm with a final norm,
-            learned positions, biases, unscaled embeddings, no embedding norm, Dh = D / H,
-            relu/gelu/gelu_tanh feed-forward).
+            learned positions, unscaled embeddings, no embedding norm, Dh = D / H,
+            relu/gelu/gelu_tanh feed-forward). Biases that attnlab lacks (``bias=False``)
+            are zeros in GPT-2.
     """
     cfg = model.config
-    problems = [
-        what for what, ok in (
-            ("norm='pre'", cfg.norm == "pre"),
-            ("norm_type='layernorm'", cfg.norm_type == "layernorm"),
-            ("a final norm", cfg.use_final_norm), ("pos='learned'", cfg.pos == "learned"),
-            ("bias=True", cfg.bias), ("scale_embeddings=False", not cfg.scale_embeddings),
-            ("embed_norm=False", not cfg.embed_norm),
-            ("head_dim=d_model/n_heads", cfg.dh * cfg.n_heads == cfg.d_model),
-            ("ffn relu/gelu/gelu_tanh", cfg.ffn in _TO_HF_ACTIVATION),
-        ) if not ok
-    ]
+    problems = gpt2_problems(cfg)
     if problems:
         raise ValueError(f"this DecoderLM cannot be expressed as GPT-2: it needs {problems}")
     tf = _transformers()

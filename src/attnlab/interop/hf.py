@@ -2,18 +2,35 @@
 directory, activation names and the nn.Linear / LayerNorm weight mappings.
 
 ``transformers`` is imported lazily (``pip install attnlab[hf]``). Each architecture has its own
-module (:mod:`.gpt2`, :mod:`.bert`) holding its parameter-name mapping in both directions; the
+module (:mod:`.gpt2`, :mod:`.bert`, :mod:`.llama`) holding its parameter-name mapping; the
 converted models compute the same function as the originals in eval mode (tested to 1e-4 in
 fp32, on random weights and on the real all-MiniLM-L6-v2 checkpoint).
+
+A local model directory is read here, never by ``from_pretrained``: ``config.json``, then the
+weights (``model.safetensors``, or ``pytorch_model.bin`` through ``torch.load(weights_only=True)``,
+so a pickle that holds code is refused, never run; sharded checkpoints too), loaded into a
+model built from the config with every parameter accounted for (a missing or misshapen tensor
+is an error, not a silently random weight).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
+CONFIG_FILE = "config.json"  # a Hugging Face model directory's, not a run dir's
+# weight files of a model directory, in the order they are looked for
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 
 _ACTIVATIONS = {
     "gelu_new": "gelu_tanh",
@@ -35,14 +52,162 @@ def _transformers() -> Any:
     return transformers
 
 
+def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``config.json`` of a Hugging Face model directory, as a dict.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory, or has no ``config.json``.
+        ValueError: the file is not a JSON object.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a directory (give a Hugging Face model folder "
+                                f"with {CONFIG_FILE} and weights)")
+    file = path / CONFIG_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"{path} is not a Hugging Face model directory: no {CONFIG_FILE}")
+    cfg = _read_json(file)
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{file} must hold a JSON object, got {type(cfg).__name__}")
+    return cfg
+
+
+def _read_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file} is not valid JSON ({e})") from None
+
+
+def read_optional_json(file: Path) -> dict[str, Any]:
+    """A JSON object file of a model directory that may be absent (then ``{}``).
+
+    Raises:
+        ValueError: the file exists but is not valid JSON.
+    """
+    d = _read_json(file) if file.is_file() else {}
+    return d if isinstance(d, dict) else {}
+
+
+def _read_file(file: Path) -> dict[str, Tensor]:
+    if file.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(file))
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{file} is not a readable safetensors file ({e})") from None
+    try:  # never an unrestricted unpickle: tensors and plain containers only
+        with warnings.catch_warnings():  # torch warns about pickle protocols: the error says it
+            warnings.simplefilter("ignore")
+            sd = torch.load(file, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, TypeError) as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        why = next((ln for ln in lines if "Unsupported" in ln), lines[0] if lines else "")
+        raise ValueError(f"{file} is refused: torch.load(weights_only=True) reads tensors only, "
+                         f"and this file holds more ({why[:200]}); convert it to "
+                         "model.safetensors with a tool you trust") from None
+    if not isinstance(sd, dict) or not all(isinstance(v, Tensor) for v in sd.values()):
+        raise ValueError(f"{file} does not hold a dict of tensors (a state dict)")
+    return sd
+
+
+def read_hf_weights(path: str | os.PathLike) -> dict[str, Tensor]:
+    """All weights of a Hugging Face model directory: name -> tensor (CPU).
+
+    Raises:
+        FileNotFoundError: none of the weight files (``model.safetensors``,
+            ``pytorch_model.bin`` or their sharded ``.index.json`` forms) is there.
+        ValueError: a file that cannot be read safely (a pickle holding more than tensors,
+            a damaged file).
+    """
+    path = Path(path)
+    for name in WEIGHT_FILES:
+        file = path / name
+        if not file.is_file():
+            continue
+        if not name.endswith(".index.json"):
+            return _read_file(file)
+        try:  # sharded: {"weight_map": {tensor name: shard file}}
+            shards = sorted(set(_read_json(file)["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{file} is not a valid shard index ({e})") from None
+        sd: dict[str, Tensor] = {}
+        for shard in shards:
+            if not (path / shard).is_file():
+                raise FileNotFoundError(f"{file} lists shard {shard}, which is missing")
+            sd |= _read_file(path / shard)
+        return sd
+    raise FileNotFoundError(f"{path} has no weights: expected one of {', '.join(WEIGHT_FILES)}")
+
+
+# tensors of checkpoints that no current model has (old fixed buffers): skipped silently
+_STALE = (".attn.bias", ".attn.masked_bias", "position_ids", "rotary_emb.inv_freq")
+
+
+def load_hf_state(model: nn.Module, sd: dict[str, Tensor], where: str = "the checkpoint",
+                  optional: tuple[str, ...] = ()) -> None:
+    """Load a checkpoint's ``sd`` into a freshly built ``transformers`` ``model``, strictly.
+
+    Names may carry the base-model prefix or not (``transformer.h.0...`` or ``h.0...``).
+    Tensors the model does not have (another task's head) are skipped with a log line;
+    parameters under an ``optional`` prefix (that no converter reads) may be absent.
+
+    Raises:
+        ValueError: a parameter of the model is missing from ``sd``, or a shape differs from
+            what the model's config implies.
+    """
+    own = model.state_dict()
+    base = getattr(model, "base_model_prefix", "")
+    mapped: dict[str, Tensor] = {}
+    skipped = []
+    for key, tensor in sd.items():
+        name = key if key in own else None
+        if name is None and base and f"{base}.{key}" in own:
+            name = f"{base}.{key}"
+        if name is None and base and key.startswith(base + ".") and key[len(base) + 1:] in own:
+            name = key[len(base) + 1:]
+        if name is None:
+            if not key.endswith(_STALE):
+                skipped.append(key)
+            continue
+        if tuple(tensor.shape) != tuple(own[name].shape):
+            raise ValueError(f"{where}: weight {key!r} has shape {tuple(tensor.shape)}, but the "
+                             f"config implies {tuple(own[name].shape)} (do the weights belong "
+                             "to this config.json?)")
+        mapped[name] = tensor
+    params = dict(model.named_parameters())  # tied parameters appear once
+    missing = sorted(n for n in params if n not in mapped and not n.startswith(optional))
+    if missing:
+        raise ValueError(f"{where} lacks weight {missing[0]!r} ({len(missing)} missing of "
+                         f"{len(params)}): is it a checkpoint of another architecture?")
+    if skipped:
+        log.info("%s: skipped %d tensors this model does not use (e.g. %s)", where,
+                 len(skipped), skipped[0])
+    model.load_state_dict(mapped, strict=False)
+
+
+# parameters that no converter reads, so a checkpoint may lack them: BertModel's pooler
+_UNUSED = {"BertModel": ("pooler.",)}
+
+
 def _load(model_or_dir: Any, cls_name: str) -> nn.Module:
-    """``model_or_dir`` itself, or ``transformers.<cls_name>`` loaded from a local directory."""
+    """``model_or_dir`` itself, or ``transformers.<cls_name>`` built from the ``config.json``
+    of a local directory and loaded with its weights (see :func:`read_hf_weights`), in eval
+    mode."""
     if not isinstance(model_or_dir, (str, os.PathLike)):
         return model_or_dir
     path = Path(model_or_dir)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} is not a Hugging Face model directory: no config.json")
-    return getattr(_transformers(), cls_name).from_pretrained(path, local_files_only=True)
+    read_hf_config(path)  # the clear errors for a folder that is not a model
+    sd = read_hf_weights(path)
+    tf = _transformers()
+    config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
+    model = getattr(tf, cls_name)(config)
+    load_hf_state(model, sd, str(path), _UNUSED.get(cls_name, ()))
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    return model.eval()
 
 
 def _activation(name: str, allowed: tuple[str, ...]) -> str:
@@ -51,11 +216,21 @@ def _activation(name: str, allowed: tuple[str, ...]) -> str:
     return _ACTIVATIONS[name]
 
 
+def _bias(sd: dict[str, Tensor], name: str, like: Tensor, size: int) -> Tensor:
+    """``sd[name]``, or zeros where attnlab has no bias (``bias=False``): a zero bias in the
+    other model computes the same function."""
+    return sd[name] if name in sd else like.new_zeros(size)
+
+
 def _linear(sd: dict[str, Tensor], src: str, dst: str, conv1d: bool = False) -> dict[str, Tensor]:
-    """nn.Linear ``src`` -> ``dst``; GPT-2's Conv1D stores the weight (in, out): transpose."""
+    """nn.Linear ``src`` -> ``dst``; GPT-2's Conv1D stores the weight (in, out): transpose.
+    A missing bias (attnlab's ``bias=False``) becomes zeros."""
     w = sd[f"{src}.weight"]
-    return {f"{dst}.weight": w.t() if conv1d else w, f"{dst}.bias": sd[f"{src}.bias"]}
+    return {f"{dst}.weight": w.t() if conv1d else w,
+            f"{dst}.bias": _bias(sd, f"{src}.bias", w, w.shape[0])}
 
 
 def _norm(sd: dict[str, Tensor], src: str, dst: str) -> dict[str, Tensor]:
-    return {f"{dst}.weight": sd[f"{src}.weight"], f"{dst}.bias": sd[f"{src}.bias"]}
+    """LayerNorm ``src`` -> ``dst``; a missing bias becomes zeros."""
+    w = sd[f"{src}.weight"]
+    return {f"{dst}.weight": w, f"{dst}.bias": _bias(sd, f"{src}.bias", w, w.shape[0])}

@@ -2,7 +2,10 @@
 
 Needs ``onnx`` and ``onnxscript`` (and ``onnxruntime`` to verify); all are imported lazily.
 Every dimension of every input is exported as dynamic (batch and sequence lengths), up to
-the constraints the model itself has (e.g. ``T <= max_len`` for learned positions).
+the constraints the model itself has (e.g. ``T <= max_len`` for learned positions). All three
+families export (:func:`example_inputs` makes their inputs): a DecoderLM's logits (B, T, V)
+from ``ids``; an EncoderClassifier's (B, C) from ``ids`` and ``mask``; a Transformer's
+teacher-forced (B, T, V) from ``src`` and ``tgt`` (source padding from ``pad_id``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,35 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+
+
+def example_inputs(model: nn.Module, batch: int = 2, length: int = 8, *,
+                   generator: torch.Generator | None = None,
+                   ) -> tuple[tuple[Tensor, ...], dict[str, Tensor], list[str]]:
+    """Example inputs of an attnlab model for :func:`export_onnx`, by family.
+
+    Args:
+        model: a DecoderLM, EncoderClassifier or Transformer (reads ``model.config``).
+        batch, length: the example's shape (B, T); ``length`` is cut to ``max_len``.
+        generator: for the random token ids.
+
+    Returns:
+        ``(positional, keyword, input_names)``: ``(ids,), {}, ["ids"]`` for a decoder;
+        ``(ids,), {"mask": mask}, ["ids", "mask"]`` for an encoder (the last row half
+        padding); ``(src, tgt), {}, ["src", "tgt"]`` for an encoder-decoder.
+    """
+    cfg = model.config
+    n = min(length, cfg.max_len)
+    low = 1 if cfg.vocab_size > 1 else 0  # keep clear of pad_id 0: no padding by accident
+    ids = torch.randint(low, cfg.vocab_size, (batch, n), generator=generator)  # (B, T)
+    if cfg.family == "decoder":
+        return (ids,), {}, ["ids"]
+    if cfg.family == "encoder":
+        mask = torch.ones(batch, n, dtype=torch.bool)  # (B, S), True at real tokens
+        mask[-1, max(1, n // 2):] = False
+        return (ids,), {"mask": mask}, ["ids", "mask"]
+    tgt = torch.randint(low, cfg.tgt_vocab, (batch, n), generator=generator)  # (B, T)
+    return (ids, tgt), {}, ["src", "tgt"]
 
 
 class _FirstOutput(nn.Module):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -24,8 +25,9 @@ from .common import (
 
 
 class EncoderClassifier(nn.Module):
-    """Embeddings, a bidirectional encoder stack, pooling ([CLS] = first token, or the mean over
-    real tokens), dropout and a linear classification ``head``."""
+    """Embeddings, a bidirectional encoder stack, pooling ([CLS] = first token, the mean over
+    real tokens, or BERT's ``pooler``: tanh of a D x D linear map of [CLS]), dropout and a
+    linear classification ``head``."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -36,6 +38,10 @@ class EncoderClassifier(nn.Module):
         self.config = config
         self.emb = Embeddings(config.vocab_size, config)
         self.encoder = Encoder(config, config.n_layers)
+        # BERT pretrains this map with next-sentence prediction; BertForSequenceClassification
+        # reads its output, so converted checkpoints need it to give the same logits
+        self.pooler = nn.Linear(config.d_model, config.d_model) if config.pooling == "pooler" \
+            else None
         self.head = nn.Linear(config.d_model, config.n_classes)
         init_weights(self, config, config.n_layers)
 
@@ -55,7 +61,10 @@ class EncoderClassifier(nn.Module):
         return h
 
     def pool(self, h: Tensor, mask: Tensor | None) -> Tensor:
-        """(B, S, D) -> (B, D): the first ([CLS]) token, or the mean over real tokens."""
+        """(B, S, D) -> (B, D): the first ([CLS]) token, the mean over real tokens, or
+        ``tanh(pooler(first token))``."""
+        if self.pooler is not None:
+            return torch.tanh(self.pooler(h[:, 0]))  # (B, D)
         if self.config.pooling == "cls":
             return h[:, 0]
         if mask is None:
@@ -74,7 +83,7 @@ class EncoderClassifier(nn.Module):
         """Class logits and, given labels, the mean cross-entropy.
 
         Args:
-            ids: token ids (with [CLS] first for cls pooling).
+            ids: token ids (with [CLS] first for cls and pooler pooling).
             labels: class indices in [0, n_classes).
             mask: bool, True at real tokens; default: ``ids != pad_id``.
 

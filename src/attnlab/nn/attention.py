@@ -16,9 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .dtypes import upcast
+from .dtypes import LOW_PRECISION, upcast
 from .masks import as_4d, causal_mask
 from .positional import RotaryEmbedding, padded_positions
+
+# Longest sequence for which low-precision attention on a CPU runs in fp32 (fused_attention).
+SHORT_CPU_SEQ = 128
 
 
 class AttentionOutput(NamedTuple):
@@ -68,6 +71,18 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         causal = causal_mask(t, s, device=q.device)  # (T, S)
         mask = causal if mask is None else mask & causal
         is_causal = False
+    if q.device.type == "cpu" and q.dtype in LOW_PRECISION and t == s <= SHORT_CPU_SEQ:
+        # bf16/fp16 on a CPU, whole short sequences (training, evaluation, a prompt): torch's
+        # math kernel upcasts them to fp32 itself but is 3-4x slower than the flash one, whose
+        # low-precision backward is itself several times slower than its fp32 one at these
+        # lengths (benchmarks/README.md). Same fp32 arithmetic as the math kernel, fastest
+        # kernel. (One-token decoding steps, t < s, keep the low-precision cache as it is.)
+        # Autocast is off inside: it would cast the fp32 inputs back down.
+        with torch.autocast("cpu", enabled=False):
+            out = F.scaled_dot_product_attention(
+                q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=dropout_p,
+                is_causal=is_causal)
+        return out.to(q.dtype)  # (B, H, T, Dh)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
     )

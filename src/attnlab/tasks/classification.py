@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ConfigError
-from ..data import ClassificationBatches, read_labelled_tsv, split_holdout
+from ..data import ClassificationBatches, read_labelled_tsv, split_holdout, split_sentences
 from ..metrics import accuracy, f1, macro_f1
 from ..tokenizers import Tokenizer
 from .base import Amp, Task, data_file, resolve_model, train_tokenizer
@@ -64,7 +64,8 @@ class ClassifyTask(Task):
                 if d.val_path:
                     self._items["train"] = items
                 else:
-                    self._items["train"], self._items["val"] = split_holdout(
+                    split = split_sentences if d.holdout_unit == "sentence" else split_holdout
+                    self._items["train"], self._items["val"] = split(
                         items, d.holdout, self.rc.train.seed)
             else:
                 raise ConfigError(f"unknown split {name!r}; allowed: train, val, test")
@@ -72,10 +73,13 @@ class ClassifyTask(Task):
 
     def batches(self, name: str, batch_size: int, shuffle: bool) -> ClassificationBatches:
         tok = self.tokenizer
-        cls_id = tok.bos_id if self.model_config.pooling == "cls" else None
-        examples = [(tok.encode(s), y) for s, y in self.items(name)]
-        return ClassificationBatches(examples, batch_size, tok.pad_id, cls_id, self.max_len,
-                                     self.rc.train.seed, shuffle)
+        cls_id = tok.bos_id if self.model_config.pools_first_token else None
+        examples = []
+        for s, y in self.items(name):
+            ids = tok.encode(s)  # WordPiece's already starts with [CLS]: one [CLS], as classify
+            examples.append((ids if cls_id is None or ids[:1] == [cls_id] else [cls_id, *ids], y))
+        return ClassificationBatches(examples, batch_size, tok.pad_id, None, self.max_len,
+                                     self.rc.train.seed, shuffle, bucket=self.rc.data.bucket)
 
     def next_batch(self) -> tuple[Tensor, Tensor]:
         if self._batches is None:

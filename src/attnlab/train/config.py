@@ -21,6 +21,7 @@ from ..tasks import TASKS, task_class
 
 TokenizerKind = Literal["char", "bpe"]
 PreTokenizer = Literal["byte_level", "whitespace"]
+HoldoutUnit = Literal["sentence", "row"]
 Schedule = Literal["cosine", "inverse_sqrt", "constant"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 SdpaBackend = Literal["auto", "default", "math", "flash", "efficient"]
@@ -55,7 +56,11 @@ class DataConfig:
     pre_tokenizer: PreTokenizer = "whitespace"  # BPE pre-tokenizer
     train_frac: float = 0.9  # LM: first part train, rest val (nanoGPT)
     holdout: float = 0.1  # classification: fraction of the training file held out as val
+    # sentence: hold out whole sentences and drop their phrases from training
+    # (attnlab.data.labelled.split_sentences); row: a random fraction of the rows
+    holdout_unit: HoldoutUnit = "sentence"
     max_len: int = 0  # cut classification inputs / drop longer translation pairs; 0 = model's
+    bucket: bool = False  # classification: batch sentences of similar length (less padding)
     src_add_special: bool = False  # wrap source sentences in bos ... eos
     label_names: list[str] | None = None  # classification: names of the classes
     synth_vocab: int = 16  # synthetic tasks: ids 0-2 are pad/bos/eos
@@ -67,7 +72,8 @@ class DataConfig:
         check_types(self)
         check(self.name in TASKS, "name", self.name,
               "one of " + ", ".join(repr(n) for n in TASKS))
-        for name, lit in (("tokenizer", TokenizerKind), ("pre_tokenizer", PreTokenizer)):
+        for name, lit in (("tokenizer", TokenizerKind), ("pre_tokenizer", PreTokenizer),
+                          ("holdout_unit", HoldoutUnit)):
             check_literal(self, name, lit)
         check(self.vocab_size >= 8, "vocab_size", self.vocab_size, "an integer >= 8")
         for name in ("train_frac", "holdout"):
@@ -111,6 +117,7 @@ class TrainConfig:
     beta2: float = 0.99
     eps: float = 1e-8
     weight_decay: float = 0.1  # on matrices only (biases, norms and positions are not decayed)
+    layer_decay: float = 1.0  # < 1: each layer's lr is this times the one above (fine-tuning)
     schedule: Schedule = "cosine"
     warmup_steps: int = 100
     decay_steps: int = 0  # cosine: steps until min_lr; 0 = max_steps
@@ -129,6 +136,9 @@ class TrainConfig:
     sample_tokens: int = 300
     temperature: float = 0.8
     top_k: int = 40
+    # start from trained weights: a run dir, a Hugging Face model dir or "all-MiniLM-L6-v2"
+    # (attnlab.train.finetune); its tokenizer is used and no new one is trained
+    init_from: str = ""
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -154,6 +164,8 @@ class TrainConfig:
             check(0 <= getattr(self, name) < 1, name, getattr(self, name), "a float in [0, 1)")
         check(0 <= self.label_smoothing < 1, "label_smoothing", self.label_smoothing,
               "a float in [0, 1)")
+        check(0 < self.layer_decay <= 1, "layer_decay", self.layer_decay,
+              "a float in (0, 1] (1 = the same rate for every layer)")
         check(self.best_metric in METRICS, "best_metric", self.best_metric,
               "one of " + ", ".join(repr(m) for m in METRICS))
 

@@ -1,29 +1,66 @@
 """AdamW with decay / no-decay parameter groups, and the learning-rate schedules.
 
 Weight decay applies to matrices only (linear weights and embeddings, ``dim >= 2``); biases,
-norm gains and other vectors are not decayed (as in GPT-2 / nanoGPT). The schedule is a pure
-function of the step, so its whole state is the step counter the trainer checkpoints.
+norm gains and other vectors are not decayed (as in GPT-2 / nanoGPT). With layer-wise
+learning-rate decay (``train.layer_decay`` < 1, for fine-tuning) each layer's groups carry an
+``lr_scale``: the top (head, final norm) trains at the full rate, each layer below at
+``layer_decay`` times the one above, the embeddings lowest (ELECTRA, Clark et al. 2020; BEiT).
+The schedule is a pure function of the step, so its whole state is the step counter the trainer
+checkpoints.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 from torch import nn
 
 from .config import TrainConfig
 
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two AdamW groups: matrices (decayed) and the rest (not). Shared (tied) parameters are
-    listed once, under their first name."""
-    decay, no_decay = [], []
-    for p in model.parameters():  # deduplicated: a tied embedding / head appears once
+
+def layer_depth(name: str, n_layers: int) -> int:
+    """Depth of parameter ``name`` for layer-wise decay: 0 for the embeddings (``emb.*``),
+    ``i + 1`` inside layer ``i`` of a stack (``...layers.i...``), ``n_layers + 1`` for the
+    rest (final norm, pooler, head)."""
+    if name.startswith("emb."):
+        return 0
+    match = _LAYER.search(name)
+    return int(match.group(1)) + 1 if match else n_layers + 1
+
+
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict]:
+    """AdamW groups: matrices (decayed) and the rest (not). Shared (tied) parameters are
+    listed once, under their first name.
+
+    Args:
+        model: the model (its ``config.n_layers`` sets the depth for ``layer_decay``).
+        weight_decay: decay of the matrices.
+        layer_decay: 1.0 = two groups; below 1, two groups per depth (:func:`layer_depth`),
+            each with ``lr_scale = layer_decay ** (top - depth)``, which :func:`set_lr` applies.
+
+    Returns:
+        The groups, ready for ``torch.optim.AdamW`` (empty groups left out when decaying
+        layer-wise).
+    """
+    if layer_decay == 1.0:
+        decay, no_decay = [], []
+        for p in model.parameters():  # deduplicated: a tied embedding / head appears once
+            if p.requires_grad:
+                (decay if p.dim() >= 2 else no_decay).append(p)
+        return [{"params": decay, "weight_decay": weight_decay},
+                {"params": no_decay, "weight_decay": 0.0}]
+    top = model.config.n_layers + 1
+    groups: dict[tuple[int, bool], list[nn.Parameter]] = {}
+    for name, p in model.named_parameters():  # deduplicated like parameters()
         if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+            groups.setdefault((layer_depth(name, top - 1), p.dim() >= 2), []).append(p)
+    return [{"params": params, "weight_decay": weight_decay if decayed else 0.0,
+             "lr_scale": layer_decay ** (top - depth)}
+            for (depth, decayed), params in sorted(groups.items())]
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.AdamW:
@@ -31,8 +68,8 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device_type: str) -> tor
     parameters; on the 2-core CPU of benchmarks/README.md it beat the foreach one), falling back
     to the multi-tensor (foreach) kernel on devices without a fused one (MPS)."""
     impl = {"fused": True} if device_type in ("cuda", "cpu") else {"foreach": True}
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
-                             betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **impl)
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay, cfg.layer_decay),
+                             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **impl)
 
 
 def cosine_lr(step: int, lr: float, min_lr: float, warmup: int, decay_steps: int) -> float:
@@ -77,5 +114,6 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set every group's rate to ``lr`` times its ``lr_scale`` (1 when it has none)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)

