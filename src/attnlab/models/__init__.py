@@ -22,13 +22,5 @@ def build_model(config: ModelConfig) -> nn.Module:
     return FAMILIES[config.family](config)
 
 
-__all__ = [
-    "FAMILIES",
-    "AttentionMaps",
-    "DecoderLM",
-    "EncoderClassifier",
-    "Transformer",
-    "build_model",
-    "count_parameters",
-    "token_loss",
-]
+__all__ = ["FAMILIES", "AttentionMaps", "DecoderLM", "EncoderClassifier", "Transformer",
+           "build_model", "count_parameters", "token_loss"]
