@@ -289,6 +289,9 @@ FAMILIES = {
     "encoder_mean": lambda: EncoderClassifier(ModelConfig(family="encoder", norm="pre",
                                                           pos="sinusoidal", pooling="mean",
                                                           **SMALL)),
+    "encoder_max_rope": lambda: EncoderClassifier(ModelConfig(family="encoder", norm="pre",
+                                                              pos="rope", pooling="max",
+                                                              **SMALL)),
     "encoder_decoder": lambda: Transformer(ModelConfig(
         family="encoder_decoder", tgt_vocab_size=40, n_decoder_layers=1, norm="post",
         pos="sinusoidal", **SMALL)),

@@ -1,6 +1,8 @@
 """The three families: causality, padding invariance, KV cache, attention capture, overfitting,
 gradients, parameter counts."""
 
+import json
+
 import pytest
 import torch
 
@@ -59,7 +61,7 @@ def test_transformer_decoder_is_causal_and_reads_the_source(variant):
 
 # ---- padding invariance ---------------------------------------------------------------------
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
-@pytest.mark.parametrize("pooling", ["cls", "mean"])
+@pytest.mark.parametrize("pooling", ["cls", "mean", "max"])
 def test_encoder_padding_invariance(variant, pooling):
     model = EncoderClassifier(cfg("encoder", pooling=pooling, **variant)).eval()
     x = ids(2, 7)
@@ -69,6 +71,30 @@ def test_encoder_padding_invariance(variant, pooling):
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(model.hidden_states(x), model.hidden_states(padded)[:, :7],
                                atol=1e-5, rtol=1e-5)
+
+
+def test_max_pooling_is_the_per_feature_maximum_over_real_tokens():
+    model = EncoderClassifier(cfg("encoder", pooling="max")).eval()
+    x = ids(3, 6)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]]).bool()
+    h = model.hidden_states(x, mask)
+    pooled = model.pool(h, mask)
+    torch.testing.assert_close(pooled[0], h[0].max(dim=0).values)
+    torch.testing.assert_close(pooled[1], h[1, :2].max(dim=0).values)  # padding never wins
+    assert not torch.equal(pooled[1], h[1].max(dim=0).values)
+    torch.testing.assert_close(pooled[2], torch.zeros_like(pooled[2]))  # no real token
+
+
+def test_sentence_transformers_pooling_is_read_from_its_folder(tmp_path):
+    from attnlab.interop.pretrained import _pooling
+
+    assert _pooling(tmp_path) == "cls"  # no 1_Pooling folder
+    (tmp_path / "1_Pooling").mkdir()
+    for key, want in (("pooling_mode_mean_tokens", "mean"), ("pooling_mode_max_tokens", "max"),
+                      ("pooling_mode_cls_token", "cls")):
+        (tmp_path / "1_Pooling" / "config.json").write_text(
+            json.dumps({key: True, "word_embedding_dimension": 8}))
+        assert _pooling(tmp_path) == want
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)

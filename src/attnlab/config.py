@@ -17,7 +17,7 @@ NormPlacement = Literal["post", "pre"]
 NormType = Literal["layernorm", "rmsnorm"]
 FFNKind = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
 PosKind = Literal["sinusoidal", "learned", "rope"]
-Pooling = Literal["cls", "mean", "pooler"]
+Pooling = Literal["cls", "mean", "max", "pooler"]
 
 
 class ConfigError(ValueError):
@@ -107,7 +107,8 @@ class ModelConfig:
     pad_id: int | None = 0
     n_classes: int = 2  # encoder classifier
     # encoder classifier input to the head: "cls" the first token's hidden state, "mean" the
-    # mean over real tokens, "pooler" BERT's pooler (first token -> dense D x D -> tanh)
+    # mean over real tokens, "max" their maximum per feature (max-over-time, as in Kim's CNN),
+    # "pooler" BERT's pooler (first token -> dense D x D -> tanh)
     pooling: Pooling = "cls"
     init_std: float = 0.02
     init_residual_scale: bool = True  # residual output projections start at init_std/sqrt(2L)

@@ -49,7 +49,9 @@ def _gpt2(path: Path, hf_cfg: dict[str, Any], dropout: float):
 def _pooling(path: Path) -> str:
     """A sentence-transformers folder says how it pools (mean for all-MiniLM-L6-v2)."""
     pooling = read_optional_json(path / "1_Pooling" / CONFIG_FILE)
-    return "mean" if pooling.get("pooling_mode_mean_tokens") else "cls"
+    if pooling.get("pooling_mode_mean_tokens"):
+        return "mean"
+    return "max" if pooling.get("pooling_mode_max_tokens") else "cls"
 
 
 def _bert(path: Path, hf_cfg: dict[str, Any], dropout: float):

@@ -25,9 +25,9 @@ from .common import (
 
 
 class EncoderClassifier(nn.Module):
-    """Embeddings, a bidirectional encoder stack, pooling ([CLS] = first token, the mean over
-    real tokens, or BERT's ``pooler``: tanh of a D x D linear map of [CLS]), dropout and a
-    linear classification ``head``."""
+    """Embeddings, a bidirectional encoder stack, pooling ([CLS] = first token, the mean or
+    the per-feature maximum over real tokens, or BERT's ``pooler``: tanh of a D x D linear map
+    of [CLS]), dropout and a linear classification ``head``."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -61,12 +61,19 @@ class EncoderClassifier(nn.Module):
         return h
 
     def pool(self, h: Tensor, mask: Tensor | None) -> Tensor:
-        """(B, S, D) -> (B, D): the first ([CLS]) token, the mean over real tokens, or
-        ``tanh(pooler(first token))``."""
+        """(B, S, D) -> (B, D): the first ([CLS]) token, the mean or the maximum over real
+        tokens, or ``tanh(pooler(first token))``."""
         if self.pooler is not None:
             return torch.tanh(self.pooler(h[:, 0]))  # (B, D)
         if self.config.pooling == "cls":
             return h[:, 0]
+        if self.config.pooling == "max":
+            if mask is None:
+                return h.amax(dim=1)
+            # padding never wins; a row without real tokens pools to zeros, as mean does
+            lowest = torch.finfo(h.dtype).min
+            pooled = h.masked_fill(~mask.unsqueeze(-1), lowest).amax(dim=1)  # (B, D)
+            return pooled.masked_fill(~mask.any(dim=1, keepdim=True), 0.0)
         if mask is None:
             return h.mean(dim=1)
         m = mask.unsqueeze(-1).to(h.dtype)  # (B, S, 1)
