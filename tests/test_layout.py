@@ -194,3 +194,17 @@ def test_the_model_core_stays_readable_in_an_afternoon():
     lines = sum(len(f.read_text(encoding="utf-8").splitlines()) for f in files)
     assert len(files) >= 10
     assert lines < 1300, f"the model core has {lines} lines"
+
+
+def test_the_readme_layout_names_every_module_and_package():
+    """README's Layout block lists each top-level module and sub-package of attnlab, and each
+    module of the decoding package (one home per concept), so it shows the tree as it is."""
+    readme = (SRC.parent / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    package = SRC / "attnlab"
+    wanted = [p.name for p in package.glob("*.py") if not p.name.startswith("__")]
+    wanted += [f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").exists()]
+    missing = [name for name in wanted if name not in block]
+    missing += [f"decoding/{p.stem}" for p in (package / "decoding").glob("*.py")
+                if not p.name.startswith("_") and p.stem not in block]
+    assert not missing, f"README's Layout does not mention {missing}"
