@@ -31,7 +31,7 @@ def table_rows(out: str, first_cell: str) -> list[list[str]]:
 
 
 def test_sample_speed_every_section(tmp_path, capsys):
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="the HF peer needs transformers (dev extra)")
     run = lm_run(tmp_path / "lm")
     text = tmp_path / "text.txt"
     text.write_text(TEXT * 40)
@@ -66,7 +66,7 @@ def test_sample_speed_bytes_per_token_counts_each_weight_once():
 
 
 def test_run_all_smoke_and_missing_inputs_are_skipped_rows(tmp_path, capsys):
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="the HF peer needs transformers (dev extra)")
     rows = script("run_all").main(["--smoke", "--only", "hf-sample,torch-transformer,nanogpt",
                                    "--data-dir", str(tmp_path), "--nanogpt", str(tmp_path)])
     out = capsys.readouterr().out
@@ -79,7 +79,7 @@ def test_run_all_smoke_and_missing_inputs_are_skipped_rows(tmp_path, capsys):
 
 
 def test_gpu_script_runs_on_cpu_with_tiny_shapes(tmp_path, capsys):
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="the HF peer needs transformers (dev extra)")
     (tmp_path / "tinyshakespeare").mkdir()
     (tmp_path / "tinyshakespeare" / "input.txt").write_text(TEXT * 200)
     script("gpu").main(["--device", "cpu", "--tiny", "--data-dir", str(tmp_path),

@@ -35,7 +35,8 @@ def test_bleu_hand_computed() -> None:
 
 
 def test_bleu_matches_sacrebleu() -> None:
-    sacrebleu = pytest.importorskip("sacrebleu")
+    sacrebleu = pytest.importorskip("sacrebleu",
+                                    reason="the BLEU cross-check needs sacrebleu (dev extra)")
     hyps = ["Two young men are outside.", "A girl climbs into a wooden playhouse.", "Dogs run"]
     refs = ["Two young white men are outside near bushes.", "A little girl climbing into a "
             "wooden playhouse.", "Two dogs are running in the snow."]

