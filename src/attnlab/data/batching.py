@@ -54,6 +54,13 @@ def pad(seqs: Sequence[Sequence[int]], pad_id: int | None, *,
     return ids, mask
 
 
+def with_cls(ids: Sequence[int], cls_id: int | None) -> list[int]:
+    """``ids`` with ``cls_id`` ([CLS]) first, once: prepended unless ``cls_id`` is None or
+    already the first id (``WordPieceTokenizer.encode(text, add_special=True)`` adds it)."""
+    ids = list(ids)
+    return ids if cls_id is None or ids[:1] == [cls_id] else [cls_id, *ids]
+
+
 def _epoch_generator(seed: int, epoch: int) -> torch.Generator:
     """A generator determined by ``(seed, epoch)`` alone."""
     return torch.Generator().manual_seed((seed * 1_000_003 + epoch) % (2**63))
@@ -199,10 +206,7 @@ class ClassificationBatches(_EpochBatches):
             raise DataError(f"batch_size must be >= 1, got {batch_size}")
         if max_len is not None and max_len < 1:
             raise DataError(f"max_len must be >= 1 or None, got {max_len}")
-        prefix = [] if cls_id is None else [cls_id]
-        # ids that already start with [CLS] (WordPiece adds it) get no second one
-        self.ids = [(([] if list(ids[:1]) == prefix else prefix) + list(ids))[:max_len]
-                    for ids, _ in examples]
+        self.ids = [with_cls(ids, cls_id)[:max_len] for ids, _ in examples]
         if any(len(ids) == 0 for ids in self.ids):
             raise DataError("ClassificationBatches got an example with no token ids")
         self.labels = [int(label) for _, label in examples]
@@ -210,18 +214,19 @@ class ClassificationBatches(_EpochBatches):
         self.bucket = bucket
 
     def _plan(self, epoch: int) -> list[list[int]]:
-        order = list(range(self.num_examples))
-        if not self.shuffle:
+        def cut(order: list[int]) -> list[list[int]]:
             return [order[i: i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+
+        if not self.shuffle:
+            return cut(list(range(self.num_examples)))
         generator = _epoch_generator(self.seed, epoch)
         order = torch.randperm(self.num_examples, generator=generator).tolist()
         if not self.bucket:
-            return [order[i: i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+            return cut(order)
         window = BUCKET_WINDOW * self.batch_size
-        batches = []
-        for start in range(0, len(order), window):
-            part = sorted(order[start: start + window], key=lambda i: len(self.ids[i]))
-            batches += [part[i: i + self.batch_size] for i in range(0, len(part), self.batch_size)]
+        length = [len(ids) for ids in self.ids]
+        batches = [b for start in range(0, len(order), window)
+                   for b in cut(sorted(order[start: start + window], key=length.__getitem__))]
         return [batches[j] for j in torch.randperm(len(batches), generator=generator).tolist()]
 
     def _collate(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..data.batching import pad
+from ..data.batching import pad, with_cls
 
 if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
@@ -88,8 +88,7 @@ def classify_texts(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str],
     for i, text in enumerate(texts):
         if not text.strip():
             raise ValueError(f"text {i + 1} is empty")
-        ids = tokenizer.encode(text.strip())
-        seqs.append(ids if cls_id is None or ids[:1] == [cls_id] else [cls_id, *ids])  # one [CLS]
+        seqs.append(with_cls(tokenizer.encode(text.strip()), cls_id))
     out: list[tuple[str, float]] = []
     for start in range(0, len(seqs), batch_size):
         result = classify(model, [s[:limit] for s in seqs[start:start + batch_size]],

@@ -74,11 +74,8 @@ class ClassifyTask(Task):
     def batches(self, name: str, batch_size: int, shuffle: bool) -> ClassificationBatches:
         tok = self.tokenizer
         cls_id = tok.bos_id if self.model_config.pools_first_token else None
-        examples = []
-        for s, y in self.items(name):
-            ids = tok.encode(s)  # WordPiece's already starts with [CLS]: one [CLS], as classify
-            examples.append((ids if cls_id is None or ids[:1] == [cls_id] else [cls_id, *ids], y))
-        return ClassificationBatches(examples, batch_size, tok.pad_id, None, self.max_len,
+        examples = [(tok.encode(s), y) for s, y in self.items(name)]
+        return ClassificationBatches(examples, batch_size, tok.pad_id, cls_id, self.max_len,
                                      self.rc.train.seed, shuffle, bucket=self.rc.data.bucket)
 
     def next_batch(self) -> tuple[Tensor, Tensor]:
