@@ -103,16 +103,10 @@ def step_speed(args) -> dict:
     batches = [task.next_batch() for _ in range(8)]
     tokens = batches[0][0].numel()
 
-    kernels = sdpa_backends(args.sdpa, precision, torch.device("cpu"), cfg.max_len)
+    kernels = sdpa_backends(args.sdpa)
 
     def context():
-        stack = contextlib.ExitStack()
-        stack.enter_context(autocast(precision, torch.device("cpu")))
-        if kernels is not None:
-            from torch.nn.attention import sdpa_kernel
-
-            stack.enter_context(sdpa_kernel(kernels))
-        return stack
+        return autocast(precision, torch.device("cpu"), kernels)
 
     def step(name, i):
         model, opt = models[name], opts[name]

@@ -125,11 +125,10 @@ class Trainer:
             torch.set_num_threads(self.cfg.threads)  # process-wide, as torch has it
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every process
         self.model = build_model(task.model_config).to(self.device)
+        self.backends = sdpa_backends(self.cfg.sdpa_backend)  # before the precision probe
         self.precision = resolve_precision(self.cfg.precision, self.device,
                                            self._measure_precision)
         self.optimizer = build_optimizer(self.model, self.cfg, self.device.type)
-        self.backends = sdpa_backends(self.cfg.sdpa_backend, self.precision, self.device,
-                                      task.model_config.max_len)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.ddp = wrap_ddp(self.model, self.info, self.device)
         self.fwd = self.ddp
@@ -149,18 +148,7 @@ class Trainer:
     # ---- precision -------------------------------------------------------------------------
     def amp(self, precision: str | None = None) -> contextlib.AbstractContextManager:
         """Autocast (bf16 / fp16) and the chosen attention kernels, around every forward."""
-        stack = contextlib.ExitStack()
-        if precision is None:
-            precision, backends = self.precision, self.backends
-        else:
-            backends = sdpa_backends(self.cfg.sdpa_backend, precision, self.device,
-                                     self.task.model_config.max_len)
-        stack.enter_context(autocast(precision, self.device))
-        if backends is not None:
-            from torch.nn.attention import sdpa_kernel
-
-            stack.enter_context(sdpa_kernel(backends))
-        return stack
+        return autocast(precision or self.precision, self.device, self.backends)
 
     def _measure_precision(self) -> str:
         """``precision = "auto"`` on a CPU: time forward + backward of the first training batch

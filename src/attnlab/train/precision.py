@@ -32,20 +32,28 @@ log = logging.getLogger(__name__)
 CANDIDATES = ("fp32", "bf16")
 
 
-def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The autocast context of a resolved precision (none for fp32)."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
+def autocast(precision: str, device: torch.device,
+             backends: list | None = None) -> contextlib.AbstractContextManager:
+    """The context every forward of training and evaluation runs in: autocast for a resolved
+    precision (none for fp32) and, when given, the attention kernels of
+    :func:`sdpa_backends`."""
+    stack = contextlib.ExitStack()
+    if precision != "fp32":
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        stack.enter_context(torch.autocast(device.type, dtype=dtype))
+    if backends is not None:
+        from torch.nn.attention import sdpa_kernel
+
+        stack.enter_context(sdpa_kernel(backends))
+    return stack
 
 
-def sdpa_backends(name: str, precision: str, device: torch.device, length: int) -> list | None:
+def sdpa_backends(name: str) -> list | None:
     """The attention kernels ``F.scaled_dot_product_attention`` may pick (None = torch's own
     choice). ``auto`` is torch's choice: on a CPU under bf16, sequences up to
     :data:`attnlab.nn.attention.SHORT_CPU_SEQ` positions are computed in fp32
     (:func:`attnlab.nn.attention.fused_attention`), where the flash kernel is the fastest
-    (benchmarks/README.md); ``precision``, ``device`` and ``length`` do not change it now."""
+    (benchmarks/README.md)."""
     from torch.nn.attention import SDPBackend
 
     if name == "auto":

@@ -242,16 +242,10 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
     if name == "auto" and checkpoint in ("best", "last"):
         name = rd.checkpoint_meta(checkpoint).get("precision", name)
     precision = resolve_precision(name, dev)
-    backends = sdpa_backends(rc.train.sdpa_backend, precision, dev, task.model_config.max_len)
+    backends = sdpa_backends(rc.train.sdpa_backend)
 
     def amp():  # as Trainer.amp: autocast and the attention kernels training evaluated with
-        stack = contextlib.ExitStack()
-        stack.enter_context(autocast(precision, dev))
-        if backends is not None:
-            from torch.nn.attention import sdpa_kernel
-
-            stack.enter_context(sdpa_kernel(backends))
-        return stack
+        return autocast(precision, dev, backends)
 
     where = {"data": " ".join(data)} if data else {"split": split}
     decoding = {}
