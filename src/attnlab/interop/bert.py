@@ -33,6 +33,7 @@ from .hf import (
     _norm,
     _transformers,
     read_hf_config,
+    unmet,
 )
 
 CLASSIFIER = "BertForSequenceClassification"
@@ -186,21 +187,19 @@ def _convert(bert: Any, n_classes: int, pooling: str, dropout: float,
 def bert_problems(cfg: ModelConfig) -> list[str]:
     """The settings a ``BertForSequenceClassification`` needs that ``cfg`` lacks, each with
     the value it has (empty: it exports)."""
-    return [
-        f"{what} (got {got!r})" for what, ok, got in (
-            ("family='encoder'", cfg.family == "encoder", cfg.family),
-            ("norm='post'", cfg.norm == "post", cfg.norm),
-            ("norm_type='layernorm'", cfg.norm_type == "layernorm", cfg.norm_type),
-            ("final_norm=False", not cfg.use_final_norm, cfg.use_final_norm),
-            ("embed_norm=True", cfg.embed_norm, cfg.embed_norm),
-            ("pos='learned'", cfg.pos == "learned", cfg.pos),
-            ("scale_embeddings=False", not cfg.scale_embeddings, cfg.scale_embeddings),
-            ("bias=True", cfg.bias, cfg.bias),
-            ("head_dim=d_model/n_heads", cfg.dh * cfg.n_heads == cfg.d_model, cfg.head_dim),
-            ("ffn relu/gelu/gelu_tanh", cfg.ffn in _TO_HF_ACTIVATION, cfg.ffn),
-            ("pooling='pooler'", cfg.pooling == "pooler", cfg.pooling),
-        ) if not ok
-    ]
+    return unmet((
+        ("family='encoder'", cfg.family == "encoder", cfg.family),
+        ("norm='post'", cfg.norm == "post", cfg.norm),
+        ("norm_type='layernorm'", cfg.norm_type == "layernorm", cfg.norm_type),
+        ("final_norm=False", not cfg.use_final_norm, cfg.use_final_norm),
+        ("embed_norm=True", cfg.embed_norm, cfg.embed_norm),
+        ("pos='learned'", cfg.pos == "learned", cfg.pos),
+        ("scale_embeddings=False", not cfg.scale_embeddings, cfg.scale_embeddings),
+        ("bias=True", cfg.bias, cfg.bias),
+        ("head_dim=d_model/n_heads", cfg.dh * cfg.n_heads == cfg.d_model, cfg.head_dim),
+        ("ffn relu/gelu/gelu_tanh", cfg.ffn in _TO_HF_ACTIVATION, cfg.ffn),
+        ("pooling='pooler'", cfg.pooling == "pooler", cfg.pooling),
+    ))
 
 
 def bert_to_hf(model: EncoderClassifier, label_names: list[str] | None = None) -> Any:

@@ -7,7 +7,16 @@ from typing import Any
 from ..config import ModelConfig
 from ..models import DecoderLM
 from ._load import load_mapped
-from .hf import _ACTIVATIONS, _TO_HF_ACTIVATION, _activation, _linear, _load, _norm, _transformers
+from .hf import (
+    _ACTIVATIONS,
+    _TO_HF_ACTIVATION,
+    _activation,
+    _linear,
+    _load,
+    _norm,
+    _transformers,
+    unmet,
+)
 
 
 def gpt2_config(hf_config: Any, dropout: float = 0.0) -> ModelConfig:
@@ -82,18 +91,19 @@ def gpt2_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
 
 
 def gpt2_problems(cfg: ModelConfig) -> list[str]:
-    """The settings a GPT-2 checkpoint needs that ``cfg`` lacks (empty: it exports)."""
-    return [
-        what for what, ok in (
-            ("family='decoder'", cfg.family == "decoder"), ("norm='pre'", cfg.norm == "pre"),
-            ("norm_type='layernorm'", cfg.norm_type == "layernorm"),
-            ("a final norm", cfg.use_final_norm), ("pos='learned'", cfg.pos == "learned"),
-            ("scale_embeddings=False", not cfg.scale_embeddings),
-            ("embed_norm=False", not cfg.embed_norm),
-            ("head_dim=d_model/n_heads", cfg.dh * cfg.n_heads == cfg.d_model),
-            ("ffn relu/gelu/gelu_tanh", cfg.ffn in _TO_HF_ACTIVATION),
-        ) if not ok
-    ]
+    """The settings a GPT-2 checkpoint needs that ``cfg`` lacks, each with the value it has
+    (empty: it exports)."""
+    return unmet((
+        ("family='decoder'", cfg.family == "decoder", cfg.family),
+        ("norm='pre'", cfg.norm == "pre", cfg.norm),
+        ("norm_type='layernorm'", cfg.norm_type == "layernorm", cfg.norm_type),
+        ("final_norm=True", cfg.use_final_norm, cfg.use_final_norm),
+        ("pos='learned'", cfg.pos == "learned", cfg.pos),
+        ("scale_embeddings=False", not cfg.scale_embeddings, cfg.scale_embeddings),
+        ("embed_norm=False", not cfg.embed_norm, cfg.embed_norm),
+        ("head_dim=d_model/n_heads", cfg.dh * cfg.n_heads == cfg.d_model, cfg.head_dim),
+        ("ffn relu/gelu/gelu_tanh", cfg.ffn in _TO_HF_ACTIVATION, cfg.ffn),
+    ))
 
 
 def gpt2_to_hf(model: DecoderLM) -> Any:
@@ -109,7 +119,8 @@ def gpt2_to_hf(model: DecoderLM) -> Any:
     cfg = model.config
     problems = gpt2_problems(cfg)
     if problems:
-        raise ValueError(f"this DecoderLM cannot be expressed as GPT-2: it needs {problems}")
+        raise ValueError("this DecoderLM cannot be expressed as GPT-2: it needs "
+                         f"{', '.join(problems)}")
     tf = _transformers()
     hf_config = tf.GPT2Config(
         vocab_size=cfg.vocab_size, n_positions=cfg.max_len, n_embd=cfg.d_model,

@@ -20,6 +20,7 @@ import logging
 import os
 import pickle
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,12 @@ _ACTIVATIONS = {
     "relu": "relu",
 }
 _TO_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+
+
+def unmet(checks: Iterable[tuple[str, bool, Any]]) -> list[str]:
+    """The settings an export needs that a config lacks: ``"what (got value)"`` for each
+    ``(what, ok, value)`` of ``checks`` whose ``ok`` is False (empty: it exports)."""
+    return [f"{what} (got {got!r})" for what, ok, got in checks if not ok]
 
 
 def _transformers() -> Any:

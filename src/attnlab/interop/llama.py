@@ -22,7 +22,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..models import DecoderLM
 from ._load import load_mapped
-from .hf import _load, _transformers
+from .hf import _load, _transformers, unmet
 
 
 def _rope_theta(hf_config: Any) -> float:
@@ -137,17 +137,18 @@ def llama_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
 
 
 def llama_problems(cfg: ModelConfig) -> list[str]:
-    """The settings a Llama checkpoint needs that ``cfg`` lacks (empty: it exports)."""
-    return [
-        what for what, ok in (
-            ("family='decoder'", cfg.family == "decoder"), ("norm='pre'", cfg.norm == "pre"),
-            ("norm_type='rmsnorm'", cfg.norm_type == "rmsnorm"),
-            ("a final norm", cfg.use_final_norm), ("pos='rope'", cfg.pos == "rope"),
-            ("ffn='swiglu'", cfg.ffn == "swiglu"),
-            ("scale_embeddings=False", not cfg.scale_embeddings),
-            ("embed_norm=False", not cfg.embed_norm),
-        ) if not ok
-    ]
+    """The settings a Llama checkpoint needs that ``cfg`` lacks, each with the value it has
+    (empty: it exports)."""
+    return unmet((
+        ("family='decoder'", cfg.family == "decoder", cfg.family),
+        ("norm='pre'", cfg.norm == "pre", cfg.norm),
+        ("norm_type='rmsnorm'", cfg.norm_type == "rmsnorm", cfg.norm_type),
+        ("final_norm=True", cfg.use_final_norm, cfg.use_final_norm),
+        ("pos='rope'", cfg.pos == "rope", cfg.pos),
+        ("ffn='swiglu'", cfg.ffn == "swiglu", cfg.ffn),
+        ("scale_embeddings=False", not cfg.scale_embeddings, cfg.scale_embeddings),
+        ("embed_norm=False", not cfg.embed_norm, cfg.embed_norm),
+    ))
 
 
 def llama_to_hf(model: DecoderLM) -> Any:
@@ -160,7 +161,7 @@ def llama_to_hf(model: DecoderLM) -> Any:
     cfg = model.config
     problems = llama_problems(cfg)
     if problems:
-        raise ValueError(f"this model cannot be expressed as Llama: it needs {problems}")
+        raise ValueError(f"this model cannot be expressed as Llama: it needs {', '.join(problems)}")
     tf = _transformers()
     hf_config = tf.LlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ff_dim,

@@ -27,25 +27,23 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..models import Transformer
 from ._load import load_mapped
-from .hf import _TO_HF_ACTIVATION, _transformers
+from .hf import _TO_HF_ACTIVATION, _transformers, unmet
 
 
 def marian_problems(cfg: ModelConfig) -> list[str]:
     """The settings a MarianMT model needs that ``cfg`` lacks, each with the value it has
     (empty: it exports)."""
-    return [
-        f"{what} (got {got!r})" for what, ok, got in (
-            ("family='encoder_decoder'", cfg.family == "encoder_decoder", cfg.family),
-            ("norm='post'", cfg.norm == "post", cfg.norm),
-            ("norm_type='layernorm'", cfg.norm_type == "layernorm", cfg.norm_type),
-            ("final_norm=False", not cfg.use_final_norm, cfg.use_final_norm),
-            ("embed_norm=False", not cfg.embed_norm, cfg.embed_norm),
-            ("pos='sinusoidal'", cfg.pos == "sinusoidal", cfg.pos),
-            ("bias=True", cfg.bias, cfg.bias),
-            ("head_dim=d_model/n_heads", cfg.dh * cfg.n_heads == cfg.d_model, cfg.head_dim),
-            ("ffn relu/gelu/gelu_tanh", cfg.ffn in _TO_HF_ACTIVATION, cfg.ffn),
-        ) if not ok
-    ]
+    return unmet((
+        ("family='encoder_decoder'", cfg.family == "encoder_decoder", cfg.family),
+        ("norm='post'", cfg.norm == "post", cfg.norm),
+        ("norm_type='layernorm'", cfg.norm_type == "layernorm", cfg.norm_type),
+        ("final_norm=False", not cfg.use_final_norm, cfg.use_final_norm),
+        ("embed_norm=False", not cfg.embed_norm, cfg.embed_norm),
+        ("pos='sinusoidal'", cfg.pos == "sinusoidal", cfg.pos),
+        ("bias=True", cfg.bias, cfg.bias),
+        ("head_dim=d_model/n_heads", cfg.dh * cfg.n_heads == cfg.d_model, cfg.head_dim),
+        ("ffn relu/gelu/gelu_tanh", cfg.ffn in _TO_HF_ACTIVATION, cfg.ffn),
+    ))
 
 
 def _residual_order(d_model: int) -> Tensor:

@@ -242,8 +242,9 @@ def decoder_to_hf(model: nn.Module) -> Any:
         return llama_to_hf(model)
     if not llama_like and not gpt2_problems(cfg):
         return gpt2_to_hf(model)
-    raise ValueError(f"this decoder cannot be exported: as GPT-2 it needs {gpt2_problems(cfg)}, "
-                     f"as Llama it needs {llama_problems(cfg)}")
+    raise ValueError(f"this decoder cannot be exported: as GPT-2 it needs "
+                     f"{', '.join(gpt2_problems(cfg))}; as Llama it needs "
+                     f"{', '.join(llama_problems(cfg))}")
 
 
 def bert_encoder_to_hf(model: nn.Module) -> Any:
