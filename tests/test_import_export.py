@@ -20,6 +20,7 @@ import torch
 from _runs import char_tokenizer, write_run
 from attnlab import DecoderLM, ModelConfig
 from attnlab.cli import main
+from attnlab.interop import llama_from_hf
 from attnlab.runs import load_run
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -241,11 +242,12 @@ def test_shipped_decoder_recipes_export_and_import_back(recipe, tmp_path) -> Non
     assert back.tokenizer.encode("the lazy dog\n") == tok.encode("the lazy dog\n")
 
 
-def test_llama_shaped_attnlab_decoder_exports_as_llama(tmp_path) -> None:
+@pytest.mark.parametrize("bias", [False, True])
+def test_llama_shaped_attnlab_decoder_exports_as_llama(tmp_path, bias) -> None:
     tok = char_tokenizer(("<pad>", "<bos>", "<eos>"))
     cfg = ModelConfig(family="decoder", vocab_size=tok.vocab_size, d_model=32, n_heads=4,
                       n_layers=2, norm="pre", norm_type="rmsnorm", pos="rope", ffn="swiglu",
-                      bias=False, scale_embeddings=False, tie_embeddings=True, dropout=0.0,
+                      bias=bias, scale_embeddings=False, tie_embeddings=True, dropout=0.0,
                       max_len=32, rope_base=1000.0, pad_id=0)
     model = scramble(DecoderLM(cfg))
     run = write_run(tmp_path / "run", model, tok, data={"name": "text"})
@@ -253,8 +255,10 @@ def test_llama_shaped_attnlab_decoder_exports_as_llama(tmp_path) -> None:
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == "LlamaForCausalLM" and hf.config.tie_word_embeddings
     ids = torch.tensor([tok.encode("the quick brown fox", add_special=True)])
+    back = llama_from_hf(tmp_path / "hf")  # and in again: every weight mapped both ways
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids)[0], atol=1e-4, rtol=0)
+        torch.testing.assert_close(back(ids)[0], model(ids)[0], atol=1e-5, rtol=0)
 
 
 def test_import_a_bert_encoder_without_pooler_then_classify(tmp_path, capsys) -> None:

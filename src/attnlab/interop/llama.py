@@ -83,10 +83,22 @@ def llama_config(hf_config: Any, dropout: float = 0.0) -> ModelConfig:
     )
 
 
-def _lin(sd: dict[str, Tensor], src: str, dst: str, bias: bool) -> dict[str, Tensor]:
-    out = {f"{dst}.weight": sd[f"{src}.weight"]}
-    if bias:
-        out[f"{dst}.bias"] = sd[f"{src}.bias"]
+# One decoder layer, attnlab name -> Llama name, both directions; q/k/v are one stacked
+# matrix in attnlab and three in Llama, so they are mapped apart.
+LAYER_NAMES = {"self_attn.out_proj": "self_attn.o_proj", "ffn.w1": "mlp.gate_proj",
+               "ffn.w3": "mlp.up_proj", "ffn.w2": "mlp.down_proj",
+               "norm1": "input_layernorm", "norm2": "post_attention_layernorm"}
+
+
+def _layer(sd: dict[str, Tensor], src: str, dst: str, bias: bool,
+           to_hf: bool) -> dict[str, Tensor]:
+    """The weights of :data:`LAYER_NAMES` of one layer, from prefix ``src`` to ``dst``
+    (attnlab -> Llama when ``to_hf``, else back); RMSNorm has no bias."""
+    out = {}
+    for ours, theirs in LAYER_NAMES.items():
+        a, b = (ours, theirs) if to_hf else (theirs, ours)
+        for p in ("weight", "bias") if bias and not ours.startswith("norm") else ("weight",):
+            out[f"{dst}{b}.{p}"] = sd[f"{src}{a}.{p}"]
     return out
 
 
@@ -125,12 +137,7 @@ def llama_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
             q, k, v = (sd[f"{attn}{n}_proj.{p}"] for n in "qkv")
             k, v = (_repeat_heads(t, n_kv, heads // n_kv) for t in (k, v))
             mapped[f"{dst}self_attn.qkv_proj.{p}"] = torch.cat([q, k, v])  # (3*H*Dh, ...)
-        mapped |= _lin(sd, attn + "o_proj", dst + "self_attn.out_proj", cfg.bias)
-        mapped |= _lin(sd, src + "mlp.gate_proj", dst + "ffn.w1", cfg.bias)
-        mapped |= _lin(sd, src + "mlp.up_proj", dst + "ffn.w3", cfg.bias)
-        mapped |= _lin(sd, src + "mlp.down_proj", dst + "ffn.w2", cfg.bias)
-        mapped[dst + "norm1.weight"] = sd[src + "input_layernorm.weight"]
-        mapped[dst + "norm2.weight"] = sd[src + "post_attention_layernorm.weight"]
+        mapped |= _layer(sd, src, dst, cfg.bias, to_hf=False)
     lm = DecoderLM(cfg)
     load_mapped(lm, mapped)
     return lm.to(sd["embed_tokens.weight"]).eval()
@@ -187,11 +194,6 @@ def llama_to_hf(model: DecoderLM) -> Any:
             q, k, v = sd[f"{src}self_attn.qkv_proj.{p}"].chunk(3)  # (H*Dh, ...) each
             for n, t in zip("qkv", (q, k, v)):
                 mapped[f"{dst}self_attn.{n}_proj.{p}"] = t
-        mapped |= _lin(sd, src + "self_attn.out_proj", dst + "self_attn.o_proj", cfg.bias)
-        mapped |= _lin(sd, src + "ffn.w1", dst + "mlp.gate_proj", cfg.bias)
-        mapped |= _lin(sd, src + "ffn.w3", dst + "mlp.up_proj", cfg.bias)
-        mapped |= _lin(sd, src + "ffn.w2", dst + "mlp.down_proj", cfg.bias)
-        mapped[dst + "input_layernorm.weight"] = sd[src + "norm1.weight"]
-        mapped[dst + "post_attention_layernorm.weight"] = sd[src + "norm2.weight"]
+        mapped |= _layer(sd, src, dst, cfg.bias, to_hf=True)
     load_mapped(hf, mapped)
     return hf.to(sd["emb.tok.weight"]).eval()
