@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -93,17 +92,6 @@ def measure(src: Path, what: str) -> dict[str, float]:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--base", type=Path, required=True, help="the src/ folder to compare with")
@@ -128,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["this"].append(b)
                 row["ratio"].append(b / a if key.endswith(HIGHER_IS_BETTER) else a / b)
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    from run_all import cpu_name  # the benchmarks' one CPU name (lscpu); this folder is on the path
+
     print(f"CPU: {cpu_name()}; torch threads: sampling 1, training 2; {args.rounds} rounds")
     print(f"base: {args.base}\nthis: {this}\n")
     print("| figure | base | this | this vs base (median, range) |")
