@@ -111,14 +111,17 @@ def lm_dict(tmp_path: Path, text: str, name: str, **train) -> dict:
             "train": {**TRAIN, "batch_size": 4, **train}}
 
 
-def test_a_language_model_continues_on_new_text_its_tokenizer_covers(tmp_path):
-    train_run(RunConfig.from_dict(lm_dict(tmp_path, TEXT, "a.txt")), tmp_path / "lm")
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_a_language_model_continues_on_new_text_its_tokenizer_covers(tmp_path, tied):
+    d = lm_dict(tmp_path, TEXT, "a.txt")
+    d["model"]["tie_embeddings"] = tied
+    train_run(RunConfig.from_dict(d), tmp_path / "lm")
     new = "the lazy dog jumps over the quick brown fox.\n" * 20
     d = lm_dict(tmp_path, new, "b.txt", init_from=str(tmp_path / "lm"), **STILL)
     d["model"] = {}
     train_run(RunConfig.from_dict(d), tmp_path / "ft")
     src, got = weights(tmp_path / "lm", "best"), weights(tmp_path / "ft")
-    assert src.keys() == got.keys()
+    assert src.keys() == got.keys() and ("head.weight" in src) != tied  # its own output layer
     for key in src:
         torch.testing.assert_close(got[key], src[key], atol=1e-9, rtol=0)
     bad = lm_dict(tmp_path, "Zebras & quokkas!\n" * 20, "c.txt", init_from=str(tmp_path / "lm"))

@@ -17,6 +17,7 @@ _EXPORTS = {
     "ConfigError": ".config",
     "DecoderLM": ".models",
     "EncoderClassifier": ".models",
+    "MaskedLM": ".models",
     "ModelConfig": ".config",
     "Transformer": ".models",
     "build_model": ".models",

@@ -18,6 +18,7 @@ NormType = Literal["layernorm", "rmsnorm"]
 FFNKind = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
 PosKind = Literal["sinusoidal", "learned", "rope"]
 Pooling = Literal["cls", "mean", "max", "pooler"]
+EncoderHead = Literal["classify", "mlm"]
 
 
 class ConfigError(ValueError):
@@ -75,7 +76,8 @@ class ModelConfig:
     """Architecture of any of the three families.
 
     ``family`` picks the model: ``"encoder_decoder"`` (Vaswani et al. 2017, :class:`Transformer`),
-    ``"encoder"`` (BERT-like, :class:`EncoderClassifier`) or ``"decoder"`` (GPT-like,
+    ``"encoder"`` (BERT-like, :class:`EncoderClassifier`, or :class:`MaskedLM` with
+    ``head="mlm"``) or ``"decoder"`` (GPT-like,
     :class:`DecoderLM`). ``n_layers`` is the depth of the encoder (or of the only stack);
     ``n_decoder_layers`` that of the encoder-decoder's decoder (defaults to ``n_layers``).
     """
@@ -110,6 +112,9 @@ class ModelConfig:
     # mean over real tokens, "max" their maximum per feature (max-over-time, as in Kim's CNN),
     # "pooler" BERT's pooler (first token -> dense D x D -> tanh)
     pooling: Pooling = "cls"
+    # encoder output: "classify" (EncoderClassifier: pooling + a class head) or "mlm" (MaskedLM:
+    # every token's logits over the vocabulary, BERT's masked-language-model pretraining)
+    head: EncoderHead = "classify"
     init_std: float = 0.02
     init_residual_scale: bool = True  # residual output projections start at init_std/sqrt(2L)
 
@@ -121,6 +126,7 @@ class ModelConfig:
         check_literal(self, "ffn", FFNKind)
         check_literal(self, "pos", PosKind)
         check_literal(self, "pooling", Pooling)
+        check_literal(self, "head", EncoderHead)
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_len"):
             check(getattr(self, name) > 0, name, getattr(self, name), "a positive integer")
         for name in ("tgt_vocab_size", "head_dim", "n_decoder_layers", "d_ff"):

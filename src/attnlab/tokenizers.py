@@ -1,7 +1,7 @@
 """Tokenizers behind one small interface: characters, ids, trained BPE, GPT-2 BPE, WordPiece.
 
 Every tokenizer is a :class:`Tokenizer` with ``vocab_size``, the special ids ``pad_id``,
-``bos_id``, ``eos_id``, ``unk_id`` (``None`` when the tokenizer has no such token),
+``bos_id``, ``eos_id``, ``unk_id``, ``mask_id`` (``None`` when the tokenizer has no such token),
 ``encode(text, add_special)``, ``decode(ids, skip_special)``, ``token_strings(ids)`` (one
 printable string per id, for attention plots), ``to_dict()`` and ``save(path)``. Tokenizers
 round-trip through JSON: :func:`tokenizer_from_dict` and :func:`load_tokenizer`.
@@ -39,7 +39,8 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 FORMAT = "attnlab-tokenizer"
 BPE_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
-_ROLE_NAMES = {"pad": "<pad>", "bos": "<bos>", "eos": "<eos>", "unk": "<unk>"}
+MASK = "<mask>"  # masked-language-model inputs (BPETokenizer.train(mask=True))
+_ROLE_NAMES = {"pad": "<pad>", "bos": "<bos>", "eos": "<eos>", "unk": "<unk>", "mask": MASK}
 
 
 def _visible(s: str) -> str:
@@ -69,6 +70,7 @@ class Tokenizer(ABC):
     bos_id: int | None = None
     eos_id: int | None = None
     unk_id: int | None = None
+    mask_id: int | None = None
 
     @property
     @abstractmethod
@@ -125,7 +127,7 @@ class CharTokenizer(Tokenizer):
     """One id per character; special tokens (e.g. ``"<pad>"``) take the first ids.
 
     Unknown characters raise ``ValueError`` unless ``"<unk>"`` is one of the specials, in
-    which case they map to it. Specials recognised by name: ``<pad> <bos> <eos> <unk>``.
+    which case they map to it. Specials recognised by name: ``<pad> <bos> <eos> <unk> <mask>``.
     """
 
     kind = "char"
@@ -238,9 +240,10 @@ class BPETokenizer(_HFTokenizer):
     PRE_TOKENIZERS: ClassVar[tuple[str, ...]] = ("byte_level", "whitespace")
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int,
-              pre_tokenizer: str = "byte_level", min_frequency: int = 2) -> BPETokenizer:
-        """Train on ``texts``.
+    def train(cls, texts: Iterable[str], vocab_size: int, pre_tokenizer: str = "byte_level",
+              min_frequency: int = 2, mask: bool = False) -> BPETokenizer:
+        """Train on ``texts``; with ``mask`` a fifth special token, ``<mask>`` = 4 (masked
+        language modelling).
 
         ``byte_level`` (GPT-2 style) encodes any text and decodes it back exactly;
         ``whitespace`` splits on spaces and punctuation (decoded text gets single spaces
@@ -250,7 +253,8 @@ class BPETokenizer(_HFTokenizer):
             raise ValueError(f"unknown BPE pre_tokenizer {pre_tokenizer!r}; "
                              f"allowed: {', '.join(cls.PRE_TOKENIZERS)}")
         byte_level = pre_tokenizer == "byte_level"
-        minimum = len(BPE_SPECIALS) + (256 if byte_level else 1)
+        specials = [*BPE_SPECIALS, MASK] if mask else list(BPE_SPECIALS)
+        minimum = len(specials) + (256 if byte_level else 1)
         if vocab_size < minimum:
             raise ValueError(f"BPE vocab_size {vocab_size} is too small for the {pre_tokenizer} "
                              f"pre-tokenizer (minimum {minimum}: specials + base alphabet)")
@@ -263,7 +267,7 @@ class BPETokenizer(_HFTokenizer):
             hf.decoder = decoders.ByteLevel()
             trainer = trainers.BpeTrainer(
                 vocab_size=vocab_size, min_frequency=min_frequency,
-                special_tokens=list(BPE_SPECIALS),
+                special_tokens=specials,
                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
         else:
             hf = HFTokenizer(models.BPE(unk_token="<unk>", end_of_word_suffix="</w>"))
@@ -271,10 +275,10 @@ class BPETokenizer(_HFTokenizer):
             hf.decoder = decoders.BPEDecoder(suffix="</w>")
             trainer = trainers.BpeTrainer(
                 vocab_size=vocab_size, min_frequency=min_frequency,
-                special_tokens=list(BPE_SPECIALS), end_of_word_suffix="</w>",
+                special_tokens=specials, end_of_word_suffix="</w>",
                 show_progress=False)
         hf.train_from_iterator(texts, trainer=trainer)
-        return cls(hf, dict(_ROLE_NAMES), byte_level)
+        return cls(hf, {r: t for r, t in _ROLE_NAMES.items() if t in specials}, byte_level)
 
 
 def _package_file(package: str, relpath: str, pip_name: str) -> Path:
@@ -323,7 +327,6 @@ class WordPieceTokenizer(_HFTokenizer):
     kind = "wordpiece"
     SPECIALS: ClassVar[dict[str, str]] = {"pad": "[PAD]", "unk": "[UNK]", "bos": "[CLS]",
                                           "eos": "[SEP]", "mask": "[MASK]"}
-    mask_id: int | None = None
 
     @property
     def cls_id(self) -> int:

@@ -87,10 +87,15 @@ def _load(args: argparse.Namespace, family: str):
 
     device = str(resolve_device(args.device, flag="--device"))
     # Check the family before loading weights, so a wrong run fails fast and says why.
-    got = ModelConfig.from_dict(RunDir(args.run_dir).read_config()["model"]).family
-    if got != family:
+    cfg = ModelConfig.from_dict(RunDir(args.run_dir).read_config()["model"])
+    if cfg.family != family:
         raise UserError(f"`attnlab {args.command}` needs {FAMILY_NAMES[family]} run, but "
-                        f"{args.run_dir} holds {FAMILY_NAMES[got]} model")
+                        f"{args.run_dir} holds {FAMILY_NAMES[cfg.family]} model")
+    if cfg.head == "mlm":
+        raise UserError(f"`attnlab {args.command}` needs {FAMILY_NAMES[family]} run, but "
+                        f"{args.run_dir} holds a masked language model (model.head='mlm'); "
+                        f"fine-tune it into a classifier first: attnlab train RECIPE "
+                        f"--init-from {args.run_dir}")
     run = load_run(args.run_dir, args.checkpoint, device=device)
     if run.tokenizer is None:
         raise UserError(f"run dir {args.run_dir} has no "

@@ -189,6 +189,7 @@ def bert_problems(cfg: ModelConfig) -> list[str]:
     the value it has (empty: it exports)."""
     return unmet((
         ("family='encoder'", cfg.family == "encoder", cfg.family),
+        ("head='classify'", cfg.head == "classify", cfg.head),
         ("norm='post'", cfg.norm == "post", cfg.norm),
         ("norm_type='layernorm'", cfg.norm_type == "layernorm", cfg.norm_type),
         ("final_norm=False", not cfg.use_final_norm, cfg.use_final_norm),

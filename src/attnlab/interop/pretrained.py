@@ -249,7 +249,8 @@ def decoder_to_hf(model: nn.Module) -> Any:
 
 def bert_encoder_to_hf(model: nn.Module) -> Any:
     """A ``transformers.BertModel`` (no head) with the encoder weights of a BERT-shaped
-    :class:`~attnlab.models.EncoderClassifier` of any pooling: ``last_hidden_state`` equals
+    :class:`~attnlab.models.EncoderClassifier` of any pooling, or of a
+    :class:`~attnlab.models.MaskedLM`: ``last_hidden_state`` equals
     ``model.hidden_states`` (e.g. all-MiniLM-L6-v2, imported, exported back). The attnlab head
     is not in it, and a pooler that attnlab lacks is fresh (unused by ``last_hidden_state``).
 
@@ -260,10 +261,12 @@ def bert_encoder_to_hf(model: nn.Module) -> Any:
     from .bert import bert_to_hf
 
     cfg = model.config
-    if cfg.pooling == "pooler":
+    if cfg.pooling == "pooler" and cfg.head == "classify":
         return bert_to_hf(model).bert
-    as_pooler = EncoderClassifier(cfg.replace(pooling="pooler")).to(next(model.parameters()))
-    as_pooler.load_state_dict(model.state_dict(), strict=False)  # all but the fresh pooler
+    as_pooler = EncoderClassifier(cfg.replace(pooling="pooler", head="classify"))
+    as_pooler.to(next(model.parameters()))
+    body = {k: v for k, v in model.state_dict().items() if not k.startswith("head.")}
+    as_pooler.load_state_dict(body, strict=False)  # all but the fresh pooler and head
     return bert_to_hf(as_pooler.eval()).bert
 
 

@@ -5,22 +5,19 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import ModelConfig
-from .common import AttentionMaps, count_parameters, token_loss
+from ..info import count_parameters
+from .common import AttentionMaps, token_loss
 from .decoder import DecoderLM
-from .encoder import EncoderClassifier
+from .encoder import EncoderClassifier, MaskedLM
 from .encoder_decoder import Transformer
-
-FAMILIES: dict[str, type[nn.Module]] = {
-    "encoder_decoder": Transformer,
-    "encoder": EncoderClassifier,
-    "decoder": DecoderLM,
-}
 
 
 def build_model(config: ModelConfig) -> nn.Module:
-    """The model class of ``config.family``, built from ``config``."""
-    return FAMILIES[config.family](config)
+    """The model of ``config.family`` (an encoder's by ``config.head``), built from it."""
+    if config.family == "encoder":
+        return (MaskedLM if config.head == "mlm" else EncoderClassifier)(config)
+    return (DecoderLM if config.family == "decoder" else Transformer)(config)
 
 
-__all__ = ["FAMILIES", "AttentionMaps", "DecoderLM", "EncoderClassifier", "Transformer",
-           "build_model", "count_parameters", "token_loss"]
+__all__ = ["AttentionMaps", "DecoderLM", "EncoderClassifier", "MaskedLM",
+           "Transformer", "build_model", "count_parameters", "token_loss"]

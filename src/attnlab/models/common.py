@@ -1,5 +1,5 @@
 """Pieces shared by the three model families: embeddings, the encoder and decoder stacks,
-attention capture, initialisation, the loss and parameter counting.
+attention capture, initialisation and the loss.
 
 Shapes: B batch, T target length, S source length, D d_model, H heads, V vocab, L layers.
 """
@@ -7,7 +7,6 @@ Shapes: B batch, T target length, S source length, D d_model, H heads, V vocab, 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -220,28 +219,3 @@ def init_weights(model: nn.Module, cfg: ModelConfig, n_layers: int) -> None:
             nn.init.normal_(module.weight, std=std)
         elif isinstance(module, LearnedPositions):
             nn.init.normal_(module.weight, std=cfg.init_std)
-
-
-def count_parameters(model: nn.Module, by_component: bool = False) -> int | dict[str, int]:
-    """Total parameters (shared ones once), or a dict by component: "embeddings", each layer's
-    "<stack>.<i>.attention" / ".cross_attention" / ".ffn", "norms" and "head"."""
-    if not by_component:
-        return sum(p.numel() for p in model.parameters())
-    out: dict[str, int] = defaultdict(int)
-    for name, p in model.named_parameters():  # shared (tied) parameters are listed once
-        parts = name.split(".")
-        if any("norm" in part for part in parts[:-1]):
-            comp = "norms"
-        elif "layers" in parts:
-            i = parts.index("layers")
-            stack, idx, sub = parts[i - 1], parts[i + 1], parts[i + 2]
-            sub = {"self_attn": "attention", "cross_attn": "cross_attention"}.get(sub, sub)
-            comp = f"{stack}.{idx}.{sub}"
-        elif parts[0].endswith("emb") or parts[0] == "embed":
-            comp = "embeddings"
-        else:
-            comp = "head"
-        out[comp] += p.numel()
-    # Print order: embeddings, the blocks in order, then the norms and the head.
-    last = [k for k in ("norms", "head") if k in out]
-    return {k: out[k] for k in [*(k for k in out if k not in last), *last]}

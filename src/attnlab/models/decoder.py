@@ -11,12 +11,12 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..info import count_parameters
 from ..nn.attention import KVCache
 from .common import (
     AttentionMaps,
     Decoder,
     Embeddings,
-    count_parameters,
     init_weights,
     key_mask,
     resolve_layers,
@@ -92,5 +92,4 @@ class DecoderLM(nn.Module):
         return self.decoder.new_cache(batch, max_len or self.config.max_len, p.device,
                                       dtype or p.dtype)
 
-    def num_parameters(self, by_component: bool = False) -> int | dict[str, int]:
-        return count_parameters(self, by_component)
+    num_parameters = count_parameters  # (by_component=False): the total, or a dict by part

@@ -1,6 +1,6 @@
-"""Encoder-only classifier (BERT-like).
+"""Encoder-only models (BERT-like): a classifier, and a masked language model to pretrain it.
 
-Shapes: B batch, S length, D d_model, H heads, C classes.
+Shapes: B batch, S length, D d_model, H heads, C classes, V vocab, N masked positions.
 """
 
 from __future__ import annotations
@@ -12,38 +12,31 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..info import count_parameters
 from ..nn.dtypes import upcast
 from .common import (
+    IGNORE_INDEX,
     AttentionMaps,
     Embeddings,
     Encoder,
-    count_parameters,
     init_weights,
     key_mask,
     resolve_layers,
+    token_loss,
 )
 
 
-class EncoderClassifier(nn.Module):
-    """Embeddings, a bidirectional encoder stack, pooling ([CLS] = first token, the mean or
-    the per-feature maximum over real tokens, or BERT's ``pooler``: tanh of a D x D linear map
-    of [CLS]), dropout and a linear classification ``head``."""
+class EncoderStack(nn.Module):
+    """Embeddings and encoder stack of both encoder models, under the same weight names."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, head: str):
         super().__init__()
-        if config.family != "encoder":
-            raise ValueError(
-                f"EncoderClassifier needs family='encoder', got family={config.family!r}"
-            )
+        if (config.family, config.head) != ("encoder", head):
+            raise ValueError(f"{type(self).__name__} needs family='encoder', head={head!r}, "
+                             f"got {config.family!r}, {config.head!r}")
         self.config = config
         self.emb = Embeddings(config.vocab_size, config)
         self.encoder = Encoder(config, config.n_layers)
-        # BERT pretrains this map with next-sentence prediction; BertForSequenceClassification
-        # reads its output, so converted checkpoints need it to give the same logits
-        self.pooler = nn.Linear(config.d_model, config.d_model) if config.pooling == "pooler" \
-            else None
-        self.head = nn.Linear(config.d_model, config.n_classes)
-        init_weights(self, config, config.n_layers)
 
     def _valid(self, ids: Tensor, mask: Tensor | None) -> Tensor | None:
         if mask is None and self.config.pad_id is not None:
@@ -59,6 +52,33 @@ class EncoderClassifier(nn.Module):
         by default every token that is not ``pad_id``."""
         h, _ = self._encode(ids, self._valid(ids, mask))
         return h
+
+    def attention_maps(self, ids: Tensor, *, layers: Collection[int] | bool = True,
+                       heads: Collection[int] | None = None,
+                       mask: Tensor | None = None) -> AttentionMaps:
+        """Self-attention weights of the chosen layers (``maps["encoder"][l]``: (B, H, S, S))
+        and the model's logits, from one forward pass."""
+        mask = self._valid(ids, mask)
+        h, maps = self._encode(ids, mask, resolve_layers(layers, self.config.n_layers))
+        out = AttentionMaps({"encoder": maps}, self._logits(h, mask))
+        return out.keep_heads(heads, self.config.n_heads)
+
+    num_parameters = count_parameters  # (by_component=False): the total, or a dict by part
+
+
+class EncoderClassifier(EncoderStack):
+    """Embeddings, a bidirectional encoder stack, pooling ([CLS] = first token, the mean or
+    the per-feature maximum over real tokens, or BERT's ``pooler``: tanh of a D x D linear map
+    of [CLS]), dropout and a linear classification ``head``."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config, "classify")
+        # BERT pretrains this map with next-sentence prediction; BertForSequenceClassification
+        # reads its output, so converted checkpoints need it to give the same logits
+        self.pooler = nn.Linear(config.d_model, config.d_model) if config.pooling == "pooler" \
+            else None
+        self.head = nn.Linear(config.d_model, config.n_classes)
+        init_weights(self, config, config.n_layers)
 
     def pool(self, h: Tensor, mask: Tensor | None) -> Tensor:
         """(B, S, D) -> (B, D): the first ([CLS]) token, the mean or the maximum over real
@@ -106,15 +126,28 @@ class EncoderClassifier(nn.Module):
         loss = None if labels is None else F.cross_entropy(upcast(logits), labels)
         return logits, loss
 
-    def attention_maps(self, ids: Tensor, *, layers: Collection[int] | bool = True,
-                       heads: Collection[int] | None = None,
-                       mask: Tensor | None = None) -> AttentionMaps:
-        """Self-attention weights of the chosen layers (``maps["encoder"][l]``: (B, H, S, S))
-        and the class logits, from one forward pass."""
-        mask = self._valid(ids, mask)
-        h, maps = self._encode(ids, mask, resolve_layers(layers, self.config.n_layers))
-        out = AttentionMaps({"encoder": maps}, self._logits(h, mask))
-        return out.keep_heads(heads, self.config.n_heads)
 
-    def num_parameters(self, by_component: bool = False) -> int | dict[str, int]:
-        return count_parameters(self, by_component)
+class MaskedLM(EncoderStack):
+    """BERT's pretraining (Devlin et al. 2019, 3.1): predict the original tokens at masked
+    positions through a ``head`` tied to the embedding matrix, with a bias."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config, "mlm")
+        self.head = nn.Linear(config.d_model, config.vocab_size)
+        init_weights(self, config, config.n_layers)
+        if config.tie_embeddings:
+            self.head.weight = self.emb.tok.weight  # (V, D), shared
+
+    def _logits(self, h: Tensor, mask: Tensor | None) -> Tensor:
+        return self.head(h)  # (..., V)
+
+    def forward(self, ids: Tensor, targets: Tensor | None = None, *,
+                mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Logits (B, S, V) of ``ids`` (B, S) and None; given ``targets`` (B, S: original ids
+        at masked positions, else -100), only those N positions' logits (N, V) and mean loss."""
+        h = self.hidden_states(ids, mask)  # (B, S, D)
+        if targets is None:
+            return self._logits(h, None), None
+        picked = targets != IGNORE_INDEX  # (B, S)
+        logits = self._logits(h[picked], None)  # (N, V)
+        return logits, token_loss(logits, targets[picked])

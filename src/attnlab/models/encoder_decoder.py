@@ -12,13 +12,13 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..info import count_parameters
 from ..nn.attention import KVCache
 from .common import (
     AttentionMaps,
     Decoder,
     Embeddings,
     Encoder,
-    count_parameters,
     init_weights,
     key_mask,
     resolve_layers,
@@ -143,5 +143,4 @@ class Transformer(nn.Module):
         return self.decoder.new_cache(batch, max_len or self.config.max_len, p.device,
                                       dtype or p.dtype)
 
-    def num_parameters(self, by_component: bool = False) -> int | dict[str, int]:
-        return count_parameters(self, by_component)
+    num_parameters = count_parameters  # (by_component=False): the total, or a dict by part

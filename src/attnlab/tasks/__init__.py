@@ -13,7 +13,7 @@ from ..config import ConfigError
 from ..data import SYNTHETIC_NAMES
 from ..tokenizers import Tokenizer
 from .base import Amp, Task, data_file, resolve_model, train_tokenizer
-from .classification import ClassifyTask
+from .classification import ClassifyTask, MaskedLMTask
 from .lm import LMTask
 from .seq2seq import Seq2SeqTask, TranslationTask
 from .synthetic import SyntheticTask
@@ -42,8 +42,17 @@ def task_class(name: str) -> type[Task]:
 
 
 def build_task(rc: RunConfig, tokenizer: Tokenizer | None = None) -> Task:
-    """The task for ``rc.data.name``; ``tokenizer`` (a resumed run's) skips training one."""
-    return task_class(rc.data.name)(rc, tokenizer)
+    """The task for ``rc.data.name`` (for labelled sentences and ``model.head = "mlm"``,
+    masked-language-model pretraining); ``tokenizer`` (a resumed run's) skips training one."""
+    cls = task_class(rc.data.name)
+    if rc.model.head == "mlm":
+        if cls is not ClassifyTask:
+            names = ", ".join(repr(n) for n, c in TASKS.items() if c is ClassifyTask)
+            raise ConfigError(f"model.head='mlm' pretrains an encoder on labelled sentences; "
+                              f"data.name={rc.data.name!r} is not allowed: one of {names} "
+                              "(or model.head='classify')")
+        cls = MaskedLMTask
+    return cls(rc, tokenizer)
 
 
 __all__ = [
@@ -51,6 +60,7 @@ __all__ = [
     "Amp",
     "ClassifyTask",
     "LMTask",
+    "MaskedLMTask",
     "Seq2SeqTask",
     "SyntheticTask",
     "Task",

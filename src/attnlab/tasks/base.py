@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..config import ConfigError, ModelConfig
 from ..data import fetch
-from ..tokenizers import BPETokenizer, CharTokenizer, Tokenizer
+from ..tokenizers import MASK, BPETokenizer, CharTokenizer, Tokenizer
 
 if TYPE_CHECKING:  # annotations only: the training config imports the task table
     from ..train.config import RunConfig
@@ -69,12 +69,13 @@ def resolve_model(rc: RunConfig, **derived: Any) -> ModelConfig:
         raise ConfigError(f"model.{e}") from None
 
 
-def train_tokenizer(rc: RunConfig, texts: list[str]) -> Tokenizer:
+def train_tokenizer(rc: RunConfig, texts: list[str], mask: bool = False) -> Tokenizer:
+    """A new tokenizer of kind ``data.tokenizer`` for ``texts``; ``mask`` adds ``<mask>``."""
     d = rc.data
     if d.tokenizer == "char":
-        specials = () if d.family == "decoder" else SPECIALS
+        specials = () if d.family == "decoder" else SPECIALS + ((MASK,) if mask else ())
         return CharTokenizer.from_text("".join(texts), specials)
-    return BPETokenizer.train(texts, d.vocab_size, d.pre_tokenizer)
+    return BPETokenizer.train(texts, d.vocab_size, d.pre_tokenizer, mask=mask)
 
 
 class Task:

@@ -1,4 +1,5 @@
-"""Sentence classification from a labelled TSV (SST-2): [CLS] + tokens -> class."""
+"""Sentence classification from a labelled TSV (SST-2): [CLS] + tokens -> class; and BERT's
+masked-language-model pretraining on the same sentences."""
 
 from __future__ import annotations
 
@@ -10,8 +11,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ConfigError
-from ..data import ClassificationBatches, read_labelled_tsv, split_holdout, split_sentences
+from ..data import (
+    ClassificationBatches,
+    read_labelled_tsv,
+    split_holdout,
+    split_sentences,
+    whole_sentences,
+)
 from ..metrics import accuracy, f1, macro_f1
+from ..models.common import IGNORE_INDEX
 from ..tokenizers import Tokenizer
 from .base import Amp, Task, data_file, resolve_model, train_tokenizer
 
@@ -27,6 +35,7 @@ class ClassifyTask(Task):
     eval_data_keys = ("path",)
     metric_names = ("accuracy", "f1")
     default_metric = "accuracy"
+    head = "classify"  # the model's ModelConfig.head
 
     def __init__(self, rc: RunConfig, tokenizer: Tokenizer | None = None):
         super().__init__(rc)
@@ -36,12 +45,15 @@ class ClassifyTask(Task):
             n_classes = len(d.label_names)
         self.n_classes = n_classes
         self._items: dict[str, list[tuple[str, int]]] = {}
-        self.tokenizer = tokenizer or train_tokenizer(rc, [s for s, _ in self.items("train")])
+        mlm = self.head == "mlm"
+        self.tokenizer = tokenizer or train_tokenizer(rc, [s for s, _ in self.items("train")],
+                                                      mask=mlm)
         tok = self.tokenizer
-        if tok.pad_id is None or tok.bos_id is None:
-            raise ConfigError("classification needs a tokenizer with <pad> and <bos> ([CLS])")
+        if tok.pad_id is None or tok.bos_id is None or (mlm and tok.mask_id is None):
+            raise ConfigError(f"{self.kind} needs a tokenizer with <pad> and <bos> ([CLS])"
+                              + (" and <mask> ([MASK])" if mlm else ""))
         self.model_config = resolve_model(rc, vocab_size=tok.vocab_size, pad_id=tok.pad_id,
-                                          n_classes=n_classes)
+                                          n_classes=n_classes, head=self.head)
         self.max_len = min(d.max_len or self.model_config.max_len, self.model_config.max_len)
         self._batches: ClassificationBatches | None = None
         self._iter = None
@@ -118,3 +130,97 @@ class ClassifyTask(Task):
             labels += y.tolist()
         score = f1(preds, labels) if self.n_classes == 2 else macro_f1(preds, labels)
         return {"val_loss": total / len(labels), "accuracy": accuracy(preds, labels), "f1": score}
+
+
+MASK_RATE = 0.15  # BERT's share of masked tokens
+
+
+def mask_tokens(ids: Tensor, mask_id: int, vocab_size: int, generator: torch.Generator,
+                keep: tuple[int | None, ...] = ()) -> tuple[Tensor, Tensor]:
+    """BERT's masking (Devlin et al. 2019, 3.1) of a padded batch: ``(inputs, targets)``.
+
+    Each token whose id is not in ``keep`` (padding and the other special tokens) is picked
+    with probability :data:`MASK_RATE`, and at least one per row; a picked token becomes
+    ``mask_id`` (80%), a random id (10%) or stays (10%). ``targets`` holds the original id at
+    the picked positions and ``IGNORE_INDEX`` (-100) elsewhere. Every draw comes from
+    ``generator``, so a saved generator state replays the same masks.
+
+    Shape: ids, inputs, targets (B, S).
+    """
+    real = torch.ones_like(ids, dtype=torch.bool)
+    for special in keep:
+        if special is not None:
+            real &= ids != special
+    score = torch.rand(ids.shape, generator=generator)  # (B, S)
+    picked = (score < MASK_RATE) & real
+    first = score.masked_fill(~real, 2.0).argmin(dim=1)  # (B,): each row's lowest real score
+    picked[torch.arange(ids.size(0)), first] |= real.any(dim=1)
+    how = torch.rand(ids.shape, generator=generator)
+    random_ids = torch.randint(vocab_size, ids.shape, generator=generator)
+    inputs = torch.where(picked & (how < 0.8), mask_id, ids)
+    inputs = torch.where(picked & (how >= 0.8) & (how < 0.9), random_ids, inputs)
+    return inputs, ids.masked_fill(~picked, IGNORE_INDEX)
+
+
+class MaskedLMTask(ClassifyTask):
+    """Masked-language-model pretraining (``model.head = "mlm"``) on the sentences of a
+    labelled TSV, labels unread: the same split as classification (held-out sentences and
+    their phrases never trained on), each whole training sentence once per epoch (SST-2's
+    phrases are runs of words of them), and a tokenizer with ``<mask>``. Masks are drawn per
+    batch (:func:`mask_tokens`) from the task's generator, saved with the data position; an
+    evaluation draws the same masks every time. The run fine-tunes into a classifier with
+    ``attnlab train RECIPE --init-from RUN`` (self-pretraining: no outside data or weights)."""
+
+    kind = "masked-language-model"
+    metric_names = ("accuracy",)  # of the masked tokens
+    default_metric = "val_loss"
+    head = "mlm"
+
+    def batches(self, name: str, batch_size: int, shuffle: bool) -> ClassificationBatches:
+        texts = [s for s, _ in self.items(name)]
+        if name == "train":
+            texts = whole_sentences(texts)
+        examples = [(self.tokenizer.encode(s), 0) for s in texts]
+        return ClassificationBatches(examples, batch_size, self.tokenizer.pad_id, None,
+                                     self.max_len, self.rc.train.seed, shuffle,
+                                     bucket=self.rc.data.bucket)
+
+    def _mask(self, ids: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        tok = self.tokenizer
+        return mask_tokens(ids, tok.mask_id, tok.vocab_size, generator,
+                           keep=(tok.pad_id, tok.bos_id, tok.eos_id))
+
+    def next_batch(self) -> tuple[Tensor, Tensor]:
+        ids, _ = super().next_batch()
+        return self._mask(ids, self.generator)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.generator.set_state(state["generator"])
+
+    def count(self, batch: tuple[Tensor, ...]) -> Tensor:
+        return (batch[-1] != IGNORE_INDEX).sum().float()
+
+    def loss_sum(self, model: nn.Module, batch, label_smoothing: float = 0.0) -> Tensor:
+        inputs, targets = batch
+        logits, _ = model(inputs, targets)  # (N, V) at the masked positions
+        return F.cross_entropy(logits.float(), targets[targets != IGNORE_INDEX],
+                               reduction="sum", label_smoothing=label_smoothing)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
+                 max_batches: int = 0) -> dict[str, float]:
+        generator = torch.Generator().manual_seed(self.rc.train.seed)  # the same masks each time
+        total, correct, n = 0.0, 0, 0
+        for ids, _ in self.batches(split, self.eval_batch_size(), shuffle=False):
+            inputs, targets = (t.to(device) for t in self._mask(ids, generator))
+            with amp():
+                logits, _ = model(inputs, targets)  # (N, V)
+            wanted = targets[targets != IGNORE_INDEX]
+            total += float(F.cross_entropy(logits.float(), wanted, reduction="sum"))
+            correct += int((logits.argmax(-1) == wanted).sum())
+            n += wanted.numel()
+        return {"val_loss": total / n, "accuracy": correct / n}

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 MINILM = "all-MiniLM-L6-v2"
 # [model] keys a fine-tuning recipe may set to other values than its source's: they change no
 # weight's shape (pooling and dropout), or only the head's, which then starts fresh
-TUNABLE = ("dropout", "attn_dropout", "pooling", "n_classes")
+TUNABLE = ("dropout", "attn_dropout", "pooling", "n_classes", "head")
 HEAD = "head."  # the classification head's parameter names (EncoderClassifier.head)
 POOLER = "pooler."  # BERT's pooler (EncoderClassifier.pooler, pooling="pooler")
 
@@ -90,7 +90,8 @@ def init_config(rc: RunConfig, base: ModelConfig, where: str) -> RunConfig:
     run's own) where the recipe leaves keys out.
 
     Every key of ``base`` is marked explicit so that the task keeps it rather than filling it
-    in from the data, except ``n_classes`` (the recipe's classes decide, with a fresh head).
+    in from the data, except ``n_classes`` and ``head`` (the recipe's classes and objective
+    decide: a masked LM's run fine-tunes into a classifier with a fresh head).
 
     Raises:
         ConfigError: the data trains another family than ``base``'s, or the recipe sets a key
@@ -113,7 +114,9 @@ def init_config(rc: RunConfig, base: ModelConfig, where: str) -> RunConfig:
                               f"leave model.{key} out (the source's value is used) or train "
                               "from scratch")
         changes[key] = mine
-    taken = {f"model.{f.name}" for f in dataclasses.fields(ModelConfig)} - {"model.n_classes"}
+    changes["head"] = rc.model.head
+    taken = {f"model.{f.name}" for f in dataclasses.fields(ModelConfig)} - {"model.n_classes",
+                                                                           "model.head"}
     return dataclasses.replace(rc, model=base.replace(**changes), explicit=rc.explicit | taken)
 
 
@@ -131,10 +134,16 @@ def check_covers(task: Task, source: str) -> None:
 
 
 def keeps_head(rc: RunConfig, src: InitSource) -> bool:
-    """Whether an encoder keeps the source's classification head: only when the source was
-    trained on the same, named classes."""
-    return (src.label_names is not None and rc.data.label_names == src.label_names
-            and src.config.n_classes == len(src.label_names))
+    """Whether the model keeps the source's ``head``: always a language model's output layer;
+    an encoder's masked-LM head when it goes on as a masked LM, its classifier only when the
+    source was trained on the same, named classes."""
+    if rc.model.family != "encoder":
+        return True
+    if src.config.head != rc.model.head:
+        return False
+    return rc.model.head == "mlm" or (src.label_names is not None
+                                      and rc.data.label_names == src.label_names
+                                      and src.config.n_classes == len(src.label_names))
 
 
 def load_init_weights(model: nn.Module, src: InitSource, fresh_head: bool) -> None:
