@@ -26,6 +26,20 @@ def test_forward_flops_match_torch_flop_counter(family, ffn):
     assert est.flops_per_token_train == 3 * est.flops_per_token_forward
 
 
+def test_masked_lm_flops_count_its_head_at_the_masked_tokens_only():
+    cfg = ModelConfig(family="encoder", head="mlm", vocab_size=997, d_model=32, n_heads=4,
+                      n_layers=2, dropout=0.0, max_len=64)
+    model = build_model(cfg).eval()
+    b, t = 2, 20
+    x = torch.randint(1, 997, (b, t))
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model.attention_maps(x)  # every layer written out, and the head at every token
+    every_token = counter.get_total_flops() / (b * t)
+    skipped = 2 * 32 * 997 * (1 - 0.15)  # training computes the head at the masked 15% only
+    est = estimate(cfg, model.num_parameters(), b, t)
+    assert est.flops_per_token_forward == pytest.approx(every_token - skipped, rel=0.02)
+
+
 def test_memory_grows_with_batch_and_report_lists_components():
     cfg = ModelConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=2)
     model = build_model(cfg)

@@ -2,7 +2,8 @@
 
 FLOPs count a multiply-add as 2. Per token and layer (Kaplan et al. 2020, table 1):
 projections ``2 * 4 * D * H*Dh``, attention scores and weighted sum ``2 * 2 * ctx * H*Dh``,
-feed-forward ``2 * 2 * D * d_ff`` (``2 * 3`` for SwiGLU), and the output head ``2 * D * V``.
+feed-forward ``2 * 2 * D * d_ff`` (``2 * 3`` for SwiGLU), and the output head ``2 * D * V``
+(at the 15% masked tokens only for a masked LM; a classifier's once per sequence).
 Training is forward + backward = 3x the forward FLOPs. Memory for training follows
 Korthikanti et al. 2022: activations of ``B*T*D*34 + 5*B*H*T^2`` bytes per layer in 16-bit
 (doubled for fp32), plus 16 bytes per parameter for fp32 weights, gradients and AdamW's two
@@ -76,7 +77,10 @@ def estimate(cfg: ModelConfig, params: int, batch: int, length: int,
         fwd = cfg.n_layers * _layer_flops(cfg, length) + 2 * cfg.d_model * cfg.vocab_size
         layers = cfg.n_layers
     elif cfg.family == "encoder":
-        fwd = cfg.n_layers * _layer_flops(cfg, length) + 2 * cfg.d_model * cfg.n_classes / length
+        # a classifier's head runs once per sequence; a masked LM's at its 15% masked tokens
+        head = 2 * cfg.d_model * (cfg.vocab_size * 0.15 if cfg.head == "mlm"
+                                  else cfg.n_classes / length)
+        fwd = cfg.n_layers * _layer_flops(cfg, length) + head
         layers = cfg.n_layers
     else:  # per target token, with one source token per target token
         enc = cfg.n_layers * (_layer_flops(cfg, length) + 2 * 2 * cfg.d_model * inner)
