@@ -262,7 +262,7 @@ def test_hf_files_read_like_transformers_reads_them(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("kind", ["char", "char_specials", "ids", "bpe_byte_level",
-                                  "bpe_whitespace", "gpt2", "wordpiece"])
+                                  "bpe_whitespace", "bpe_mask", "gpt2", "wordpiece"])
 def test_every_kind_exports_to_transformers(kind, tmp_path) -> None:
     """AutoTokenizer.from_pretrained loads what save_hf_tokenizer writes and encodes and
     decodes as attnlab does; read back, the tokenizer gives the same ids."""
@@ -278,6 +278,8 @@ def test_every_kind_exports_to_transformers(kind, tmp_path) -> None:
         text += UNICODE_TEXT
     elif kind == "ids":
         tok, text = IdTokenizer(20), "5 9 4 12 19"
+    elif kind == "bpe_mask":  # a masked-language-model run's: <mask> goes out as mask_token
+        tok = BPETokenizer.train(CORPUS, 300, mask=True)
     elif kind.startswith("bpe"):
         tok = BPETokenizer.train(CORPUS, 300, kind.split("_", 1)[1])
     elif kind == "gpt2":
@@ -292,4 +294,5 @@ def test_every_kind_exports_to_transformers(kind, tmp_path) -> None:
     assert ref(text)["input_ids"] == ids and len(ref) == tok.vocab_size
     assert ref.decode(ids, skip_special_tokens=True) == tok.decode(ids)
     assert (ref.pad_token_id, ref.model_max_length) == (tok.pad_id, 64)
+    assert ref.mask_token_id == tok.mask_id
     assert load_hf_tokenizer(tmp_path).encode(text) == ids

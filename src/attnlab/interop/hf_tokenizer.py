@@ -138,7 +138,8 @@ def to_hf_tokenizer(tokenizer: Tokenizer) -> tuple[HFTokenizer, dict[str, str]]:
     """
     d = tokenizer.to_dict()
     kind = d["kind"]
-    roles = {role: getattr(tokenizer, f"{role}_id") for role in ("pad", "bos", "eos", "unk")}
+    roles = {role: getattr(tokenizer, f"{role}_id")
+             for role in ("pad", "bos", "eos", "unk", "mask")}
     if kind == "char":
         specials = list(d.get("specials", ()))
         hf = _word_level(specials + list(d["chars"]), specials,
@@ -159,8 +160,6 @@ def to_hf_tokenizer(tokenizer: Tokenizer) -> tuple[HFTokenizer, dict[str, str]]:
     else:
         raise ValueError(f"a {kind} tokenizer cannot be written as Hugging Face files")
     tokens = {role: hf.id_to_token(i) for role, i in roles.items() if i is not None}
-    if kind == "wordpiece":
-        tokens["mask"] = hf.id_to_token(tokenizer.mask_id)  # type: ignore[attr-defined]
     return hf, tokens
 
 
