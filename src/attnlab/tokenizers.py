@@ -38,7 +38,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 FORMAT = "attnlab-tokenizer"
-BPE_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")  # attnlab's own, in id order (BPE, char)
 MASK = "<mask>"  # masked-language-model inputs (BPETokenizer.train(mask=True))
 _ROLE_NAMES = {"pad": "<pad>", "bos": "<bos>", "eos": "<eos>", "unk": "<unk>", "mask": MASK}
 
@@ -253,7 +253,7 @@ class BPETokenizer(_HFTokenizer):
             raise ValueError(f"unknown BPE pre_tokenizer {pre_tokenizer!r}; "
                              f"allowed: {', '.join(cls.PRE_TOKENIZERS)}")
         byte_level = pre_tokenizer == "byte_level"
-        specials = [*BPE_SPECIALS, MASK] if mask else list(BPE_SPECIALS)
+        specials = [*SPECIALS, MASK] if mask else list(SPECIALS)
         minimum = len(specials) + (256 if byte_level else 1)
         if vocab_size < minimum:
             raise ValueError(f"BPE vocab_size {vocab_size} is too small for the {pre_tokenizer} "

@@ -26,13 +26,12 @@ from torch import Tensor
 
 from ..config import ConfigError, ModelConfig
 from ..data import fetch
-from ..tokenizers import MASK, BPETokenizer, CharTokenizer, Tokenizer
+from ..tokenizers import MASK, SPECIALS, BPETokenizer, CharTokenizer, Tokenizer
 
 if TYPE_CHECKING:  # annotations only: the training config imports the task table
     from ..train.config import RunConfig
 
 Amp = Callable[[], contextlib.AbstractContextManager]
-SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 
 
 def data_file(rc: RunConfig, key: str, fetched: str | None) -> Path:
