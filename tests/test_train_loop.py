@@ -50,6 +50,16 @@ def classify_dict(tmp_path, **train) -> dict:
             "train": {**TRAIN, "batch_size": 8, "max_steps": 6, "eval_every": 3, **train}}
 
 
+def test_split_seed_fixes_the_held_out_set_while_train_seed_varies(tmp_path):
+    def val(seed, split_seed=None):
+        d = classify_dict(tmp_path, seed=seed)
+        d["data"]["split_seed"] = split_seed
+        return [s for s, _ in build_task(RunConfig.from_dict(d)).items("val")]
+
+    assert val(3) != val(4)  # by default train.seed draws the split too
+    assert val(3, split_seed=9) == val(4, split_seed=9) == val(9)
+
+
 def test_accumulated_micro_batches_equal_one_big_batch_with_uneven_padding(tmp_path):
     rc = RunConfig.from_dict({"model": {**TINY, "dropout": 0.0, "max_len": 16},
                               "data": {"name": "copy", "synth_vocab": 12},

@@ -77,8 +77,8 @@ class ClassifyTask(Task):
                     self._items["train"] = items
                 else:
                     split = split_sentences if d.holdout_unit == "sentence" else split_holdout
-                    self._items["train"], self._items["val"] = split(
-                        items, d.holdout, self.rc.train.seed)
+                    seed = self.rc.train.seed if d.split_seed is None else d.split_seed
+                    self._items["train"], self._items["val"] = split(items, d.holdout, seed)
             else:
                 raise ConfigError(f"unknown split {name!r}; allowed: train, val, test")
         return self._items[name]

@@ -59,6 +59,8 @@ class DataConfig:
     # sentence: hold out whole sentences and drop their phrases from training
     # (attnlab.data.labelled.split_sentences); row: a random fraction of the rows
     holdout_unit: HoldoutUnit = "sentence"
+    # seed of that split (default: train.seed); fix it to vary train.seed over one held-out set
+    split_seed: int | None = None
     max_len: int = 0  # cut classification inputs / drop longer translation pairs; 0 = model's
     bucket: bool = False  # classification: batch sentences of similar length (less padding)
     src_add_special: bool = False  # wrap source sentences in bos ... eos
