@@ -139,3 +139,41 @@ def test_viz_encoder_decoder_page_labels_source_target_and_heads(runs, tmp_path)
     assert all(v["head_ids"] == [1] and len(v["weights"][0]) == 1 for v in data["views"])
     enc, dec, cross = data["views"]
     assert cross["query_tokens"] == dec["query_tokens"] and cross["key_tokens"] == enc["key_tokens"]
+
+
+def _views(html):
+    return json.loads(re.search(r'id="attnlab-data">(.*?)</script>', html.read_text(),
+                                re.S).group(1))["views"]
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_viz_shows_an_encoder_the_input_it_was_trained_on(tmp_path, pooling):
+    """A classifier reads bare tokens (mean pooling) or [CLS] first (cls pooling), as in
+    training and `classify`; never the <bos> ... <eos> it never saw."""
+    run = make_run(tmp_path / pooling, "encoder")
+    cfg = RunDir(run).read_config()
+    cfg["model"]["pooling"] = pooling
+    RunDir(run).write_config(cfg)
+    tok = RunDir(run).load_tokenizer()
+    html = tmp_path / "enc.html"
+    assert main(["viz", "attention", str(run), "--text", " the lazy fox ", "--html",
+                 str(html)]) == 0
+    bare = tok.token_strings(tok.encode("the lazy fox"))
+    first = tok.token_strings([tok.bos_id]) if pooling == "cls" else []
+    assert _views(html)[0]["key_tokens"] == first + bare
+
+
+@pytest.mark.parametrize("add_special", [False, True])
+def test_viz_encodes_a_translation_source_as_training_did(runs, tmp_path, add_special):
+    run = runs["encoder_decoder"]
+    cfg = RunDir(run).read_config()
+    html = tmp_path / "mt.html"
+    try:
+        RunDir(run).write_config({**cfg, "data": {"src_add_special": add_special}})
+        assert main(["viz", "attention", str(run), "--text", "the lazy fox", "--target",
+                     "the dog", "--html", str(html)]) == 0
+    finally:
+        RunDir(run).write_config(cfg)
+    tok = RunDir(run).load_tokenizer()
+    source = _views(html)[0]["key_tokens"]
+    assert source == tok.token_strings(tok.encode("the lazy fox", add_special=add_special))

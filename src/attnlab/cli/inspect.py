@@ -136,10 +136,23 @@ def _load(run_dir: str, checkpoint: str):
     return run
 
 
-def _encode(run, text: str, add_special: bool) -> list[int]:
-    if not text:
+def _encode(run, text: str, target: bool = False) -> list[int]:
+    """``text`` as the model read its inputs in training: an encoder's text as the classifier
+    reads it, a translation source with the run's ``data.src_add_special``, a decoder's text
+    bare; a translation ``target`` as <bos> ... <eos>."""
+    from ..decoding.classify import encoder_input
+
+    if not text or (run.model.config.family != "decoder" and not text.strip()):
         raise UserError("--text is empty: give the text whose attention to show")
-    ids = run.tokenizer.encode(text, add_special=add_special)
+    cfg, tok = run.model.config, run.tokenizer
+    if target:
+        ids = tok.encode(text.strip(), add_special=True)
+    elif cfg.family == "encoder":
+        ids = encoder_input(tok, cfg, text)
+    elif cfg.family == "encoder_decoder":
+        ids = tok.encode(text.strip(), add_special=bool(run.data.get("src_add_special", False)))
+    else:
+        ids = tok.encode(text)
     limit = run.model.config.max_len
     if len(ids) > limit:
         raise UserError(f"--text is {len(ids)} tokens long but the model attends to at most "
@@ -171,17 +184,17 @@ def _collect_views(run, args) -> list:
     layers = True if layers is None else layers
     with torch.no_grad():
         if cfg.family == "decoder":
-            ids = _encode(run, args.text, False)
+            ids = _encode(run, args.text)
             maps = model.attention_maps(torch.tensor([ids]), layers=layers, heads=heads)
             toks = tok.token_strings(ids)
             kinds = [("decoder self-attention", "decoder", toks, toks, None, None)]
         elif cfg.family == "encoder":
-            ids = _encode(run, args.text, True)
+            ids = _encode(run, args.text)
             maps = model.attention_maps(torch.tensor([ids]), layers=layers, heads=heads)
             toks = tok.token_strings(ids)
             kinds = [("encoder self-attention", "encoder", toks, toks, None, None)]
         else:
-            src = _encode(run, args.text, True)
+            src = _encode(run, args.text)
             tgt = _target_ids(run, src, args.target)
             maps = model.attention_maps(torch.tensor([src]), torch.tensor([tgt[:-1]]),
                                         layers=layers, heads=heads)
@@ -200,7 +213,7 @@ def _collect_views(run, args) -> list:
 def _target_ids(run, src: list[int], target: str | None) -> list[int]:
     tok = run.tokenizer
     if target is not None:
-        return _encode(run, target, True)
+        return _encode(run, target, target=True)
     from ..decoding import translate
 
     # The decoder reads <bos> + the output: at most max_len positions, so max_len - 1 tokens.

@@ -58,6 +58,15 @@ def classify(model: nn.Module, ids: Tensor | Sequence[Sequence[int]], *,
     return Classification(probs.argmax(dim=-1).tolist(), probs)
 
 
+def encoder_input(tokenizer: Tokenizer, config, text: str) -> list[int]:
+    """The ids of ``text`` as an encoder-only model reads a text in training:
+    ``tokenizer.encode`` (``[CLS] ... [SEP]`` for WordPiece, bare tokens for BPE and char),
+    with ``[CLS]`` (the tokenizer's bos) first for ``cls`` pooling (``config``: the model's
+    :class:`~attnlab.config.ModelConfig`)."""
+    cls_id = tokenizer.bos_id if config.pools_first_token else None
+    return with_cls(tokenizer.encode(text.strip()), cls_id)
+
+
 def classify_texts(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str], *,
                    label_names: Sequence[str] | None = None, max_len: int | None = None,
                    batch_size: int = 64) -> list[tuple[str, float]]:
@@ -82,13 +91,12 @@ def classify_texts(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str],
     if len(names) != cfg.n_classes:
         raise ValueError(f"{len(names)} label names given for a model of {cfg.n_classes} "
                          "classes")
-    cls_id = tokenizer.bos_id if cfg.pools_first_token else None
     limit = min(max_len or cfg.max_len, cfg.max_len)
     seqs = []
     for i, text in enumerate(texts):
         if not text.strip():
             raise ValueError(f"text {i + 1} is empty")
-        seqs.append(with_cls(tokenizer.encode(text.strip()), cls_id))
+        seqs.append(encoder_input(tokenizer, cfg, text))
     out: list[tuple[str, float]] = []
     for start in range(0, len(seqs), batch_size):
         result = classify(model, [s[:limit] for s in seqs[start:start + batch_size]],
@@ -98,4 +106,4 @@ def classify_texts(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str],
     return out
 
 
-__all__ = ["Classification", "classify", "classify_texts"]
+__all__ = ["Classification", "classify", "classify_texts", "encoder_input"]
