@@ -60,6 +60,33 @@ def test_split_seed_fixes_the_held_out_set_while_train_seed_varies(tmp_path):
     assert val(3, split_seed=9) == val(4, split_seed=9) == val(9)
 
 
+def test_tokens_per_s_counts_training_time_only(tmp_path, monkeypatch):
+    """Each step takes 1 s and each evaluation 100 s on a fake clock: every log row reads the
+    step's tokens per second, also when an evaluation falls between two log rows (it once
+    dropped that window's start time but kept its tokens)."""
+    from attnlab.train import loop
+
+    now = [0.0]
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: now[0])
+    step, evaluate = Trainer.train_step, Trainer.evaluate
+
+    def timed_step(self):
+        now[0] += 1.0
+        return step(self)
+
+    def timed_eval(self, *a, **k):
+        now[0] += 100.0
+        return evaluate(self, *a, **k)
+
+    monkeypatch.setattr(Trainer, "train_step", timed_step)
+    monkeypatch.setattr(Trainer, "evaluate", timed_eval)
+    rc = RunConfig.from_dict(lm_dict(tmp_path, log_every=4, eval_every=6, max_steps=12))
+    train_run(rc, tmp_path / "run")
+    rates = [r["tokens_per_s"] for r in read_metrics(tmp_path / "run" / "metrics.csv")
+             if r["tokens_per_s"] is not None]
+    assert len(rates) == 3 and all(r == pytest.approx(4 * 16) for r in rates), rates
+
+
 def test_accumulated_micro_batches_equal_one_big_batch_with_uneven_padding(tmp_path):
     rc = RunConfig.from_dict({"model": {**TINY, "dropout": 0.0, "max_len": 16},
                               "data": {"name": "copy", "synth_vocab": 12},

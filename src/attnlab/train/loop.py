@@ -328,6 +328,7 @@ class Trainer:
                     win_tokens.zero_()
                 if (cfg.eval_every and self.step % cfg.eval_every == 0) \
                         or self.step == cfg.max_steps:
+                    eval_start = time.perf_counter()
                     metrics = self.evaluate()
                     row.update(metrics)
                     stopped = self._after_eval(metrics)
@@ -338,7 +339,8 @@ class Trainer:
                     mon.row(self.step, row)
                     row = {}
                     self.save("last")
-                    last_time = time.perf_counter()  # evaluation time is not training time
+                    # evaluation time is not training time: the window's clock skips it
+                    last_time += time.perf_counter() - eval_start
                 if row:
                     mon.row(self.step, row)
         finally:
