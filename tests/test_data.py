@@ -102,6 +102,14 @@ def test_read_parallel_strips_and_skips_empty(tmp_path, caplog) -> None:
     assert "skipped 2 of 4 pairs" in caplog.text
 
 
+def test_a_byte_order_mark_is_not_text(tmp_path) -> None:
+    """Files saved as "UTF-8 with BOM" (Notepad, Excel) read as the same text without it."""
+    (tmp_path / "a.de").write_bytes("\ufeffein Mann\n".encode())
+    (tmp_path / "a.en").write_bytes("\ufeffa man\n".encode())
+    assert read_parallel(tmp_path / "a.de", tmp_path / "a.en") == [("ein Mann", "a man")]
+    assert read_text(tmp_path / "a.de") == "ein Mann\n"
+
+
 def test_read_parallel_errors(tmp_path) -> None:
     (tmp_path / "a.de").write_text("eins\nzwei\ndrei\n", encoding="utf-8")
     (tmp_path / "a.en").write_text("one\ntwo\n", encoding="utf-8")
@@ -119,6 +127,7 @@ def test_read_parallel_errors(tmp_path) -> None:
 @pytest.mark.parametrize("content", [
     b"label\tsentence\r\n0\tbad film\r\n1\t good one \r\n",
     b"sentence\tlabel\nbad film \t0\ngood one\t1\n\n",
+    "\ufeffsentence\tlabel\r\nbad film\t0\r\ngood one\t1\r\n".encode(),  # Excel's UTF-8
 ])
 def test_read_labelled_tsv_either_column_order(tmp_path, content) -> None:
     (tmp_path / "t.tsv").write_bytes(content)

@@ -201,6 +201,15 @@ def test_wordpiece_vocab_file_errors(tmp_path) -> None:
 
 # --- loading -----------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("word", ["x", "-1", "3.0", "20", "\u00b2", "\u0663"])  # ² and Arabic 3
+def test_id_tokenizer_names_what_is_not_a_token_id(word) -> None:
+    from attnlab.tokenizers import IdTokenizer
+
+    assert IdTokenizer(20).encode("5 9 19") == [5, 9, 19]
+    with pytest.raises(ValueError, match=f"{word!r} is not a token id of this run.*3..19"):
+        IdTokenizer(20).encode(f"5 {word} 9")
+
+
 def test_char_save_load(tmp_path) -> None:
     tok = CharTokenizer.from_text("hello\n", specials=("<pad>",))
     tok.save(tmp_path / "t.json")

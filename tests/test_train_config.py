@@ -189,6 +189,16 @@ def test_layer_decay_scales_each_depth_and_set_lr_applies_it():
     assert scale[id(named["emb.tok.weight"])] == 0.5 ** 4
     assert [layer_depth(n, 3) for n in ("emb.pos.weight", "encoder.layers.2.ffn.w1.weight",
                                         "decoder.layers.10.x", "head.bias")] == [0, 3, 11, 4]
+    # an encoder-decoder: both embeddings lowest, the deeper decoder sets the top
+    seq2seq = build_model(ModelConfig(family="encoder_decoder", vocab_size=20, d_model=16,
+                                      n_heads=2, n_layers=1, n_decoder_layers=3, max_len=8))
+    named = dict(seq2seq.named_parameters())
+    scale_of = {id(p): g["lr_scale"] for g in param_groups(seq2seq, 0.1, layer_decay=0.5)
+                for p in g["params"]}
+    assert scale_of[id(named["src_emb.tok.weight"])] == scale_of[id(named["tgt_emb.tok.weight"])]
+    assert scale_of[id(named["src_emb.tok.weight"])] == 0.5 ** 4
+    last = [p for n, p in named.items() if n.startswith("decoder.layers.2.")]
+    assert {scale_of[id(p)] for p in last} == {0.5}  # never above the full rate
     for g in groups:  # decay on matrices only, as without layer decay
         assert g["weight_decay"] == (0.1 if all(p.dim() >= 2 for p in g["params"]) else 0.0)
     opt = build_optimizer(model, TrainConfig(layer_decay=0.5, lr=0.01), "cpu")

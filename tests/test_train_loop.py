@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from attnlab.data import pad
-from attnlab.runs import read_metrics
+from attnlab.runs import RunError, read_metrics
 from attnlab.tasks import build_task
 from attnlab.train import RunConfig, Trainer, train_run
 
@@ -180,6 +180,44 @@ def test_best_checkpoint_and_early_stopping(tmp_path):
     assert meta["step"] == 2 and meta["value"] == 2.0
     assert not (tmp_path / "run" / "best" / "state.json").exists()  # best/ holds weights only
     assert json.loads((tmp_path / "run" / "last" / "manifest.json").read_text())["step"] == 4
+
+
+def test_a_run_that_stopped_early_stays_stopped_when_resumed(tmp_path):
+    """Killed after its last checkpoint but before results.json: --resume goes straight to the
+    final evaluation instead of training on."""
+    rc = RunConfig.from_dict(lm_dict(tmp_path, max_steps=20, eval_every=1, patience=2))
+    trainer = Trainer(rc, build_task(rc), tmp_path / "run")
+    scores = [3.0, 2.0, 2.5, 2.1]  # best at step 2, then two evaluations without gain
+    trainer.task.evaluate = lambda *args, **kwargs: {"val_loss": scores.pop(0) if scores
+                                                     else 2.1, "ppl": 1.0}
+    assert trainer.fit().stopped_early
+    again = Trainer(rc, build_task(rc), tmp_path / "run")
+    again.resume()
+    again.task.evaluate = lambda *args, **kwargs: {"val_loss": 9.0, "ppl": 1.0}
+    result = again.fit()
+    assert result.stopped_early and result.step == 4
+    assert result.best == {"step": 2, "metric": "val_loss", "value": 2.0}
+
+
+def test_resume_refuses_another_best_metric(tmp_path):
+    d = lm_dict(tmp_path, max_steps=3)
+    train_run(RunConfig.from_dict(d), tmp_path / "run")
+    other = {**d, "train": {**d["train"], "max_steps": 6, "best_metric": "ppl"}}
+    with pytest.raises(RunError, match="best checkpoint by 'val_loss'.*best_metric='ppl'"):
+        train_run(RunConfig.from_dict(other), tmp_path / "run", resume=True)
+
+
+def test_tensorboard_keeps_the_checkpoint_step_on_resume(tmp_path):
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
+                             reason="reading tb/ needs tensorboard (log extra)")
+    d = lm_dict(tmp_path, tensorboard=True, log_every=2, eval_every=2)
+    train_run(RunConfig.from_dict({**d, "train": {**d["train"], "max_steps": 4}}),
+              tmp_path / "run")
+    train_run(RunConfig.from_dict(d), tmp_path / "run", resume=True)
+    logs = ea.EventAccumulator(str(tmp_path / "run" / "tb"))
+    logs.Reload()
+    for tag in ("train_loss", "val_loss"):
+        assert [e.step for e in logs.Scalars(tag)] == [2, 4, 6], tag
 
 
 def test_bf16_autocast_trains_on_cpu(tmp_path):

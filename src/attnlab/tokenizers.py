@@ -408,7 +408,7 @@ class IdTokenizer(Tokenizer):
         first, last = len(self._specials), self._size - 1
         ids = []
         for word in text.split():
-            if not word.isdigit() or not first <= int(word) <= last:
+            if not (word.isascii() and word.isdigit()) or not first <= int(word) <= last:
                 raise ValueError(f"{word!r} is not a token id of this run: the text must be "
                                  f"token ids separated by spaces, each in {first}..{last}")
             ids.append(int(word))

@@ -41,7 +41,7 @@ def read_text(path: str | Path, what: str = "text file") -> str:
     if not raw.strip():
         raise DataError(f"{what} {path} is empty (or only whitespace); expected UTF-8 text")
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8-sig")  # a leading byte-order mark (Notepad, Excel) is dropped
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise DataError(f"{what} {path} is not UTF-8 text: undecodable byte "

@@ -248,6 +248,13 @@ class Trainer:
         if self.run is None:
             raise ValueError("cannot resume a Trainer without a run dir")
         state = self.run.load_state("last")
+        best = state.get("best") if isinstance(state, dict) else None
+        if isinstance(best, dict) and best.get("metric") not in (None, self.metric):
+            raise RunError(f"{self.run.path} chose its best checkpoint by {best['metric']!r}; "
+                           f"resuming it with train.best_metric={self.metric!r} would rank new "
+                           "evaluations against a value of another metric: resume with "
+                           f"train.best_metric={best['metric']!r}, or train into a new --out "
+                           "(--init-from the run)")
         self.run.load_weights(self.model, "last")
         try:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -300,7 +307,8 @@ class Trainer:
                       enabled=self.info.is_main)
         start_time = last_time = time.perf_counter()
         folded = shown = self.step
-        stopped, losses, metrics = False, [], {}
+        # a resumed run that had stopped early stays stopped (straight to its final evaluation)
+        stopped, losses, metrics = 0 < cfg.patience <= self.bad_evals, [], {}
         win_loss = torch.zeros((), dtype=torch.float64, device=self.device)
         win_tokens = torch.zeros((), dtype=torch.float64, device=self.device)
         self.model.train()

@@ -108,7 +108,9 @@ def _summary_writer(path: Path, start: int):
         log.warning("tensorboard is not installed: no tb/ logs (pip install attnlab[log], or "
                     "--set train.tensorboard=false to silence this)")
         return None
-    return SummaryWriter(str(path), purge_step=start if start > 0 else None)
+    # A resumed run rewrites the steps after its checkpoint's; the checkpoint's own step was
+    # logged before it was saved, so it stays.
+    return SummaryWriter(str(path), purge_step=start + 1 if start > 0 else None)
 
 
 def plot_curves(run: RunDir) -> Path | None:

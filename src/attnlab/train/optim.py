@@ -23,10 +23,10 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def layer_depth(name: str, n_layers: int) -> int:
-    """Depth of parameter ``name`` for layer-wise decay: 0 for the embeddings (``emb.*``),
-    ``i + 1`` inside layer ``i`` of a stack (``...layers.i...``), ``n_layers + 1`` for the
-    rest (final norm, pooler, head)."""
-    if name.startswith("emb."):
+    """Depth of parameter ``name`` for layer-wise decay: 0 for the embeddings (``emb.*``, and
+    an encoder-decoder's ``src_emb.*`` / ``tgt_emb.*``), ``i + 1`` inside layer ``i`` of a
+    stack (``...layers.i...``), ``n_layers + 1`` for the rest (final norm, pooler, head)."""
+    if name.split(".", 1)[0] in ("emb", "src_emb", "tgt_emb"):
         return 0
     match = _LAYER.search(name)
     return int(match.group(1)) + 1 if match else n_layers + 1
@@ -37,7 +37,8 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
     listed once, under their first name.
 
     Args:
-        model: the model (its ``config.n_layers`` sets the depth for ``layer_decay``).
+        model: the model (its deepest stack, ``config.n_layers`` or an encoder-decoder's
+            ``dec_layers``, sets the depth for ``layer_decay``).
         weight_decay: decay of the matrices.
         layer_decay: 1.0 = two groups; below 1, two groups per depth (:func:`layer_depth`),
             each with ``lr_scale = layer_decay ** (top - depth)``, which :func:`set_lr` applies.
@@ -53,7 +54,7 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
                 (decay if p.dim() >= 2 else no_decay).append(p)
         return [{"params": decay, "weight_decay": weight_decay},
                 {"params": no_decay, "weight_decay": 0.0}]
-    top = model.config.n_layers + 1
+    top = max(model.config.n_layers, model.config.dec_layers) + 1
     groups: dict[tuple[int, bool], list[nn.Parameter]] = {}
     for name, p in model.named_parameters():  # deduplicated like parameters()
         if p.requires_grad:
