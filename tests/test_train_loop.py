@@ -3,12 +3,16 @@ best checkpoint and early stopping. Tiny models and data made in tmp_path; CPU."
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from attnlab.config import ConfigError
 from attnlab.data import pad
 from attnlab.runs import RunError, read_metrics
 from attnlab.tasks import build_task
@@ -218,6 +222,42 @@ def test_tensorboard_keeps_the_checkpoint_step_on_resume(tmp_path):
     logs.Reload()
     for tag in ("train_loss", "val_loss"):
         assert [e.step for e in logs.Scalars(tag)] == [2, 4, 6], tag
+
+
+class Bigram(torch.nn.Module):
+    """Logits from the current token alone: each target's loss is the same in any window."""
+
+    def __init__(self, vocab: int, fill: float | None = None):
+        super().__init__()
+        self.table = torch.nn.Embedding(vocab, vocab)
+        if fill is not None:
+            torch.nn.init.constant_(self.table.weight, fill)
+
+    def forward(self, x):
+        return self.table(x), None
+
+
+@pytest.mark.parametrize("length", [41, 47, 60])  # targets: 5 windows of 8; 5 + 6; 7 + 3
+def test_lm_evaluation_of_the_whole_split_scores_every_target(tmp_path, length):
+    rc = RunConfig.from_dict(lm_dict(tmp_path, block_size=8))
+    task = build_task(rc)
+    data = torch.randint(0, 10, (length,), generator=torch.Generator().manual_seed(length))
+    task.split = lambda name: data
+    model = Bigram(10)
+    out = task.evaluate(model, "val", torch.device("cpu"), contextlib.nullcontext, 0)
+    with torch.no_grad():
+        want = F.cross_entropy(model.table(data[:-1]), data[1:])
+    assert out["val_loss"] == pytest.approx(float(want), rel=1e-6)
+
+
+def test_a_diverged_model_is_evaluated_as_nan_not_an_error(tmp_path):
+    rc = RunConfig.from_dict(lm_dict(tmp_path))
+    task = build_task(rc)
+    out = task.evaluate(Bigram(task.tokenizer.vocab_size, fill=float("nan")), "val",
+                        torch.device("cpu"), contextlib.nullcontext, 2)
+    assert math.isnan(out["val_loss"]) and math.isnan(out["ppl"])
+    with pytest.raises(ConfigError, match="lr=inf is not allowed"):
+        RunConfig.from_dict(lm_dict(tmp_path, lr=float("inf")))
 
 
 def test_bf16_autocast_trains_on_cpu(tmp_path):

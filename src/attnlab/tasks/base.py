@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..config import ConfigError, ModelConfig
 from ..data import fetch
+from ..models.common import IGNORE_INDEX
 from ..tokenizers import MASK, SPECIALS, BPETokenizer, CharTokenizer, Tokenizer
 
 if TYPE_CHECKING:  # annotations only: the training config imports the task table
@@ -99,10 +100,12 @@ class Task:
     def count(self, batch: tuple[Tensor, ...]) -> Tensor:
         """Number of targets ``loss_sum`` sums over (a tensor: no host sync)."""
         target = batch[-1]
-        pad = self.model_config.pad_id
-        if pad is None or target.dim() == 1:
+        if target.dim() == 1:
             return torch.tensor(float(target.numel()), device=target.device)
-        return (target != pad).sum().float()
+        keep = target != IGNORE_INDEX
+        if self.model_config.pad_id is not None:
+            keep &= target != self.model_config.pad_id
+        return keep.sum().float()
 
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self.generator.get_state()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -11,6 +12,7 @@ from ..config import ConfigError
 from ..data import LMData, embedded_corpus, read_text
 from ..metrics import perplexity
 from ..models import token_loss
+from ..models.common import IGNORE_INDEX
 from ..tokenizers import Tokenizer
 from .base import Amp, Task, data_file, resolve_model, train_tokenizer
 
@@ -98,20 +100,30 @@ class LMTask(Task):
     def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
                  max_batches: int = 0) -> dict[str, float]:
         """Mean loss over ``max_batches`` random windows (the same ones every time), or over
-        every non-overlapping window of the split when ``max_batches`` is 0."""
+        every target of the split when ``max_batches`` is 0: its non-overlapping windows, and
+        one more ending at the last token for the targets they leave over (the earlier ones
+        ignored there)."""
         data, bs = self.split(split), self.eval_batch_size()
         if max_batches:
             gen = torch.Generator().manual_seed(self.rc.train.seed + 7919)
             starts = torch.randint(len(data) - self.block, (max_batches * bs,),
                                    generator=gen).tolist()
+            batches = [self._windows(data, starts[i:i + bs]) for i in range(0, len(starts), bs)]
         else:
             starts = list(range(0, len(data) - self.block, self.block))
+            batches = [self._windows(data, starts[i:i + bs]) for i in range(0, len(starts), bs)]
+            left = len(data) - 1 - len(starts) * self.block  # targets after the last window
+            if left:
+                x, y = self._windows(data, [len(data) - 1 - self.block])
+                y[:, :self.block - left] = IGNORE_INDEX  # scored by the windows before
+                batches.append((x, y))
         total = torch.zeros((), dtype=torch.float64, device=device)
         n = 0.0
-        for i in range(0, len(starts), bs):
-            x, y = (t.to(device) for t in self._windows(data, starts[i:i + bs]))
+        for batch in batches:
+            x, y = (t.to(device) for t in batch)
             with amp():
                 total += self.loss_sum(model, (x, y)).double()
             n += float(self.count((x, y)))
         loss = float(total) / max(n, 1)
-        return {"val_loss": loss, "ppl": perplexity(loss)}
+        # a diverged model's loss is nan: reported as such, not an error that ends the run
+        return {"val_loss": loss, "ppl": loss if math.isnan(loss) else perplexity(loss)}

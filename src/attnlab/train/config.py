@@ -11,6 +11,7 @@ such as ``model.vocab_size`` can be filled in from the data unless they were giv
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -159,9 +160,11 @@ class TrainConfig:
                      "samples", "top_k"):
             check(getattr(self, name) >= 0, name, getattr(self, name), "an integer >= 0")
         for name in ("lr", "eps"):
-            check(getattr(self, name) > 0, name, getattr(self, name), "a positive float")
+            v = getattr(self, name)
+            check(math.isfinite(v) and v > 0, name, v, "a positive (finite) float")
         for name in ("min_lr", "weight_decay", "grad_clip", "temperature"):
-            check(getattr(self, name) >= 0, name, getattr(self, name), "a float >= 0")
+            v = getattr(self, name)
+            check(math.isfinite(v) and v >= 0, name, v, "a (finite) float >= 0")
         for name in ("beta1", "beta2"):
             check(0 <= getattr(self, name) < 1, name, getattr(self, name), "a float in [0, 1)")
         check(0 <= self.label_smoothing < 1, "label_smoothing", self.label_smoothing,

@@ -26,7 +26,7 @@ BASE_COLUMNS = ("step", "train_loss", "val_loss", "lr", "tokens_per_s", "elapsed
 
 
 def _cell(v: Any) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+    if v is None:
         return ""
     if isinstance(v, float):
         return f"{v:.8g}"
