@@ -77,6 +77,7 @@ def env(tmp_path_factory):
     e["syn"] = base / "syn"
     files = {"text.txt": TEXT.encode(), "empty.txt": b"", "binary.bin": bytes(range(256)) * 4,
              "latin1.txt": "caf\xe9 cr\xe8me\n".encode("latin-1"), "unknown.txt": b"ZZZ @@@\n",
+             "unknown_line_3.txt": b"to be\nor not\nZZZ\n",
              "a_file": b"x", "bad.toml": b"[model\nd_model = ", "bad.json": b"{not json",
              "cfg_badkey.toml": b"[model]\nd_modle = 32\n", "cfg_badval.toml":
              b"[model]\nfamily = 'decoder'\nvocab_size = 40\nd_model = 30\nn_heads = 4\n",
@@ -155,6 +156,8 @@ def _rows(e):
         "train_existing_checkpoint": synth(syn),
         "train_resume_nothing": synth(out, 2, "--resume"),
         "train_resume_other_config": synth(syn, 4, "--resume", "--set", "model.d_model=32"),
+        "train_resume_other_metric": synth(syn, 4, "--resume", "--set",
+                                           "train.best_metric='val_loss'"),
         "train_resume_missing_key": ["train", "--out", str(e["state_missing_key"]), "--resume",
                                      "--set", "train.max_steps=4"],
         "train_resume_state_not_json": ["train", "--out", str(e["state_not_json"]), "--resume",
@@ -181,6 +184,7 @@ def _rows(e):
         "eval_checkpoint_name": ["eval", lm, "--checkpoint", "middle"],
         "eval_data_binary": ["eval", lm, "--data", str(e["binary.bin"])],
         "eval_data_non_utf8": ["eval", lm, "--data", str(e["latin1.txt"])],
+        "eval_text_unknown_chars": ["eval", lm, "--data", str(e["unknown_line_3.txt"])],
         # sample
         "sample_bad_device": ["sample", lm, "--prompt", "the", "--device", "foo"],
         "sample_cuda_on_cpu": ["sample", lm, "--prompt", "the", "--device", "cuda"],
@@ -278,6 +282,9 @@ EXPECT = {
     "eval_config_not_json": "config.json is not valid JSON",
     "eval_config_binary": "config.json is not valid JSON",
     "sample_tokenizer_not_json": "tokenizer.json is not valid JSON",
+    "eval_text_unknown_chars": "unknown_line_3.txt line 3: 1 character(s) not in the vocabulary",
+    "train_resume_other_metric": "best checkpoint by 'accuracy'; resuming it with "
+                                 "train.best_metric='val_loss'",
 }
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ConfigError
-from ..data import LMData, embedded_corpus, read_text
+from ..data import DataError, LMData, embedded_corpus, read_text
 from ..metrics import perplexity
 from ..models import token_loss
 from ..models.common import IGNORE_INDEX
@@ -55,6 +55,25 @@ class LMTask(Task):
                 raise ConfigError(f"data.name={d.name!r} needs data.path (a UTF-8 text file)")
         return self._text
 
+    def _encode_file(self, path: str, what: str) -> list[int]:
+        """The ids of a val/test text; one error naming the file and the first line this
+        run's tokenizer cannot encode (a character tokenizer knows only the characters of
+        the training text)."""
+        text = read_text(path, what)
+        try:
+            return self.tokenizer.encode(text)
+        except ValueError as first:
+            n, err = 1, first  # (a newline the vocabulary lacks fails no single line)
+            for i, line in enumerate(text.splitlines(), start=1):
+                try:
+                    self.tokenizer.encode(line)
+                except ValueError as bad:
+                    n, err = i, bad
+                    break
+            raise DataError(f"{what} {path} line {n}: {str(err).split('. ')[0]}; this run's "
+                            "tokenizer was built from its training text, so a val/test text "
+                            "may use only what occurs there") from None
+
     def split(self, name: str) -> Tensor:
         if name not in self._splits:
             d, tok = self.rc.data, self.tokenizer
@@ -62,7 +81,7 @@ class LMTask(Task):
                 raise ConfigError("this run has no test split: pass --data FILE (or set "
                                   "data.test_path)")
             if name in ("val", "test") and getattr(d, f"{name}_path"):
-                ids = tok.encode(read_text(getattr(d, f"{name}_path"), f"{name} text file"))
+                ids = self._encode_file(getattr(d, f"{name}_path"), f"{name} text file")
                 self._splits[name] = torch.tensor(ids, dtype=torch.long)
             elif name in ("train", "val"):
                 ids = torch.tensor(tok.encode(self.text), dtype=torch.long)
