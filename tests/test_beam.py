@@ -138,3 +138,19 @@ def test_classify_labels_probabilities_and_padding():
     assert not torch.allclose(result.probs[0], result.probs[1], atol=1e-3)
     with pytest.raises(ValueError, match="encoder"):
         classify(tiny_lm(), seqs)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "int8"])
+def test_translation_runs_in_every_inference_dtype(dtype):
+    """The cache takes its dtype from the embeddings, which every mode keeps (fp16 / int8
+    replace the output layer with a packed one that has no ``weight``)."""
+    from attnlab.decoding import to_inference_dtype
+
+    if dtype != "bf16" and "fbgemm" not in torch.backends.quantized.supported_engines:
+        pytest.skip("FBGEMM kernels (x86) are not in this PyTorch build")
+    model = tiny_seq2seq(0, std=0.2)
+    ref = translate(model, SOURCES, beam=3, bos_id=BOS, eos_id=EOS, max_len=12)
+    low = translate(to_inference_dtype(model, dtype), SOURCES, beam=3, bos_id=BOS, eos_id=EOS,
+                    max_len=12)
+    same = sum(a == b for r, s in zip(ref, low) for a, b in zip(r, s))
+    assert same >= 0.8 * sum(len(r) for r in ref)

@@ -21,9 +21,10 @@ limit; whether a given mode actually gets there depends on the kernel behind it.
   one scale and zero point per call and multiplies in int32 (FBGEMM's dynamic quantized
   linear, ``torch.ops.quantized.linear_dynamic``), so the activations are rounded too.
 
-The converted linears are inference-only (no autograd) and cannot be saved back into a run
-dir; a tied embedding keeps its fp32 table for the lookups, so only the head's copy is
-converted. Nothing here changes training.
+An encoder-decoder's cross-attention keeps its q/k/v matrix in fp32 under fp16 / int8 (its
+rows are applied separately). The converted linears are inference-only (no autograd) and
+cannot be saved back into a run dir; a tied embedding keeps its fp32 table for the lookups,
+so only the head's copy is converted. Nothing here changes training.
 """
 
 from __future__ import annotations
@@ -114,10 +115,14 @@ def to_inference_dtype(model: nn.Module, dtype: InferenceDtype) -> nn.Module:
         return model
     if dtype == "bf16" or device.type != "cpu":
         return model.to(torch.bfloat16 if dtype == "bf16" else torch.float16)
+    # A cross-attention applies the rows of its stacked q/k/v matrix separately (queries to the
+    # decoder, keys and values to the memory): it keeps that matrix in fp32.
+    sliced = {id(m.cross_attn.qkv_proj) for m in model.modules()
+              if getattr(m, "cross_attn", None) is not None}
     with torch.no_grad():
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear:
+                if type(child) is nn.Linear and id(child) not in sliced:
                     setattr(parent, name, PackedLinear(child, dtype))
     return model
 

@@ -139,7 +139,7 @@ class Transformer(nn.Module):
     def new_cache(self, batch: int, max_len: int | None = None,
                   dtype: torch.dtype | None = None) -> KVCache:
         """An empty :class:`KVCache` for ``batch`` rows of up to ``max_len`` target positions."""
-        p = self.head.weight
+        p = self.tgt_emb.tok.weight  # not the head's: inference may replace the head
         return self.decoder.new_cache(batch, max_len or self.config.max_len, p.device,
                                       dtype or p.dtype)
 
