@@ -132,6 +132,16 @@ def test_sliding_window_keeps_generating_with_a_tiny_context(prompt_len):
     assert out == reference_window_greedy(model, prompt, 25)
 
 
+def test_memory_does_not_grow_with_max_new_tokens():
+    """Buffers hold the window, not every token to come: asking for 10^12 tokens and taking
+    a few costs what taking them from a short request does."""
+    model = tiny_lm(max_len=10)
+    steps = stream(model, PROMPTS, 10**12, temperature=0)
+    first = [next(steps).tolist() for _ in range(25)]
+    want = generate(model, PROMPTS, 25, temperature=0)
+    assert [list(r) for r in zip(*first)] == want
+
+
 def test_same_seed_same_tokens_and_generator_argument():
     model = tiny_lm()
     a = generate(model, PROMPTS, 20, temperature=1.0, seed=7, num_samples=2)
@@ -184,6 +194,13 @@ def test_filter_logits_top_k_and_top_p():
     counts = torch.bincount(draws, minlength=4).tolist()
     assert counts[2] == counts[3] == 0
     assert abs(counts[0] / 4000 - 0.5 / 0.8) < 0.03  # renormalised over the top 2
+
+
+def test_a_tiny_temperature_samples_the_argmax_instead_of_failing():
+    logits = torch.tensor([[2.0, 9.0, -1.0, 8.5], [0.0, -3.0, 4.0, float("-inf")]])
+    for t in (1e-39, 1e-300, 1e-6):
+        draws = Sampler(t)(logits, torch.Generator().manual_seed(0))
+        assert draws.tolist() == [1, 2]
 
 
 def test_eos_stops_a_row_and_is_left_out():

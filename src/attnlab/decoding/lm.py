@@ -107,8 +107,11 @@ def _token_steps(model: nn.Module, ids: Tensor, mask: Tensor, max_new_tokens: in
     b, p = ids.shape
     max_len = model.config.max_len
     keep = window_keep(max_len)
-    tokens = torch.zeros(b, p + max_new_tokens, dtype=torch.long, device=ids.device)
-    valid = torch.ones(b, p + max_new_tokens, dtype=torch.bool, device=ids.device)
+    # Columns of the prompt and the tokens so far; past max_len + 1 new tokens the buffer is
+    # reused (the window moved to its front), so memory does not grow with max_new_tokens.
+    size = p + min(max_new_tokens, max_len + 1)
+    tokens = torch.zeros(b, size, dtype=torch.long, device=ids.device)
+    valid = torch.ones(b, size, dtype=torch.bool, device=ids.device)
     tokens[:, :p], valid[:, :p] = ids, mask
     cache = model.new_cache(b, min(max_len, p + max_new_tokens)) if use_cache else None
     start, end, cached = 0, p, 0  # the window is columns [start, end); cached of them in cache
@@ -132,6 +135,11 @@ def _token_steps(model: nn.Module, ids: Tensor, mask: Tensor, max_new_tokens: in
         logits, _ = model(feed, mask=window if padded else None, positions=positions,
                           cache=cache, last_only=True)  # (B, 1, V)
         nxt = sampler(logits[:, -1], generator)  # (B,)
+        if end == size:  # full: move the window [start, end) to the front of the buffer
+            tokens[:, :end - start] = tokens[:, start:end].clone()
+            valid[:, :end - start] = valid[:, start:end].clone()
+            valid[:, end - start:] = True
+            start, end = 0, end - start
         tokens[:, end] = nxt
         cached, end = end - start, end + 1
         yield nxt

@@ -54,7 +54,12 @@ class Sampler:
         """Next token ids (B,) from logits (B, V)."""
         if self.greedy:
             return logits.argmax(dim=-1)
-        logits = filter_logits(logits.float() / self.temperature, self.top_k, self.top_p)
+        logits = logits.float()
+        # The largest logit moved to 0 first, and the temperature kept a normal float32: a tiny
+        # temperature gives -inf to the others (the argmax), never inf - inf or 0 / 0 (nan).
+        t = max(self.temperature, torch.finfo(torch.float32).tiny)
+        logits = (logits - logits.amax(dim=-1, keepdim=True)) / t
+        logits = filter_logits(logits, self.top_k, self.top_p)
         probs = torch.softmax(logits, dim=-1)  # (B, V)
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
 
