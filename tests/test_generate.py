@@ -282,6 +282,31 @@ def test_text_stream_holds_back_what_may_become_a_stop_string():
     assert "".join(tail.push(t) for t in tok.encode("a f")) + tail.flush() == "a f"
 
 
+def test_text_stream_shows_what_a_decode_of_all_the_tokens_shows():
+    """Byte-level BPE tokens can end inside a character: the stream, flushed at the end, gives
+    exactly the text of generate_text (decode everything, cut at the first stop string), for
+    random token sequences and stop strings, also when the stopping token ends mid-character."""
+    from attnlab.decoding.stream import cut_at_stop
+    from attnlab.tokenizers import BPETokenizer
+
+    tok = BPETokenizer.train(["Q: où est-il? A: déjà été, naïve café. " * 30], vocab_size=300)
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        ids = torch.randint(5, tok.vocab_size, (int(torch.randint(1, 12, ())),),
+                            generator=gen).tolist()
+        text = tok.decode(ids)
+        a = int(torch.randint(0, len(text), ()))
+        stops = [text[a:a + 1 + trial % 3]] if trial % 4 else ["zzz"]
+        stream_ = TextStream(tok, stops)
+        shown = ""
+        for t in ids:
+            shown += stream_.push(t)
+            if stream_.stopped:
+                break
+        shown += stream_.flush()
+        assert shown == cut_at_stop(text, stops), (ids, stops)
+
+
 # --- reduced-precision inference (attnlab.decoding.quant) -------------------------------------
 
 def fake_int8_linear(x, weight, bias):

@@ -79,7 +79,13 @@ class TextStream:
         return self._release(final=False)
 
     def flush(self) -> str:
-        """The text held back so far (the stream is over)."""
+        """The text held back so far (the stream is over), with the tokens that end inside a
+        character decoded as they are (replacement characters included), as a decode of all
+        the tokens would show them."""
+        if self.read < len(self.ids):
+            before = self.tokenizer.decode(self.ids[self.prefix:self.read])
+            self.text += self.tokenizer.decode(self.ids[self.prefix:])[len(before):]
+            self.prefix = self.read = len(self.ids)
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:
