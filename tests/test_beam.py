@@ -154,3 +154,32 @@ def test_translation_runs_in_every_inference_dtype(dtype):
                     max_len=12)
     same = sum(a == b for r, s in zip(ref, low) for a, b in zip(r, s))
     assert same >= 0.8 * sum(len(r) for r in ref)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_limit_per_sentence_equals_each_sentence_alone(beam):
+    """max_len may differ by sentence; a sentence's output is what it gives alone."""
+    model = tiny_seq2seq(1)
+    limits = [3, 12, 1, 7, 12, 5, 2, 9]
+    together = translate(model, SOURCES, beam=beam, bos_id=BOS, eos_id=EOS, max_len=limits)
+    for src, n, got in zip(SOURCES, limits, together):
+        assert translate(model, [src], beam=beam, bos_id=BOS, eos_id=EOS, max_len=n)[0] == got
+        assert len(got) <= n
+    with pytest.raises(ValueError, match="max_len=0 is not allowed: 1..12"):
+        translate(model, SOURCES, beam=beam, bos_id=BOS, eos_id=EOS, max_len=[0] * 8)
+    with pytest.raises(ValueError, match="3 max_len values for 8 sentences"):
+        translate(model, SOURCES, beam=beam, bos_id=BOS, eos_id=EOS, max_len=[4, 4, 4])
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_translated_text_does_not_depend_on_its_batch(beam):
+    from _runs import char_tokenizer
+    from attnlab.decoding import translate_texts
+
+    tok = char_tokenizer(("<pad>", "<bos>", "<eos>"))
+    model = tiny_seq2seq(2, vocab_size=tok.vocab_size, max_len=40)
+    texts = ["dog", "the quick brown fox jumps", "a", "lazy dog. the"]
+    alone = [translate_texts(model, [t], tok, beam=beam)[0] for t in texts]
+    assert translate_texts(model, texts, tok, beam=beam, batch_size=64) == alone
+    with pytest.raises(ValueError, match="max_len=0 is not allowed"):
+        translate_texts(model, texts, tok, beam=beam, max_len=0)

@@ -61,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--length-penalty", type=float, default=0.6,
                    help="GNMT length-penalty alpha for beam search (default 0.6)")
     p.add_argument("--max-len", type=int, default=None,
-                   help="most target tokens per sentence (default: the model's max_len)")
+                   help="most target tokens per sentence, the end token included (default: "
+                   "1.5 x the source's tokens + 10, at most the model's max_len)")
     _add_input_args(p, "sentence")
     p.set_defaults(func=cmd_translate)
 

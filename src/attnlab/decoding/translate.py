@@ -61,24 +61,38 @@ def _source_batch(src: Tensor | Sequence[Sequence[int]], pad_id: int | None,
     return ids.to(device), mask.to(device)
 
 
-def _limits(model: nn.Module, max_len: int | None) -> int:
+def _limits(model: nn.Module, max_len: int | Sequence[int] | None, b: int) -> list[int]:
+    """Most target tokens of each of ``b`` sentences: ``max_len`` (one for all, or one each),
+    default the model's ``max_len``."""
     cap = model.config.max_len
-    if max_len is None:
-        return cap
-    if not 1 <= max_len <= cap:
-        raise ValueError(f"max_len={max_len} is not allowed: 1..{cap} (the model's target "
-                         "positions)")
-    return max_len
+    limits = [cap] * b if max_len is None else (
+        [max_len] * b if isinstance(max_len, int) else list(max_len))
+    if len(limits) != b:
+        raise ValueError(f"{len(limits)} max_len values for {b} sentences: give one, or one each")
+    for n in limits:
+        if not (isinstance(n, int) and 1 <= n <= cap):
+            raise ValueError(f"max_len={n} is not allowed: 1..{cap} (the model's target "
+                             "positions)")
+    return limits
+
+
+def _row_limits(max_len: int | Sequence[int], b: int, device) -> tuple[int, Tensor, set[int]]:
+    """The longest limit (the buffers' size), each sentence's (b,) as a tensor, and the set of
+    them (the steps at which some sentence runs out of room, known without a device sync)."""
+    limits = [max_len] * b if isinstance(max_len, int) else list(max_len)
+    return max(limits), torch.tensor(limits, device=device), set(limits)
 
 
 @torch.inference_mode()
-def greedy_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, *, max_len: int,
-                  bos_id: int, eos_id: int) -> list[list[int]]:
-    """Most likely next token at every step. src (B, S) -> B lists of ids (no bos / eos)."""
+def greedy_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, *,
+                  max_len: int | Sequence[int], bos_id: int, eos_id: int) -> list[list[int]]:
+    """Most likely next token at every step. src (B, S) -> B lists of ids (no bos / eos);
+    ``max_len``: most tokens of every sentence, or of each (the end token included)."""
     _check_model(model)
     memory = model.encode(src, src_mask)  # (B, S, D)
     valid = model.src_valid(src, src_mask)
     b = src.size(0)
+    max_len, room, _ = _row_limits(max_len, b, src.device)  # (B,) tokens each may take
     cache = model.new_cache(b, max_len)
     out = torch.full((b, max_len), eos_id, dtype=torch.long, device=src.device)  # (B, N)
     rows = torch.arange(b, device=src.device)  # original sentence of each live row
@@ -87,7 +101,7 @@ def greedy_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, *, max
         logits = model.decode(cur, memory, valid, cache=cache, last_only=True)  # (b, 1, V)
         nxt = logits[:, -1].argmax(dim=-1)  # (b,)
         out[rows, step] = nxt
-        live = nxt != eos_id
+        live = (nxt != eos_id) & (room[rows] > step + 1)
         if step == max_len - 1 or not bool(live.all()):  # one sync per step
             if step == max_len - 1 or not bool(live.any()):
                 break
@@ -110,15 +124,17 @@ def length_penalty_of(n: Tensor | int, alpha: float) -> Tensor | float:
 
 @torch.inference_mode()
 def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, *, beam: int,
-                length_penalty: float, max_len: int, bos_id: int, eos_id: int,
+                length_penalty: float, max_len: int | Sequence[int], bos_id: int, eos_id: int,
                 return_scores: bool = False) -> list[list[int]] | list[tuple[list[int], float]]:
     """Beam search with K = ``beam`` (see the module docstring). src (B, S) -> B id lists, or
-    with ``return_scores`` B pairs (ids, length-normalised log-probability)."""
+    with ``return_scores`` B pairs (ids, length-normalised log-probability); ``max_len``:
+    most tokens of every sentence, or of each (the end token included)."""
     _check_model(model)
     if beam < 1:
         raise ValueError(f"beam={beam} must be >= 1")
     dev = src.device
-    k, n = beam, max_len
+    n, room, ends = _row_limits(max_len, src.size(0), dev)  # (B,) tokens each sentence may take
+    k = beam
     valid = model.src_valid(src, src_mask)
     memory = model.encode(src, valid).repeat_interleave(k, dim=0)  # (B*K, S, D)
     valid = None if valid is None else valid.repeat_interleave(k, dim=0)  # (B*K, S)
@@ -159,12 +175,14 @@ def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, *, beam:
         seqs = seqs.index_select(0, from_rows)
         seqs[:, step] = tok.reshape(-1)
         done = torch.isfinite(fin_scores).all(dim=1)  # K hypotheses finished
-        if step == n - 1:  # out of room: the live beams finish as they are
-            live = scores / length_penalty_of(n, length_penalty)
+        if step + 1 in ends:  # (b,) out of room: the live beams finish as they are
+            full = room[sents] == step + 1
+            live = torch.where(full[:, None], scores / length_penalty_of(step + 1, length_penalty),
+                               torch.full_like(scores, float("-inf")))
             fin_scores, fin_seqs, fin_lens = _best_k(
                 torch.cat([fin_scores, live], 1), torch.cat([fin_seqs, seqs.view(b, k, n)], 1),
-                torch.cat([fin_lens, torch.full_like(live, n, dtype=torch.long)], 1), k)
-            done = torch.ones_like(done)
+                torch.cat([fin_lens, torch.full_like(live, step + 1, dtype=torch.long)], 1), k)
+            done = done | full
         if bool(done.any()):  # one sync per step
             _collect(results, sents, done, fin_scores, fin_seqs, fin_lens)
             if bool(done.all()):
@@ -200,7 +218,8 @@ def _collect(results: dict[int, tuple[list[int], float]], sents: Tensor, done: T
 
 
 def translate(model: nn.Module, src: Tensor | Sequence[Sequence[int]], *, beam: int = 1,
-              length_penalty: float = 0.6, max_len: int | None = None, bos_id: int,
+              length_penalty: float = 0.6, max_len: int | Sequence[int] | None = None,
+              bos_id: int,
               eos_id: int, pad_id: int | None = None,
               src_mask: Tensor | None = None) -> list[list[int]]:
     """Translate a batch of source sentences: greedy (``beam=1``) or beam search.
@@ -210,8 +229,8 @@ def translate(model: nn.Module, src: Tensor | Sequence[Sequence[int]], *, beam: 
         src: a list of source id lists (any lengths; right-padded here) or a (B, S) tensor.
         beam: K hypotheses per sentence; 1 = greedy (identical to beam search with K = 1).
         length_penalty: alpha of the GNMT length penalty; 0 = raw sum of log-probabilities.
-        max_len: most target tokens per sentence, the end token included; default the model's
-            ``max_len``.
+        max_len: most target tokens per sentence, the end token included (one for all, or one
+            per sentence); default the model's ``max_len``.
         bos_id / eos_id: the target start and end tokens; pad_id pads the source (default
             the model config's ``pad_id``).
         src_mask: (B, S) bool, True at real source tokens (default ``src != pad_id``).
@@ -226,7 +245,7 @@ def translate(model: nn.Module, src: Tensor | Sequence[Sequence[int]], *, beam: 
     device = next(model.parameters()).device
     ids, mask = _source_batch(src, pad, device)
     mask = src_mask if src_mask is not None else mask
-    n = _limits(model, max_len)
+    n = _limits(model, max_len, ids.size(0))
     if beam == 1:
         return greedy_search(model, ids, mask, max_len=n, bos_id=bos_id, eos_id=eos_id)
     return beam_search(model, ids, mask, beam=beam, length_penalty=length_penalty, max_len=n,
@@ -256,8 +275,8 @@ def translate_texts(model: nn.Module, texts: Sequence[str], src_tokenizer: Token
         src_tokenizer / tgt_tokenizer: encode the sources / decode the targets (the target
             tokenizer, default the source one, gives the bos and eos ids).
         beam, length_penalty: as in :func:`translate`.
-        max_len: most target tokens per sentence; default :func:`decode_limit` of the
-            batch's longest source.
+        max_len: most target tokens per sentence; default :func:`decode_limit` of each
+            source (so a sentence's translation does not depend on its batch).
 
     Returns:
         One translation per input sentence, in input order.
@@ -278,7 +297,7 @@ def translate_texts(model: nn.Module, texts: Sequence[str], src_tokenizer: Token
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         src = [ids[i] for i in chunk]
-        limit = max_len or decode_limit(model, max(map(len, src)))
+        limit = [decode_limit(model, len(s)) for s in src] if max_len is None else max_len
         hyps = translate(model, src, beam=beam, length_penalty=length_penalty, max_len=limit,
                          bos_id=bos, eos_id=eos, pad_id=src_tokenizer.pad_id)
         for i, hyp in zip(chunk, hyps):
