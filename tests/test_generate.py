@@ -132,6 +132,17 @@ def test_sliding_window_keeps_generating_with_a_tiny_context(prompt_len):
     assert out == reference_window_greedy(model, prompt, 25)
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_each_row_of_a_batch_slides_its_window_as_it_would_alone(use_cache):
+    """Prompts of 3, 7 and 13 tokens (max_len 10) in one left-padded batch: every row gives
+    the tokens of the naive one-prompt reference, through several slides of its window."""
+    model = tiny_lm(max_len=10)
+    prompts = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], list(range(14, 27))]
+    batched = generate(model, prompts, 30, temperature=0, use_cache=use_cache)
+    for prompt, row in zip(prompts, batched):
+        assert row == reference_window_greedy(model, prompt, 30)
+
+
 def test_memory_does_not_grow_with_max_new_tokens():
     """Buffers hold the window, not every token to come: asking for 10^12 tokens and taking
     a few costs what taking them from a short request does."""

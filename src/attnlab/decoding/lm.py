@@ -12,12 +12,13 @@ Shapes: B rows (prompts x samples), P padded prompt length, V vocab.
   feeds one token per step, reusing the keys/values of earlier positions from a preallocated
   :class:`~attnlab.nn.attention.KVCache`. ``use_cache=False`` recomputes the whole context at
   every step instead (same tokens; slower; the benchmark's baseline).
-* Context window: the model has positions ``0..max_len-1``. When the next forward would need
-  more than ``max_len`` positions, the window slides: only the last
-  ``keep = max_len - max(1, max_len // 4)`` columns (prompt and generated tokens; padded
-  columns of a batch count) are kept, the cache is emptied, and those ``keep`` tokens are
-  recomputed at positions from 0; decoding then goes on with the cache until it is full again.
-  A prompt longer than ``max_len`` is cut to its last ``keep`` tokens the same way. The
+* Context window: the model has positions ``0..max_len-1``. When a row's next forward would
+  need more than ``max_len`` positions, its window slides: only its last
+  ``keep = max_len - max(1, max_len // 4)`` tokens (prompt and generated) are kept, the cache
+  is emptied, and the batch's windows are recomputed at positions from 0 (each row's from its
+  own start, the columns before it masked like padding); decoding then goes on with the cache.
+  Each row slides when it would alone, so a batched row still gives the tokens of its prompt
+  alone. A prompt longer than ``max_len`` is cut to its last ``keep`` tokens the same way. The
   recomputation costs one prefill per ``max_len - keep`` new tokens; ``use_cache=False``
   follows the same window schedule, so both modes give the same tokens.
 * Stopping: a row stops at ``eos_id`` (not included in its output) or once its generated text
@@ -100,10 +101,16 @@ def _prompt_list(prompts) -> list[list[int]]:
     return out
 
 
-def _token_steps(model: nn.Module, ids: Tensor, mask: Tensor, max_new_tokens: int,
+def _token_steps(model: nn.Module, ids: Tensor, lengths: list[int], max_new_tokens: int,
                  sampler: Sampler, generator: torch.Generator | None,
                  use_cache: bool) -> Iterator[Tensor]:
-    """Yield the next token (B,) of every row, ``max_new_tokens`` times (no stop checks)."""
+    """Yield the next token (B,) of every row, ``max_new_tokens`` times (no stop checks).
+
+    ids (B, P) left-padded prompts of ``lengths`` real tokens. Each row keeps its own window:
+    ``first[b]`` is the column where row b's context starts (its padding ends, or where it
+    last slid), so a row slides when and as it would alone; the batch's window is the columns
+    from the earliest ``first`` on, the columns before a row's ``first`` masked as padding.
+    """
     b, p = ids.shape
     max_len = model.config.max_len
     keep = window_keep(max_len)
@@ -111,20 +118,21 @@ def _token_steps(model: nn.Module, ids: Tensor, mask: Tensor, max_new_tokens: in
     # reused (the window moved to its front), so memory does not grow with max_new_tokens.
     size = p + min(max_new_tokens, max_len + 1)
     tokens = torch.zeros(b, size, dtype=torch.long, device=ids.device)
-    valid = torch.ones(b, size, dtype=torch.bool, device=ids.device)
-    tokens[:, :p], valid[:, :p] = ids, mask
+    tokens[:, :p] = ids
+    columns = torch.arange(size, device=ids.device)
+    first = [p - n for n in lengths]  # host-side: no sync to know each row's window
+    end, cached = p, 0  # columns [start, end) are the window; `cached` of them in the cache
     cache = model.new_cache(b, min(max_len, p + max_new_tokens)) if use_cache else None
-    start, end, cached = 0, p, 0  # the window is columns [start, end); cached of them in cache
-    padded, pad = False, None
     for _ in range(max_new_tokens):
-        if end - start > max_len:  # slide the window: keep the last `keep` columns, recompute
-            start, cached = end - keep, 0
-        window = valid[:, start:end] if padded or cached == 0 else None
-        if cached == 0:  # (re)start: one sync to learn whether the window has padding
-            padded = not bool(window.all())
-            pad = (~window).sum(-1) if padded else None  # (B,) pad columns of each row
-            if cache is not None:  # the cache derives each row's positions from its padding
-                cache.length, cache.pad = 0, pad
+        for i in range(b):
+            if end - first[i] > max_len:  # the next forward would need too many positions:
+                first[i], cached = end - keep, 0  # keep the last `keep` tokens, recompute
+        start = min(first)
+        padded = any(f != start for f in first)
+        pad = torch.tensor(first, device=ids.device) - start if padded else None  # (B,)
+        window = columns[start:end] >= pad[:, None] + start if padded else None  # (B, W)
+        if cached == 0 and cache is not None:  # (re)start: the cache derives positions
+            cache.length, cache.pad = 0, pad
         if cached == 0 or cache is None:
             feed = tokens[:, start:end]
         else:
@@ -132,16 +140,14 @@ def _token_steps(model: nn.Module, ids: Tensor, mask: Tensor, max_new_tokens: in
         # Without a cache, padded rows need explicit positions (with one, the cache has them).
         positions = (padded_positions(0, end - start, pad, ids.device)
                      if padded and cache is None else None)
-        logits, _ = model(feed, mask=window if padded else None, positions=positions,
-                          cache=cache, last_only=True)  # (B, 1, V)
+        logits, _ = model(feed, mask=window, positions=positions, cache=cache,
+                          last_only=True)  # (B, 1, V)
         nxt = sampler(logits[:, -1], generator)  # (B,)
         if end == size:  # full: move the window [start, end) to the front of the buffer
             tokens[:, :end - start] = tokens[:, start:end].clone()
-            valid[:, :end - start] = valid[:, start:end].clone()
-            valid[:, end - start:] = True
-            start, end = 0, end - start
+            first, end = [f - start for f in first], end - start
         tokens[:, end] = nxt
-        cached, end = end - start, end + 1
+        cached, end = end - min(first), end + 1
         yield nxt
 
 
@@ -185,7 +191,8 @@ def _stream_rows(model: nn.Module, rows: list[list[int]], max_new_tokens: int, s
         ids, mask = pad(rows, 0, left=True)  # (B, P) each
         ids, mask = ids.to(device), mask.to(device)
         done = torch.zeros(len(rows), dtype=torch.bool, device=device)
-    steps = _token_steps(model, ids, mask, max_new_tokens, sampler, gen, use_cache)
+    steps = _token_steps(model, ids, [len(r) for r in rows], max_new_tokens, sampler, gen,
+                         use_cache)
     watch = eos_id is not None or checker is not None
     # Each step runs in inference mode, but not the consumer's code between steps; a caller
     # already in inference mode (`generate`) saves entering it again at every step.
