@@ -89,6 +89,15 @@ def test_tokens_per_s_counts_training_time_only(tmp_path, monkeypatch):
     rates = [r["tokens_per_s"] for r in read_metrics(tmp_path / "run" / "metrics.csv")
              if r["tokens_per_s"] is not None]
     assert len(rates) == 3 and all(r == pytest.approx(4 * 16) for r in rates), rates
+    # elapsed_s goes on across a resume: stopped at step 6 and resumed, the same clock readings
+    whole = read_metrics(tmp_path / "run" / "metrics.csv")
+    half = lm_dict(tmp_path, log_every=4, eval_every=6, max_steps=6)
+    train_run(RunConfig.from_dict(half), tmp_path / "split")
+    result = train_run(rc, tmp_path / "split", resume=True).result
+    split = read_metrics(tmp_path / "split" / "metrics.csv")
+    logged = lambda rows: {r["step"]: r["elapsed_s"] for r in rows if r["step"] % 4 == 0}  # noqa: E731
+    assert logged(split) == logged(whole) == {4: 4.0, 8: 108.0, 12: 112.0}
+    assert result.wall_s == pytest.approx(12 + 2 * 100 + 100)  # + the final evaluation
 
 
 def test_accumulated_micro_batches_equal_one_big_batch_with_uneven_padding(tmp_path):

@@ -139,6 +139,7 @@ class Trainer:
         self.best: dict[str, Any] | None = None
         self.bad_evals = 0
         self.window = [0.0, 0]  # summed step losses and steps since the last log row
+        self.started: float | None = None  # when training began (resumed: its elapsed earlier)
         metric = self.cfg.best_metric
         self.metric = task.default_metric if metric == "auto" else metric
         if self.metric not in ("val_loss", *task.metric_names):
@@ -231,7 +232,8 @@ class Trainer:
         return {"step": self.step, "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict(), "rng": rng_state(),
                 "data": self.task.state_dict(), "best": self.best, "bad_evals": self.bad_evals,
-                "window": list(self.window), "world_size": self.info.world_size}
+                "window": list(self.window), "world_size": self.info.world_size,
+                "elapsed_s": 0.0 if self.started is None else time.perf_counter() - self.started}
 
     def save(self, which: str = "last") -> None:
         """Checkpoint ``which`` (best: weights only; last: also the training state)."""
@@ -263,6 +265,8 @@ class Trainer:
             set_rng_state(state["rng"])
             self.step, self.best = int(state["step"]), state["best"]
             self.bad_evals, self.window = int(state["bad_evals"]), list(state["window"])
+            # elapsed_s and wall_s go on from the checkpoint's (older checkpoints: from 0)
+            self.started = time.perf_counter() - float(state.get("elapsed_s", 0.0))
         except KeyError as e:
             raise RunError(f"the training state of {self.run.checkpoint_dir('last')} has no "
                            f"{e.args[0]!r} entry (a damaged or foreign checkpoint); it cannot "
@@ -305,7 +309,9 @@ class Trainer:
         mon = Monitor(self.run, self.task.metric_names, total=cfg.max_steps,
                       start=self.step, progress=cfg.progress, tensorboard=cfg.tensorboard,
                       enabled=self.info.is_main)
-        start_time = last_time = time.perf_counter()
+        if self.started is None:
+            self.started = time.perf_counter()
+        start_time, last_time = self.started, time.perf_counter()
         folded = shown = self.step
         # a resumed run that had stopped early stays stopped (straight to its final evaluation)
         stopped, losses, metrics = 0 < cfg.patience <= self.bad_evals, [], {}
