@@ -75,22 +75,20 @@ class Embeddings(nn.Module):
         self.tok = nn.Embedding(vocab_size, cfg.d_model)
         self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
         self.max_len = cfg.max_len
-        if cfg.pos == "sinusoidal":
-            self.pos: nn.Module | None = SinusoidalPositions(cfg.d_model, cfg.max_len)
-        elif cfg.pos == "learned":
-            self.pos = LearnedPositions(cfg.d_model, cfg.max_len)
-        else:  # rope: positions enter inside attention
-            self.pos = None
+        kind = {"sinusoidal": SinusoidalPositions, "learned": LearnedPositions}.get(cfg.pos)
+        self.pos = kind(cfg.d_model, cfg.max_len) if kind else None  # rope: inside attention
         self.norm = make_norm(cfg) if cfg.embed_norm else None
         self.p_drop = cfg.dropout
 
-    def forward(self, ids: Tensor, positions: Tensor | None = None,
-                cache: KVCache | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, ids: Tensor, positions: Tensor | None = None, cache: KVCache | None = None,
+                left_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """ids (B, T) -> embeddings (B, T, D) and their positions (T,) or (B, T), which rope
-        needs too: ``positions`` if given (checked), else those after the cached tokens."""
+        needs too: ``positions`` if given (checked), else those after the cached tokens, or
+        without a cache those of rows left-padded as ``left_mask`` (B, T) shows."""
         t = ids.size(1)
         if positions is None:
-            start, pad = (0, None) if cache is None else (cache.length, cache.pad)
+            pad = t - left_mask.sum(1) if left_mask is not None and cache is None else None
+            start, pad = (0, pad) if cache is None else (cache.length, cache.pad)
             positions = padded_positions(start, t, pad, ids.device, max_len=self.max_len)
         else:
             check_positions(positions, t, self.max_len)

@@ -43,7 +43,7 @@ class DecoderLM(nn.Module):
 
     def _hidden(self, ids: Tensor, mask: Tensor | None, positions: Tensor | None,
                 cache: KVCache | None, capture: Collection[int]):
-        x, positions = self.emb(ids, positions, cache)  # (B, T, D); (T,) or (B, T)
+        x, positions = self.emb(ids, positions, cache, mask)  # (B, T, D); (T,) or (B, T)
         return self.decoder(x, self_mask=key_mask(mask), positions=positions, cache=cache,
                             capture=capture)  # (B, T, D), {layer: (B, H, T, S)}, {}
 

@@ -90,7 +90,7 @@ class Transformer(nn.Module):
         return self.head(h[:, -1:] if last_only else h)  # (B, T, V) or (B, 1, V)
 
     def _decode(self, tgt, memory, src_valid, tgt_valid, cache, positions, capture):
-        y, positions = self.tgt_emb(tgt, positions, cache)  # (B, T, D); (T,) or (B, T)
+        y, positions = self.tgt_emb(tgt, positions, cache, tgt_valid)  # (B, T, D); (T,) / (B, T)
         return self.decoder(y, memory, self_mask=key_mask(tgt_valid),
                             memory_mask=key_mask(src_valid), positions=positions, cache=cache,
                             capture=capture)  # (B, T, D), {l: (B, H, T, T_total)}, {l: cross}
