@@ -79,6 +79,7 @@ def env(tmp_path_factory):
              "latin1.txt": "caf\xe9 cr\xe8me\n".encode("latin-1"), "unknown.txt": b"ZZZ @@@\n",
              "unknown_line_3.txt": b"to be\nor not\nZZZ\n",
              "a_file": b"x", "bad.toml": b"[model\nd_model = ", "bad.json": b"{not json",
+             "model_5.toml": b"model = 5\n", "list.json": b"[1, 2]",
              "cfg_badkey.toml": b"[model]\nd_modle = 32\n", "cfg_badval.toml":
              b"[model]\nfamily = 'decoder'\nvocab_size = 40\nd_model = 30\nn_heads = 4\n",
              "junk.safetensors": b"\x00\x01not a safetensors file"}
@@ -236,6 +237,9 @@ def _rows(e):
         "info_missing": ["info", f"{b}/nothing"],
         "info_bad_toml": ["info", str(e["bad.toml"])],
         "info_bad_json": ["info", str(e["bad.json"])],
+        "info_model_not_a_table": ["info", str(e["model_5.toml"])],
+        "info_json_list": ["info", str(e["list.json"])],
+        "info_zero_length": ["info", lm, "--length", "0"],
         "info_bad_config_value": ["info", str(e["cfg_badval.toml"])],
         "info_zero_batch": ["info", lm, "--batch", "0"],
         "viz_out_unwritable_system": ["viz", "positions", "--d-model", "8", "--out",
@@ -282,6 +286,9 @@ EXPECT = {
     "eval_config_not_json": "config.json is not valid JSON",
     "eval_config_binary": "config.json is not valid JSON",
     "sample_tokenizer_not_json": "tokenizer.json is not valid JSON",
+    "info_model_not_a_table": "expected a table of model settings",
+    "info_json_list": "expected a table of model settings",
+    "info_zero_length": "--length 0 must be positive",
     "eval_text_unknown_chars": "unknown_line_3.txt line 3: 1 character(s) not in the vocabulary",
     "train_resume_other_metric": "best checkpoint by 'accuracy'; resuming it with "
                                  "train.best_metric='val_loss'",

@@ -177,3 +177,21 @@ def test_viz_encodes_a_translation_source_as_training_did(runs, tmp_path, add_sp
     tok = RunDir(run).load_tokenizer()
     source = _views(html)[0]["key_tokens"]
     assert source == tok.token_strings(tok.encode("the lazy fox", add_special=add_special))
+
+
+def test_viz_labels_each_head_with_its_own_weights_in_any_order(runs, tmp_path):
+    from attnlab.runs import load_run
+
+    html = tmp_path / "heads.html"
+    assert main(["viz", "attention", str(runs["decoder"]), "--text", "the lazy fox",
+                 "--head", "1", "--head", "0", "--head", "1", "--html", str(html)]) == 0
+    view = _views(html)[0]
+    assert view["head_ids"] == [0, 1]
+    run = load_run(runs["decoder"])
+    ids = run.tokenizer.encode("the lazy fox")
+    with torch.no_grad():
+        true = run.model.attention_maps(torch.tensor([ids]))["decoder"]
+    for layer, weights in zip(view["layer_ids"], view["weights"]):
+        for slot, head in enumerate(view["head_ids"]):
+            got = torch.tensor(weights[slot], dtype=torch.float32) / 10_000  # stored w * 1e4
+            torch.testing.assert_close(got, true[layer][0, head], atol=2e-4, rtol=0)

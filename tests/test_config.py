@@ -10,6 +10,9 @@ from attnlab import ConfigError, ModelConfig, build_model
 @pytest.mark.parametrize("kwargs, pattern", [
     (dict(d_model=30, n_heads=4), r"n_heads=4 .*divisor of d_model=30"),
     (dict(n_layers=0), r"n_layers=0 .*positive integer"),
+    (dict(rope_base=0.0), r"rope_base=0.0 .*float > 1"),
+    (dict(rope_base=float("nan")), r"rope_base=nan .*float > 1"),
+    (dict(init_std=float("inf")), r"init_std=inf .*finite positive float"),
     (dict(dropout=1.0), r"dropout=1.0 .*\[0, 1\)"),
     (dict(dropout=-0.1), r"dropout=-0.1 .*\[0, 1\)"),
     (dict(attn_dropout=1.5), r"attn_dropout=1.5"),

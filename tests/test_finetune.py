@@ -154,8 +154,10 @@ def test_cli_init_from_trains_and_bad_sources_are_one_line(base, tmp_path, capsy
                       'tensorboard = false\nprecision = "fp32"\n')
     data = f"data.path={tmp_path / 't.tsv'}"
     args = ["train", str(recipe), "--set", data, "--out", str(tmp_path / "ok")]
-    assert main([*args, "--init-from", str(base)]) == 0
-    assert RunDir(tmp_path / "ok").read_config()["train"]["init_from"] == str(base)
+    source = tmp_path / "run \u00e9\U0001f642"  # any path: accents, characters past the BMP
+    shutil.copytree(base, source)
+    assert main([*args, "--init-from", str(source)]) == 0
+    assert RunDir(tmp_path / "ok").read_config()["train"]["init_from"] == str(source)
     assert main(["eval", str(tmp_path / "ok")]) == 0  # eval and classify take it as any run
     (tmp_path / "in.txt").write_text("a good movie\nbad\n")
     assert main(["classify", str(tmp_path / "ok"), "--input", str(tmp_path / "in.txt")]) == 0

@@ -8,6 +8,7 @@ which is how checkpoints store them and how models are rebuilt.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
@@ -135,8 +136,11 @@ class ModelConfig:
         for name in ("dropout", "attn_dropout"):
             v = getattr(self, name)
             check(v is None or 0.0 <= v < 1.0, name, v, "a probability in [0, 1)")
-        check(self.norm_eps > 0, "norm_eps", self.norm_eps, "a positive float")
-        check(self.init_std > 0, "init_std", self.init_std, "a positive float")
+        for name in ("norm_eps", "init_std"):
+            v = getattr(self, name)
+            check(math.isfinite(v) and v > 0, name, v, "a finite positive float")
+        check(math.isfinite(self.rope_base) and self.rope_base > 1, "rope_base", self.rope_base,
+              "a finite float > 1 (10000 in RoFormer and Llama)")
         check(self.n_classes >= 2, "n_classes", self.n_classes, "an integer >= 2")
         if self.head_dim is None:
             check(

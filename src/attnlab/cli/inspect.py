@@ -75,7 +75,10 @@ def _config_from(target: Path) -> tuple[ModelConfig, str | None]:
         raise UserError(f"{target}: expected a run dir, a .toml or a .json config")
     if "data" in data or "train" in data:  # a training recipe: resolve it as training does
         return _recipe_model(data)
-    model = data.get("model", data)
+    model = data.get("model", data) if isinstance(data, dict) else data
+    if not isinstance(model, dict):
+        raise UserError(f"{target}: expected a table of model settings ([model] or its keys), "
+                        f"got {type(model).__name__}")
     cfg = ModelConfig.from_dict(model)
     why = "model.vocab_size of the config" if "vocab_size" in model else (
         "model.vocab_size's default; set it in the config for the real count")
@@ -109,7 +112,7 @@ def _recipe_model(data: dict) -> tuple[ModelConfig, str]:
 
 def cmd_info(args: argparse.Namespace) -> int:
     cfg, vocabulary = _config_from(Path(args.target))
-    length = args.length or cfg.max_len
+    length = cfg.max_len if args.length is None else args.length
     if args.batch < 1 or length < 1:
         raise UserError(f"--batch {args.batch} and --length {length} must be positive integers")
     import torch
@@ -202,7 +205,7 @@ def _collect_views(run, args) -> list:
             kinds = [("encoder self-attention (source)", "encoder", s, s, "source", "source"),
                      ("decoder self-attention (target)", "decoder", t, t, "target", "target"),
                      ("cross-attention (target x source)", "cross", t, s, "target", "source")]
-    head_ids = heads or list(range(cfg.n_heads))
+    head_ids = sorted(set(heads)) if heads else list(range(cfg.n_heads))  # as the maps keep them
     views = []
     for name, stack, q, k, q_label, k_label in kinds:
         views.append(AttentionView(name, q, k, maps.stacked(stack)[:, 0],  # (L, H, T, S)

@@ -117,8 +117,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _default_out(stem, args.resume)
     run = RunDir(out)
     # --init-from wins over a train.init_from of the recipe or of --set (given last)
-    overrides = args.overrides + ([f"train.init_from={json.dumps(args.init_from)}"]
-                                  if args.init_from else [])
+    # (ensure_ascii=False: TOML has no surrogate pairs for characters beyond the BMP)
+    given = json.dumps(args.init_from, ensure_ascii=False) if args.init_from else None
+    overrides = args.overrides + ([f"train.init_from={given}"] if given else [])
     if recipe is None and args.resume and run.config_file.is_file():
         rc = load_config(None, overrides, base=run.read_config())  # the run's own
     else:

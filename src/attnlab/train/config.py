@@ -161,10 +161,10 @@ class TrainConfig:
             check(getattr(self, name) >= 0, name, getattr(self, name), "an integer >= 0")
         for name in ("lr", "eps"):
             v = getattr(self, name)
-            check(math.isfinite(v) and v > 0, name, v, "a positive (finite) float")
+            check(math.isfinite(v) and v > 0, name, v, "a finite positive float")
         for name in ("min_lr", "weight_decay", "grad_clip", "temperature"):
             v = getattr(self, name)
-            check(math.isfinite(v) and v >= 0, name, v, "a (finite) float >= 0")
+            check(math.isfinite(v) and v >= 0, name, v, "a finite float >= 0")
         for name in ("beta1", "beta2"):
             check(0 <= getattr(self, name) < 1, name, getattr(self, name), "a float in [0, 1)")
         check(0 <= self.label_smoothing < 1, "label_smoothing", self.label_smoothing,
