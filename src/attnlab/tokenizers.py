@@ -343,12 +343,17 @@ class WordPieceTokenizer(_HFTokenizer):
         return super().encode(text, add_special)
 
     @classmethod
-    def from_vocab_file(cls, vocab_txt: str | Path, lowercase: bool = True) -> WordPieceTokenizer:
-        """Load a BERT ``vocab.txt`` (one token per line, the line number is the id)."""
+    def from_vocab_file(cls, vocab_txt: str | Path, lowercase: bool = True,
+                        strip_accents: bool | None = None,
+                        chinese_chars: bool = True) -> WordPieceTokenizer:
+        """Load a BERT ``vocab.txt`` (one token per line, the line number is the id); the
+        options are BertTokenizer's ``do_lower_case``, ``strip_accents`` (None: as
+        ``lowercase``) and ``tokenize_chinese_chars``."""
         if not Path(vocab_txt).is_file():
             raise FileNotFoundError(f"WordPiece vocab file {vocab_txt} does not exist")
         hf = HFTokenizer(models.WordPiece.from_file(str(vocab_txt), unk_token="[UNK]"))
-        hf.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        hf.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=strip_accents,
+                                                   handle_chinese_chars=chinese_chars)
         hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         hf.decoder = decoders.WordPiece(prefix="##")
         vocab = hf.get_vocab()

@@ -109,7 +109,8 @@ def _read_file(file: Path) -> dict[str, Tensor]:
         with warnings.catch_warnings():  # torch warns about pickle protocols: the error says it
             warnings.simplefilter("ignore")
             sd = torch.load(file, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, TypeError) as e:
+    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, TypeError, KeyError,
+            IndexError, ValueError) as e:  # (KeyError, IndexError: junk read as pickle opcodes)
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         why = next((ln for ln in lines if "Unsupported" in ln), lines[0] if lines else "")
         raise ValueError(f"{file} is refused: torch.load(weights_only=True) reads tensors only, "
@@ -138,6 +139,9 @@ def read_hf_weights(path: str | os.PathLike) -> dict[str, Tensor]:
             return _read_file(file)
         try:  # sharded: {"weight_map": {tensor name: shard file}}
             shards = sorted(set(_read_json(file)["weight_map"].values()))
+            bad = [s for s in shards if not isinstance(s, str) or Path(s).name != s]
+            if bad:
+                raise ValueError(f"shard names must be file names in the folder, got {bad[:3]}")
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{file} is not a valid shard index ({e})") from None
         sd: dict[str, Tensor] = {}
@@ -209,7 +213,11 @@ def _load(model_or_dir: Any, cls_name: str) -> nn.Module:
     read_hf_config(path)  # the clear errors for a folder that is not a model
     sd = read_hf_weights(path)
     tf = _transformers()
-    config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
+    try:
+        config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - transformers' field checks raise their own types
+        raise ValueError(f"{path / 'config.json'} is not a configuration transformers accepts "
+                         f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
     model = getattr(tf, cls_name)(config)
     load_hf_state(model, sd, str(path), _UNUSED.get(cls_name, ()))
     if hasattr(model, "tie_weights"):

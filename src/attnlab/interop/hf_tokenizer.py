@@ -114,8 +114,12 @@ def load_hf_tokenizer(path: str | os.PathLike) -> Tokenizer:
         roles = _roles(hf, {"bos_token": eot, "eos_token": eot} | names, bert=False)
         return GPT2Tokenizer(hf, roles, byte_level=True)
     if (path / WORDPIECE_VOCAB).is_file():
-        lower = read_optional_json(path / TOKENIZER_CONFIG).get("do_lower_case", True)
-        return WordPieceTokenizer.from_vocab_file(path / WORDPIECE_VOCAB, lowercase=bool(lower))
+        cfg = read_optional_json(path / TOKENIZER_CONFIG)  # BertTokenizer's options
+        strip = cfg.get("strip_accents")
+        return WordPieceTokenizer.from_vocab_file(
+            path / WORDPIECE_VOCAB, lowercase=bool(cfg.get("do_lower_case", True)),
+            strip_accents=None if strip is None else bool(strip),
+            chinese_chars=bool(cfg.get("tokenize_chinese_chars", True)))
     raise FileNotFoundError(
         f"{path} has no tokenizer files: expected {TOKENIZER_JSON}, or "
         f"{' + '.join(GPT2_FILES)} (GPT-2), or {WORDPIECE_VOCAB} (BERT)")
