@@ -195,3 +195,14 @@ def test_viz_labels_each_head_with_its_own_weights_in_any_order(runs, tmp_path):
         for slot, head in enumerate(view["head_ids"]):
             got = torch.tensor(weights[slot], dtype=torch.float32) / 10_000  # stored w * 1e4
             torch.testing.assert_close(got, true[layer][0, head], atol=2e-4, rtol=0)
+
+
+def test_info_of_a_fine_tuning_recipe_counts_the_source_model(runs, tmp_path, capsys):
+    recipe = tmp_path / "ft.toml"
+    recipe.write_text(f'[data]\nname = "tsv"\nlabel_names = ["a", "b", "c"]\n'
+                      f'[train]\ninit_from = "{runs["encoder"]}"\n')
+    assert main(["info", str(recipe)]) == 0
+    out = capsys.readouterr().out
+    cfg = RunDir(runs["encoder"]).read_config()["model"]
+    want = build_model(ModelConfig.from_dict({**cfg, "n_classes": 3}))
+    assert f"{sum(p.numel() for p in want.parameters()):,}" in out and "init_from" in out

@@ -93,7 +93,13 @@ def _recipe_model(data: dict) -> tuple[ModelConfig, str]:
 
     rc = load_config(None, [], base=data)
     d, changes = rc.data, {"family": rc.data.family}
-    if "model.vocab_size" in rc.explicit:
+    if rc.train.init_from:  # a fine-tuning recipe trains the source's model
+        from ..train.finetune import init_config, load_source
+
+        src = load_source(rc.train.init_from)
+        rc = init_config(rc, src.config, rc.train.init_from)
+        changes, why = {}, f"the model of train.init_from={rc.train.init_from}"
+    elif "model.vocab_size" in rc.explicit:
         why = "model.vocab_size of the recipe"
     elif d.name in SYNTHETIC_NAMES:
         changes["vocab_size"], why = d.synth_vocab, "data.synth_vocab of the recipe"
