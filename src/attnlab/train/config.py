@@ -87,6 +87,8 @@ class DataConfig:
         check(1 <= self.seq_min <= self.seq_max, "seq_min", self.seq_min,
               f"1 <= seq_min <= seq_max (seq_max={self.seq_max})")
         check(self.val_size >= 1, "val_size", self.val_size, "a positive integer")
+        check(self.split_seed is None or 0 <= self.split_seed < 2**63, "split_seed",
+              self.split_seed, "an integer in 0..2**63-1")
         names = self.label_names
         check(names is None or (isinstance(names, list) and len(names) >= 2
                                 and all(isinstance(n, str) for n in names)),
@@ -165,6 +167,7 @@ class TrainConfig:
         for name in ("min_lr", "weight_decay", "grad_clip", "temperature"):
             v = getattr(self, name)
             check(math.isfinite(v) and v >= 0, name, v, "a finite float >= 0")
+        check(0 <= self.seed < 2**63, "seed", self.seed, "an integer in 0..2**63-1")
         for name in ("beta1", "beta2"):
             check(0 <= getattr(self, name) < 1, name, getattr(self, name), "a float in [0, 1)")
         check(0 <= self.label_smoothing < 1, "label_smoothing", self.label_smoothing,
