@@ -29,15 +29,16 @@ def command(text, out):
             "--out", str(out)]
 
 
-def run(args, nproc, tmp_path):
+def run(args, nproc, tmp_path, ok=True):
     script = tmp_path / "attnlab_main.py"
     script.write_text("import sys\nfrom attnlab.cli import main\nsys.exit(main())\n")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "ATTNLAB_CACHE_DIR": str(tmp_path / "cache")}
     launcher = [sys.executable, str(script)] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc_per_node={nproc}", str(script)]
     proc = subprocess.run(launcher + args, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (proc.returncode == 0) == ok, proc.stderr[-3000:]
     return proc
 
 
@@ -62,3 +63,20 @@ def test_two_processes_equal_one_process_on_the_same_global_batch(tmp_path):
     # only rank 0 wrote: the run dirs hold the same files
     assert sorted(p.name for p in (tmp_path / "one").iterdir()) == \
         sorted(p.name for p in (tmp_path / "two").iterdir())
+
+
+@pytest.mark.slow
+def test_the_precision_probe_agrees_over_processes_and_a_small_batch_writes_nothing(tmp_path):
+    """precision = "auto": one process measured a batch of 3 rows; two processes on a batch
+    of 5 (3 + 2 rows) must agree on measuring again (rank 0 once found its 3 rows cached and
+    went on while rank 1 waited for it: a hang). A batch smaller than the processes fails
+    before the run dir gets a file."""
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    auto = ["--set", "train.precision='auto'"]
+    run(command(text, tmp_path / "one") + auto + ["--set", "train.batch_size=3"], 1, tmp_path)
+    run(command(text, tmp_path / "two") + auto + ["--set", "train.batch_size=5"], 2, tmp_path)
+    small = run(command(text, tmp_path / "small") + ["--set", "train.batch_size=1"], 2,
+                tmp_path, ok=False)
+    assert "cannot be split over 2 processes" in small.stderr
+    assert not (tmp_path / "small").exists() or not any((tmp_path / "small").iterdir())

@@ -74,11 +74,29 @@ def test_a_damaged_cache_is_measured_again():
                         clock=clock) == "fp32"
 
 
-def test_probe_key_depends_on_the_model_and_the_batch():
+def test_probe_key_depends_on_the_model_the_batch_and_the_attention_kernels():
     a = prec.probe_key({"d_model": 64}, [(4, 16)])
-    assert a == prec.probe_key({"d_model": 64}, [(4, 16)])
+    assert a == prec.probe_key({"d_model": 64}, [(4, 16)], "auto")
     assert a != prec.probe_key({"d_model": 128}, [(4, 16)])
     assert a != prec.probe_key({"d_model": 64}, [(8, 16)])
+    assert a != prec.probe_key({"d_model": 64}, [(4, 16)], "math")
+
+
+def test_processes_measure_unless_all_have_an_answer_and_then_take_the_same():
+    """``reduce`` sums over processes; here it adds another process's cache state."""
+    def other(state):  # the other process's votes: [fp32, bf16, miss]
+        return lambda v: [a + b for a, b in zip(v, state)] if len(v) == 3 else v
+
+    clock = FakeClock()
+    step = make_step(clock, {"fp32": 1.0, "bf16": 2.0}, calls := [])
+    prec._write_cache(prec.cache_file(), "k", {"precision": "bf16"})  # this one has an answer
+    assert prec.fastest(step, "k", clock=clock, reduce=other([0, 0, 1])) == "fp32"
+    assert calls  # the other one had none: both measured
+    calls.clear()
+    prec._write_cache(prec.cache_file(), "k", {"precision": "bf16"})
+    assert prec.fastest(step, "k", clock=clock, reduce=other([0, 1, 0])) == "bf16"
+    assert prec.fastest(step, "k", clock=clock, reduce=other([1, 0, 0])) == "fp32"  # a tie
+    assert not calls
 
 
 def test_resolve_precision():

@@ -269,6 +269,22 @@ def test_a_diverged_model_is_evaluated_as_nan_not_an_error(tmp_path):
         RunConfig.from_dict(lm_dict(tmp_path, lr=float("inf")))
 
 
+def test_a_resumed_auto_run_goes_on_in_the_precision_it_trained_in(tmp_path, monkeypatch):
+    """The probe's answer can differ on the resuming machine (another cache, another load):
+    the checkpoint's precision wins, not a new measurement."""
+    import json
+
+    from attnlab.train import loop
+
+    d = lm_dict(tmp_path, precision="auto", max_steps=3)
+    monkeypatch.setattr(loop, "fastest", lambda *a, **k: "bf16")
+    train_run(RunConfig.from_dict(d), tmp_path / "run")
+    monkeypatch.setattr(loop, "fastest", lambda *a, **k: "fp32")
+    resumed = RunConfig.from_dict({**d, "train": {**d["train"], "max_steps": 5}})
+    train_run(resumed, tmp_path / "run", resume=True)
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["precision"] == "bf16"
+
+
 def test_bf16_autocast_trains_on_cpu(tmp_path):
     run = train_run(RunConfig.from_dict(lm_dict(tmp_path, precision="bf16", max_steps=3)),
                     tmp_path / "bf16")

@@ -116,9 +116,16 @@ class Trainer:
     """Trains ``task``'s model under ``rc.train``; writes into ``run_dir`` on rank 0."""
 
     def __init__(self, rc: RunConfig, task: Task, run_dir: str | Path | RunDir | None = None,
-                 info: DistInfo | None = None):
+                 info: DistInfo | None = None, precision: str | None = None):
+        """``precision``: the one to train in, in place of ``train.precision`` (a resumed run
+        goes on in the precision it trained in)."""
         self.rc, self.cfg, self.task = rc, rc.train, task
         self.info = info or DistInfo()
+        if self.info.enabled:  # a batch too small to split fails here, before any file is written
+            data = self.task.state_dict()
+            with torch.random.fork_rng(devices=[]):
+                shard(self.task.next_batch(), self.info)
+            self.task.load_state_dict(data)
         self.run = run_dir if run_dir is None or isinstance(run_dir, RunDir) else RunDir(run_dir)
         self.device = resolve_device(self.cfg.device, self.info)
         if self.cfg.threads:
@@ -126,8 +133,8 @@ class Trainer:
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every process
         self.model = build_model(task.model_config).to(self.device)
         self.backends = sdpa_backends(self.cfg.sdpa_backend)  # before the precision probe
-        self.precision = resolve_precision(self.cfg.precision, self.device,
-                                           self._measure_precision)
+        self.precision = precision or resolve_precision(self.cfg.precision, self.device,
+                                                        self._measure_precision)
         self.optimizer = build_optimizer(self.model, self.cfg, self.device.type)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.ddp = wrap_ddp(self.model, self.info, self.device)
@@ -157,7 +164,8 @@ class Trainer:
         and the RNG states are put back, so training itself is the same with or without it."""
         data = self.task.state_dict()
         with torch.random.fork_rng(devices=[]):
-            batch = tuple(t.to(self.device) for t in shard(self.task.next_batch(), self.info))
+            whole = self.task.next_batch()  # the key: the global batch, the same on every rank
+            batch = tuple(t.to(self.device) for t in shard(whole, self.info))
 
             def step(precision: str) -> None:
                 with self.amp(precision):
@@ -165,7 +173,8 @@ class Trainer:
                 loss.backward()
                 self.model.zero_grad(set_to_none=True)
 
-            key = probe_key(self.task.model_config.to_dict(), [tuple(t.shape) for t in batch])
+            key = probe_key(self.task.model_config.to_dict(), [tuple(t.shape) for t in whole],
+                            self.cfg.sdpa_backend)
             choice = fastest(step, key, reduce=lambda t: all_reduce_sum(
                 torch.tensor(t, dtype=torch.float64, device=self.device), self.info).tolist())
         self.task.load_state_dict(data)

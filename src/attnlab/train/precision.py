@@ -108,10 +108,12 @@ def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
         os.replace(tmp, path)
 
 
-def probe_key(model_config: dict[str, Any], batch_shapes: list[tuple[int, ...]]) -> str:
-    """What the measured answer depends on: machine, torch, threads, model, batch shape."""
+def probe_key(model_config: dict[str, Any], batch_shapes: list[tuple[int, ...]],
+              sdpa_backend: str = "auto") -> str:
+    """What the measured answer depends on: machine, torch, threads, model, (global) batch
+    shape and the attention kernels."""
     text = json.dumps([cpu_model(), torch.__version__, torch.get_num_threads(), model_config,
-                       batch_shapes], sort_keys=True)
+                       batch_shapes, sdpa_backend], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -123,11 +125,14 @@ def fastest(step: Callable[[str], None], key: str, rounds: int = 5,
     alternating (so a change in machine load falls on both); each candidate's time is its
     fastest call, since on a shared machine the slow calls measure the other jobs, not the
     candidate (a sum let one descheduled call pick the slower precision); ``reduce`` combines
-    those over processes (distributed training must agree)."""
+    those over processes (distributed training must agree: every process measures unless
+    every one has a cached answer, and then they take the same one, the most common)."""
     path = cache_file()
     hit = _read_cache(path).get(key)
-    if isinstance(hit, dict) and hit.get("precision") in CANDIDATES:
-        return hit["precision"]
+    hit = hit.get("precision") if isinstance(hit, dict) else None
+    votes = reduce([float(hit == p) for p in CANDIDATES] + [float(hit not in CANDIDATES)])
+    if votes[-1] == 0:  # no process misses
+        return CANDIDATES[max(range(len(CANDIDATES)), key=lambda i: (votes[i], -i))]
     for p in CANDIDATES:
         step(p)
     best_s = [math.inf] * len(CANDIDATES)

@@ -158,7 +158,10 @@ def _train_run(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> RunO
     resolved = dataclasses.replace(rc, model=task.model_config)
     if saved is not None:
         check_same_config(run.path, saved, resolved)
-    trainer = Trainer(resolved, task, run, info)
+    # a resumed "auto" run goes on in the precision it measured and trained in
+    precision = run.checkpoint_meta("last").get("precision") if resume else None
+    trainer = Trainer(resolved, task, run, info, precision if resolved.train.precision == "auto"
+                      and precision in ("fp32", "bf16", "fp16") else None)
     if source is not None:
         load_init_weights(trainer.model, source, not keeps_head(resolved, source))
     if resume:
