@@ -283,8 +283,13 @@ def test_import_a_bert_encoder_without_pooler_then_classify(tmp_path, capsys) ->
         got = run.model.hidden_states(batch["input_ids"], valid)
     torch.testing.assert_close(got[valid], want[valid], atol=1e-4, rtol=0)
     (tmp_path / "in.txt").write_text("a great film\nterrible\n")
-    assert cli("classify", tmp_path / "run", "--input", tmp_path / "in.txt") == 0
-    assert len(capsys.readouterr().out.splitlines()) == 2  # a fresh head: a class for each
+    # a BertModel has no classifier: the run's head is fresh, so classify / eval refuse it
+    # (random answers) until it is fine-tuned; the encoder itself serves viz, info, export
+    for argv in (("classify", tmp_path / "run", "--input", tmp_path / "in.txt"),
+                 ("eval", tmp_path / "run", "--data", tmp_path / "in.txt")):
+        assert cli(*argv) == 2
+        err = capsys.readouterr().err
+        assert "without a trained classification head" in err and err.count("\n") == 1
 
     # import then export: BertForSequenceClassification reads a pooler this run lacks, so
     # that export is refused in one line; the encoder alone round-trips

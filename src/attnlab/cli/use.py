@@ -230,6 +230,11 @@ def cmd_classify(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
+    from ..interop.pretrained import untrained_head
+
+    why = untrained_head(args.run_dir, args.checkpoint)
+    if why:
+        raise UserError(why)
     run = _load(args, "encoder")
     texts = [line.strip() for line in _read_lines(args.input) if line.strip()]
     if not texts:
