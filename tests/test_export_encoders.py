@@ -184,6 +184,13 @@ def test_bert_to_hf_names_what_prevents_it() -> None:
     for needed in ("norm='post' (got 'pre')", "pooling='pooler' (got 'mean')",
                    "embed_norm=True (got False)", "final_norm=False (got True)"):
         assert needed in msg
+    from attnlab.interop.pretrained import bert_encoder_to_hf
+
+    with pytest.raises(ValueError) as e:  # the headless BertModel: the pooling does not matter
+        bert_encoder_to_hf(sst2)
+    msg = str(e.value)
+    assert msg.startswith("this encoder cannot be exported as a BertModel (--encoder-only)")
+    assert "norm='post' (got 'pre')" in msg and "pooling" not in msg
     bert_like = bert_from_hf(transformers.BertModel(bert_cfg()), pooling="pooler")
     with pytest.raises(ValueError, match="label_names=.* must be 2 distinct names"):
         bert_to_hf(bert_like, label_names=["a", "b", "c"])

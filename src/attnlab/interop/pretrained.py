@@ -276,9 +276,13 @@ def bert_encoder_to_hf(model: nn.Module) -> Any:
         ValueError: settings BERT cannot express other than the pooling, named.
     """
     from ..models import EncoderClassifier
-    from .bert import bert_to_hf
+    from .bert import bert_problems, bert_to_hf
 
     cfg = model.config
+    problems = bert_problems(cfg.replace(pooling="pooler", head="classify"))  # any pooling here
+    if problems:
+        raise ValueError(f"this encoder cannot be exported as a BertModel (--encoder-only): "
+                         f"it needs {', '.join(problems)}")
     if cfg.pooling == "pooler" and cfg.head == "classify":
         return bert_to_hf(model).bert
     as_pooler = EncoderClassifier(cfg.replace(pooling="pooler", head="classify"))

@@ -233,8 +233,8 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
     if why:
         raise RunError(why)
     if beam != 1 and not hasattr(cls, "beam"):
-        raise ValueError(f"--beam is for translation runs (BLEU); a {cls.kind} run decodes "
-                         "nothing to search over (leave --beam out)")
+        raise ValueError(f"--beam is for translation runs (BLEU); a {cls.kind} run is scored "
+                         "without beam search (leave --beam out)")
     if beam < 1:
         raise ValueError(f"--beam must be >= 1, got {beam}")
     if data:
