@@ -80,3 +80,25 @@ def test_the_precision_probe_agrees_over_processes_and_a_small_batch_writes_noth
                 tmp_path, ok=False)
     assert "cannot be split over 2 processes" in small.stderr
     assert not (tmp_path / "small").exists() or not any((tmp_path / "small").iterdir())
+
+
+@pytest.mark.slow
+def test_two_processes_with_dropout_resume_exactly(tmp_path):
+    """Dropout on 3 rows on one process and 2 on the other uses up different amounts of
+    randomness: each process's RNG state is saved and restored (once only rank 0's was)."""
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    extra = ["--set", "model.dropout=0.1", "--set", "train.batch_size=5", "--set",
+             "train.grad_accum=1", "--set", "train.decay_steps=6", "--set", "train.eval_every=3"]
+
+    def args(out, steps, *more):
+        return command(text, out) + extra + ["--set", f"train.max_steps={steps}", *more]
+
+    run(args(tmp_path / "whole", 6), 2, tmp_path)
+    run(args(tmp_path / "split", 3), 2, tmp_path)
+    run(args(tmp_path / "split", 6, "--resume"), 2, tmp_path)
+    a, b = (read_metrics(tmp_path / r / "metrics.csv") for r in ("whole", "split"))
+    assert [r["train_loss"] for r in a] == [r["train_loss"] for r in b]
+    wa = load_file(tmp_path / "whole" / "last" / "model.safetensors")
+    wb = load_file(tmp_path / "split" / "last" / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -72,6 +73,15 @@ def all_reduce_sum(t: Tensor, info: DistInfo) -> Tensor:
     if info.enabled:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
+    """Every process's ``obj`` (picklable), in rank order; ``[obj]`` without processes."""
+    if not info.enabled:
+        return [obj]
+    out: list[Any] = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def wrap_ddp(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:

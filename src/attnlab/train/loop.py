@@ -25,7 +25,7 @@ from ..models import build_model
 from ..runs import RunDir, RunError
 from ..tasks import Task
 from .config import RunConfig
-from .distributed import DistInfo, all_reduce_sum, shard, wrap_ddp
+from .distributed import DistInfo, all_gather_objects, all_reduce_sum, shard, wrap_ddp
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
 from .precision import autocast, fastest, probe_key, resolve_precision, sdpa_backends
@@ -132,6 +132,8 @@ class Trainer:
             torch.set_num_threads(self.cfg.threads)  # process-wide, as torch has it
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every process
         self.model = build_model(task.model_config).to(self.device)
+        if self.info.enabled:  # then each process its own random stream (dropout masks)
+            torch.manual_seed(self.cfg.seed + self.info.rank)
         self.backends = sdpa_backends(self.cfg.sdpa_backend)  # before the precision probe
         self.precision = precision or resolve_precision(self.cfg.precision, self.device,
                                                         self._measure_precision)
@@ -246,9 +248,14 @@ class Trainer:
 
     def save(self, which: str = "last") -> None:
         """Checkpoint ``which`` (best: weights only; last: also the training state)."""
+        # every process's RNG state (they differ), gathered on all of them before rank 0 writes
+        ranks = all_gather_objects(rng_state(), self.info) \
+            if which == "last" and self.info.enabled else None
         if self.run is None or not self.info.is_main:
             return
         state = self.state_dict() if which == "last" else None
+        if ranks:
+            state["rng_ranks"] = ranks
         meta = {"step": self.step, "precision": self.precision}
         if which == "best" and self.best is not None:
             meta.update(self.best)
@@ -271,7 +278,9 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scaler.load_state_dict(state["scaler"])
             self.task.load_state_dict(state["data"])
-            set_rng_state(state["rng"])
+            ranks = state.get("rng_ranks") or []  # each process its own, when they match
+            set_rng_state(ranks[self.info.rank] if len(ranks) == self.info.world_size
+                          else state["rng"])
             self.step, self.best = int(state["step"]), state["best"]
             self.bad_evals, self.window = int(state["bad_evals"]), list(state["window"])
             # elapsed_s and wall_s go on from the checkpoint's (older checkpoints: from 0)
