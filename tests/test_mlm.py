@@ -3,6 +3,7 @@ logits and loss, the run, and its fine-tuning into a classifier. Tiny data made 
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,7 @@ def test_mask_tokens_follows_bert_and_replays_from_the_generator():
     assert abs(float(masked.sum() / n) - 0.8) < 0.02
     assert abs(float(kept.sum() / n) - 0.1) < 0.02  # ~0.1 plus the random ids equal by chance
     assert abs(float(swapped.sum() / n) - 0.1) < 0.02
+    assert (inputs[swapped] >= 5).all()  # random ids never a special one (0, 1, 4 here)
     assert torch.equal(inputs[~picked], ids[~picked])  # the rest untouched
 
 
@@ -171,3 +173,15 @@ def test_mlm_refusals_are_one_line(tmp_path, capsys):
     assert not (tmp_path / "hf").exists()
     run = load_run(tmp_path / "mlm")
     assert isinstance(run.model, MaskedLM)
+
+
+def test_mlm_evaluation_masks_each_sentence_the_same_way_in_any_batch(tmp_path):
+    d = mlm_dict(tmp_path)
+    scores = []
+    for size in (3, 16):
+        rc = RunConfig.from_dict({**d, "train": {**d["train"], "eval_batch_size": size}})
+        task = build_task(rc)
+        torch.manual_seed(0)
+        model = build_model(task.model_config).eval()
+        scores.append(task.evaluate(model, "val", torch.device("cpu"), contextlib.nullcontext))
+    assert scores[0] == pytest.approx(scores[1], rel=1e-5)

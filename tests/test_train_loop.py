@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from attnlab.config import ConfigError
 from attnlab.data import pad
+from attnlab.models import build_model
 from attnlab.runs import RunError, read_metrics
 from attnlab.tasks import build_task
 from attnlab.train import RunConfig, Trainer, train_run
@@ -346,3 +347,39 @@ def test_resolve_device_is_the_one_check_of_a_device_name():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available here; allowed: auto, cpu"):
             resolve_device("cuda", flag="--device")
+
+
+def test_the_synthetic_validation_set_does_not_depend_on_the_batch_size(tmp_path):
+    def rows(size):
+        rc = RunConfig.from_dict({"model": {**TINY, "max_len": 16},
+                                  "data": {"name": "reverse", "synth_vocab": 12, "val_size": 40},
+                                  "train": {**TRAIN, "eval_batch_size": size}})
+        out = []
+        for src, _, _ in build_task(rc).examples("val"):
+            out += [[t for t in row if t != 0] for row in src.tolist()]
+        return out
+
+    assert rows(7) == rows(40) and len(rows(7)) == 40
+
+
+def test_bleu_of_a_perfect_translation_is_100_with_a_whitespace_tokenizer(tmp_path,
+                                                                           monkeypatch):
+    """A translation can only be what the tokenizer decodes: with a whitespace pre-tokenizer
+    "man's" comes back as "man ' s", so the references are read through it too."""
+    from attnlab.tasks import seq2seq
+
+    pairs = [(f"des mannes {i} t-shirt", f"the man's t-shirt, number {i}") for i in range(30)]
+    src, tgt = tmp_path / "s.txt", tmp_path / "t.txt"
+    src.write_text("\n".join(s for s, _ in pairs) + "\n")
+    tgt.write_text("\n".join(t for _, t in pairs) + "\n")
+    data = {"name": "parallel", "src_path": str(src), "tgt_path": str(tgt),
+            "val_src_path": str(src), "val_tgt_path": str(tgt), "tokenizer": "bpe",
+            "vocab_size": 120, "pre_tokenizer": "whitespace"}
+    rc = RunConfig.from_dict({"model": {**TINY, "max_len": 32}, "data": data, "train": TRAIN})
+    task = build_task(rc)
+    tok, refs = task.tokenizer, dict(pairs)
+    monkeypatch.setattr(seq2seq, "translate_texts", lambda model, sources, *a, **k: [
+        tok.decode(tok.encode(refs[s])) for s in sources])
+    model = build_model(task.model_config).eval()
+    out = task.evaluate(model, "val", torch.device("cpu"), contextlib.nullcontext)
+    assert out["bleu"] == pytest.approx(100.0)

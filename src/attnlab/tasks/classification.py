@@ -141,8 +141,10 @@ def mask_tokens(ids: Tensor, mask_id: int, vocab_size: int, generator: torch.Gen
 
     Each token whose id is not in ``keep`` (padding and the other special tokens) is picked
     with probability :data:`MASK_RATE`, and at least one per row; a picked token becomes
-    ``mask_id`` (80%), a random id (10%) or stays (10%). ``targets`` holds the original id at
-    the picked positions and ``IGNORE_INDEX`` (-100) elsewhere. Every draw comes from
+    ``mask_id`` (80%), a random id (10%: drawn above every id of ``keep`` and ``mask_id``,
+    the special tokens that come first in a vocabulary, so never padding) or stays (10%).
+    ``targets`` holds the original id at the picked positions and ``IGNORE_INDEX`` (-100)
+    elsewhere. Every draw comes from
     ``generator``, so a saved generator state replays the same masks.
 
     Shape: ids, inputs, targets (B, S).
@@ -156,7 +158,9 @@ def mask_tokens(ids: Tensor, mask_id: int, vocab_size: int, generator: torch.Gen
     first = score.masked_fill(~real, 2.0).argmin(dim=1)  # (B,): each row's lowest real score
     picked[torch.arange(ids.size(0)), first] |= real.any(dim=1)
     how = torch.rand(ids.shape, generator=generator)
-    random_ids = torch.randint(vocab_size, ids.shape, generator=generator)
+    low = 1 + max(k for k in (*keep, mask_id) if k is not None)
+    random_ids = torch.randint(low if low < vocab_size else 0, vocab_size, ids.shape,
+                               generator=generator)
     inputs = torch.where(picked & (how < 0.8), mask_id, ids)
     inputs = torch.where(picked & (how >= 0.8) & (how < 0.9), random_ids, inputs)
     return inputs, ids.masked_fill(~picked, IGNORE_INDEX)
@@ -168,8 +172,9 @@ class MaskedLMTask(ClassifyTask):
     their phrases never trained on), each whole training sentence once per epoch (SST-2's
     phrases are runs of words of them), and a tokenizer with ``<mask>``. Masks are drawn per
     batch (:func:`mask_tokens`) from the task's generator, saved with the data position; an
-    evaluation draws the same masks every time. The run fine-tunes into a classifier with
-    ``attnlab train RECIPE --init-from RUN`` (self-pretraining: no outside data or weights)."""
+    evaluation masks each sentence the same way every time, whatever the batch size. The run
+    fine-tunes into a classifier with ``attnlab train RECIPE --init-from RUN``
+    (self-pretraining: no outside data or weights)."""
 
     kind = "masked-language-model"
     metric_names = ("accuracy",)  # of the masked tokens
@@ -189,6 +194,17 @@ class MaskedLMTask(ClassifyTask):
         tok = self.tokenizer
         return mask_tokens(ids, tok.mask_id, tok.vocab_size, generator,
                            keep=(tok.pad_id, tok.bos_id, tok.eos_id))
+
+    def _mask_each(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Evaluation's masks: each (right-padded) row's from a generator seeded by its tokens,
+        so a sentence is masked the same way every time, whatever its batch."""
+        inputs, targets = ids.clone(), torch.full_like(ids, IGNORE_INDEX)
+        for r, row in enumerate(ids):
+            n = int((row != self.tokenizer.pad_id).sum())
+            seed = hash((self.rc.train.seed, *row[:n].tolist())) % 2**63  # ints hash stably
+            got = self._mask(row[None, :n], torch.Generator().manual_seed(seed))
+            inputs[r, :n], targets[r, :n] = got[0][0], got[1][0]
+        return inputs, targets
 
     def next_batch(self) -> tuple[Tensor, Tensor]:
         ids, _ = super().next_batch()
@@ -213,10 +229,9 @@ class MaskedLMTask(ClassifyTask):
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
                  max_batches: int = 0) -> dict[str, float]:
-        generator = torch.Generator().manual_seed(self.rc.train.seed)  # the same masks each time
         total, correct, n = 0.0, 0, 0
         for ids, _ in self.batches(split, self.eval_batch_size(), shuffle=False):
-            inputs, targets = (t.to(device) for t in self._mask(ids, generator))
+            inputs, targets = (t.to(device) for t in self._mask_each(ids))
             with amp():
                 logits, _ = model(inputs, targets)  # (N, V)
             wanted = targets[targets != IGNORE_INDEX]

@@ -52,9 +52,12 @@ class SyntheticTask(Seq2SeqTask):
         if split not in ("val", "test"):
             raise ConfigError(f"unknown split {split!r}; allowed: val, test")
         n, bs, out = self.rc.data.val_size, self.eval_batch_size(), []
+        src, tgt = self.data.sample(n, gen)  # drawn at once: the set is not the batch size's
         for i in range(0, n, bs):
-            src, tgt = self.data.sample(min(bs, n - i), gen)
-            out.append((src, tgt[:, :-1], tgt[:, 1:]))
+            s, t = src[i:i + bs], tgt[i:i + bs]
+            width = int((s != self.data.pad_id).sum(1).max())  # this batch's longest
+            t = t[:, :width + 2]
+            out.append((s[:, :width], t[:, :-1], t[:, 1:]))
         return out
 
     @torch.no_grad()
