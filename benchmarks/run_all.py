@@ -28,6 +28,7 @@ A part whose inputs are missing prints ``skipped: <why>`` in its row instead of 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import platform
@@ -108,7 +109,8 @@ def run_nanogpt(path: Path, iters: int, eval_every: int) -> tuple[float, float |
     return wall, (float(vals[-1][1]) if vals else None)
 
 
-def run_attnlab(data_file: Path, iters: int, eval_every: int) -> tuple[float, float | None]:
+def run_attnlab(data_file: Path, iters: int,
+                eval_every: int) -> tuple[float, float | None, str]:
     from attnlab.runs import RunDir
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,10 +125,11 @@ def run_attnlab(data_file: Path, iters: int, eval_every: int) -> tuple[float, fl
         if out.returncode != 0:
             raise RuntimeError(f"attnlab train failed: {out.stderr.strip().splitlines()[-1:]}")
         rows = RunDir(Path(tmp) / "run").read_metrics()
+        precision = json.loads((Path(tmp) / "run" / "results.json").read_text())["precision"]
     # The last scheduled evaluation (20 batches, like nanoGPT's); the final 200-batch one
     # the recipe adds at the end is in the same column, so take the row at ``iters``.
     vals = [r for r in rows if r.get("val_loss") is not None and r["step"] == iters]
-    return wall, (float(vals[0]["val_loss"]) if vals else None)
+    return wall, (float(vals[0]["val_loss"]) if vals else None), precision
 
 
 def part_nanogpt(args) -> list[dict]:
@@ -140,14 +143,14 @@ def part_nanogpt(args) -> list[dict]:
     # nanoGPT evaluates at multiples of eval_interval; make the last iteration one of them.
     eval_every = 250 if args.iters % 250 == 0 else args.iters
     walls = {"nanogpt": [], "attnlab": []}
-    losses = {}
+    losses, precision = {}, "?"
     for pair in range(args.pairs):
         order = ("nanogpt", "attnlab") if pair % 2 == 0 else ("attnlab", "nanogpt")
         for who in order:
             if who == "nanogpt":
                 wall, loss = run_nanogpt(path, args.iters, eval_every)
             else:
-                wall, loss = run_attnlab(data_file, args.iters, eval_every)
+                wall, loss, precision = run_attnlab(data_file, args.iters, eval_every)
             walls[who].append(wall)
             losses[who] = loss
             print(f"  nanogpt part, pair {pair + 1}: {who} {wall:.1f} s, val loss {loss}",
@@ -159,7 +162,9 @@ def part_nanogpt(args) -> list[dict]:
 
     per_pair = ", ".join(f"{a / b:.2f}x" for a, b in zip(walls["nanogpt"], walls["attnlab"]))
     return [row(name, fmt(ng, losses["nanogpt"]), fmt(at, losses["attnlab"]), ng / at,
-                f"mean of {args.pairs} pairs, alternating who goes first; per pair {per_pair}")]
+                f"mean of {args.pairs} pairs, alternating who goes first; per pair {per_pair}; "
+                f"nanoGPT trains in fp32 on a CPU, attnlab in {precision} (precision auto: "
+                "what it measured fastest here)")]
 
 
 # --- HF training step ------------------------------------------------------------------------

@@ -27,8 +27,9 @@
     exact-token agreement of greedy continuations with fp32, per dtype, for attnlab and for
     HF GPT-2 holding the same weights (``gpt2_to_hf``, then the same cast).
 
-All figures come from this one run on this machine; each rate is the median of ``--repeat``
-interleaved rounds, each ratio the median (and range) of the per-round ratios. The model is
+All figures come from this one run on this machine; each rate of (b)-(c) is the median of
+``--repeat`` interleaved rounds, each ratio the median (and range) of the per-round ratios;
+(a) times one run of each mode (full recomputation of 1024 tokens takes minutes). The model is
 GPT-2 shaped (pre-norm, learned positions, tanh-GELU, tied embeddings, vocabulary 50257 by
 default) with random weights: speed does not depend on the values.
 """
@@ -174,14 +175,16 @@ def bytes_per_token(model, dtype: str, context: float) -> float:
     """Bytes one batch-1 decoding step reads: every linear weight (in ``dtype``), the norms
     and biases, one row of each embedding table (a tied head is counted as the linear it
     also is), and the KV cache at ``context`` positions (fp32, bf16 in the bf16 mode)."""
+    from attnlab.nn import LearnedPositions
+
     act = 2 if dtype == "bf16" else 4
     total = 0.0
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
             total += module.weight.numel() * BYTES[dtype]
             total += 0 if module.bias is None else module.bias.numel() * act
-        elif isinstance(module, torch.nn.Embedding):
-            total += module.embedding_dim * act
+        elif isinstance(module, (torch.nn.Embedding, LearnedPositions)):  # one row a step
+            total += model.config.d_model * act
         elif not list(module.children()):  # norms
             total += sum(p.numel() for p in module.parameters(recurse=False)) * act
     cfg = model.config
@@ -253,7 +256,7 @@ def val_loss(model, ids: torch.Tensor, block: int, windows: int) -> tuple[float,
 
     total, count, top1 = 0.0, 0, []
     with torch.inference_mode():
-        for start in range(0, min(windows * block, ids.numel() - 1 - block) + 1, block):
+        for start in range(0, min(windows * block, ids.numel() - block), block):
             x = ids[start:start + block].unsqueeze(0)  # (1, T)
             y = ids[start + 1:start + 1 + block].unsqueeze(0)
             out = model(x)
