@@ -8,11 +8,14 @@ from attnlab import ModelConfig, build_model
 from attnlab.info import estimate, report
 
 
-@pytest.mark.parametrize("family, ffn", [("decoder", "gelu"), ("decoder", "swiglu"),
-                                         ("encoder_decoder", "relu")])
-def test_forward_flops_match_torch_flop_counter(family, ffn):
+@pytest.mark.parametrize("family, ffn, dec", [("decoder", "gelu", None),
+                                              ("decoder", "swiglu", None),
+                                              ("encoder_decoder", "relu", None),
+                                              ("encoder_decoder", "relu", 1),
+                                              ("encoder_decoder", "relu", 4)])
+def test_forward_flops_match_torch_flop_counter(family, ffn, dec):
     cfg = ModelConfig(family=family, vocab_size=97, d_model=32, n_heads=4, n_layers=2,
-                      ffn=ffn, dropout=0.0, max_len=64)
+                      ffn=ffn, dropout=0.0, max_len=64, n_decoder_layers=dec)
     model = build_model(cfg).eval()
     b, t = 2, 16
     x = torch.randint(0, 97, (b, t))
@@ -45,7 +48,29 @@ def test_memory_grows_with_batch_and_report_lists_components():
     model = build_model(cfg)
     small, big = (estimate(cfg, model.num_parameters(), b, 32) for b in (1, 8))
     assert big.train_memory_bytes > small.train_memory_bytes > 16 * model.num_parameters()
-    assert big.kv_cache_bytes == 8 * small.kv_cache_bytes == 8 * (2 * 2 * 32 * 32 * 4)
+    assert big.kv_cache_bytes == 8 * small.kv_cache_bytes
     text = report(cfg, model.num_parameters(by_component=True), 4, 32)
     assert "decoder.0.attention" in text and "FLOPs per token" in text
     assert f"{model.num_parameters():,}" in text
+
+
+@pytest.mark.parametrize("family, dec", [("decoder", None), ("decoder", 6),
+                                         ("encoder_decoder", None), ("encoder_decoder", 3)])
+def test_kv_cache_bytes_are_those_of_a_filled_cache(family, dec):
+    """Self-attention keys and values of every decoder layer, and for an encoder-decoder the
+    cross-attention keys and values of the memory too (source length = target length)."""
+    cfg = ModelConfig(family=family, vocab_size=40, d_model=32, n_heads=4, n_layers=2,
+                      n_decoder_layers=dec, max_len=20, dropout=0.0)
+    model = build_model(cfg).eval()
+    b, t = 3, 20
+    ids = torch.randint(1, 40, (b, 1))
+    cache = model.new_cache(b, t)
+    with torch.no_grad():
+        if family == "decoder":
+            model(ids, cache=cache)
+        else:
+            src = torch.randint(1, 40, (b, t))
+            model.decode(ids, model.encode(src), cache=cache)
+    tensors = [*cache.k, *cache.v, *(x for pair in cache.cross if pair for x in pair)]
+    actual = sum(x.numel() * x.element_size() for x in tensors)
+    assert estimate(cfg, model.num_parameters(), b, t).kv_cache_bytes == actual

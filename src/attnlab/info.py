@@ -63,7 +63,7 @@ def _layer_flops(cfg: ModelConfig, ctx: int, cross_ctx: int | None = None) -> fl
     flops = 2 * 4 * cfg.d_model * inner + 2 * 2 * ctx * inner + 2 * ffn_mats * cfg.d_model * \
         cfg.ff_dim
     if cross_ctx is not None:  # cross-attention: q and out projections per target token,
-        # k/v of the memory counted with the encoder's tokens; scores over the source
+        # k/v of the memory counted with the source tokens (estimate); scores over the source
         flops += 2 * 2 * cfg.d_model * inner + 2 * 2 * cross_ctx * inner
     return flops
 
@@ -83,16 +83,20 @@ def estimate(cfg: ModelConfig, params: int, batch: int, length: int,
         fwd = cfg.n_layers * _layer_flops(cfg, length) + head
         layers = cfg.n_layers
     else:  # per target token, with one source token per target token
-        enc = cfg.n_layers * (_layer_flops(cfg, length) + 2 * 2 * cfg.d_model * inner)
-        dec = cfg.dec_layers * _layer_flops(cfg, length, cross_ctx=length)
+        enc = cfg.n_layers * _layer_flops(cfg, length)
+        # every decoder layer projects the memory to its own cross-attention keys and values
+        dec = cfg.dec_layers * (_layer_flops(cfg, length, cross_ctx=length)
+                                + 2 * 2 * cfg.d_model * inner)
         fwd = enc + dec + 2 * cfg.d_model * cfg.tgt_vocab
         layers = cfg.n_layers + cfg.dec_layers
     act_scale = bytes_per_value / 2
     activations = layers * (batch * length * cfg.d_model * 34
                             + 5 * batch * cfg.n_heads * length**2) * act_scale
-    kv = 2 * cfg.dec_layers * batch * length * inner * bytes_per_value
-    if cfg.family == "encoder":
-        kv = 0.0
+    # keys and values of every decoder layer; an encoder-decoder's cache also holds each decoder
+    # layer's cross-attention keys and values of the memory (source length = length here)
+    kv = {"decoder": 2 * cfg.n_layers, "encoder": 0,
+          "encoder_decoder": 4 * cfg.dec_layers}[cfg.family] * batch * length * inner \
+        * bytes_per_value
     return Costs(
         params=params,
         flops_per_token_forward=fwd,
