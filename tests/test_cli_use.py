@@ -150,3 +150,14 @@ def test_bad_input_is_one_line_and_exit_code_2(runs, capsys, tmp_path, argv, mes
     assert out == ""
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert message in err, err
+
+
+def test_eval_and_classify_take_a_weights_file_as_checkpoint(tmp_path, capsys):
+    """--checkpoint FILE.safetensors (the help offers it) loads that file; its metadata is the
+    manifest beside it."""
+    run = classifier_run(tmp_path / "cls")
+    weights = run / "best" / "model.safetensors"
+    (tmp_path / "in.txt").write_text("the quick fox\n")
+    assert main(["classify", str(run), "--input", str(tmp_path / "in.txt"),
+                 "--checkpoint", str(weights)]) == 0
+    assert capsys.readouterr().out.strip().endswith("the quick fox")

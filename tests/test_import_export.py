@@ -285,7 +285,12 @@ def test_import_a_bert_encoder_without_pooler_then_classify(tmp_path, capsys) ->
     (tmp_path / "in.txt").write_text("a great film\nterrible\n")
     # a BertModel has no classifier: the run's head is fresh, so classify / eval refuse it
     # (random answers) until it is fine-tuned; the encoder itself serves viz, info, export
+    weights = tmp_path / "run" / "best" / "model.safetensors"
     for argv in (("classify", tmp_path / "run", "--input", tmp_path / "in.txt"),
+                 ("classify", tmp_path / "run", "--input", tmp_path / "in.txt",
+                  "--checkpoint", "last"),  # (falls back to best/, as the weights do)
+                 ("classify", tmp_path / "run", "--input", tmp_path / "in.txt",
+                  "--checkpoint", weights),
                  ("eval", tmp_path / "run", "--data", tmp_path / "in.txt")):
         assert cli(*argv) == 2
         err = capsys.readouterr().err

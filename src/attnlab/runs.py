@@ -291,12 +291,12 @@ class RunDir:
                        f"last/{MODEL_FILE}): train first, or wait for the first checkpoint")
 
     def checkpoint_meta(self, which: str) -> dict[str, Any]:
-        """What training recorded with checkpoint ``which`` (step, best metric, precision),
-        from its manifest; empty when there is none."""
-        folder = self.checkpoint_dir(which)
+        """What training recorded with the checkpoint that :meth:`find_checkpoint` gives for
+        ``which`` (step, best metric, precision; for a .safetensors path, the manifest beside
+        it), so metadata and weights come from the same folder; empty when there is none."""
         try:
-            meta = json.loads((folder / MANIFEST).read_text()) if folder else {}
-        except (OSError, ValueError):
+            meta = json.loads((self.find_checkpoint(which).parent / MANIFEST).read_text())
+        except (RunError, OSError, ValueError):
             return {}
         return {k: v for k, v in meta.items() if k != "files"} if isinstance(meta, dict) else {}
 
