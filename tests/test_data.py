@@ -465,6 +465,13 @@ def test_fetch_gunzips_and_unzips_with_row_check(tmp_path, monkeypatch) -> None:
     _serve(monkeypatch, b"not a zip")
     with pytest.raises(DownloadError, match="unpacking toy file train.tsv"):
         fetch("toy", tmp_path / "z3")
+    buffer = io.BytesIO()  # cut inside its last row: every row still there
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("SST-2/train.tsv", "label\tsentence\n1\tfine\n0\tbad mo")
+    _registry(monkeypatch, RemoteFile("train.tsv", "u", None, "zip", "SST-2/train.tsv", 2))
+    _serve(monkeypatch, buffer.getvalue())
+    with pytest.raises(DownloadError, match="ends inside a row"):
+        fetch("toy", tmp_path / "z4")
 
 
 def test_fetch_copies_from_local_directory(tmp_path, monkeypatch) -> None:

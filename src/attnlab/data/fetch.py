@@ -29,14 +29,13 @@ Without network, use a local copy instead of downloading; the training configs t
   (validation: ``--set data.val_src_path=... --set data.val_tgt_path=...``)
 * sst2: ``--set data.path=/path/to/train.tsv``
 
-or copy files into the cache with ``attnlab data fetch NAME --from DIR`` (this module's
-``main``; ``fetch(name, source_dir=DIR)``), where ``DIR`` holds the files directly or in a
+or copy files into the cache with ``attnlab data fetch NAME --from DIR`` (or
+``fetch(name, source_dir=DIR)``), where ``DIR`` holds the files directly or in a
 sub-directory named after the data set (``tinyshakespeare/``, ``multi30k/``, ``sst2/``).
 """
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import hashlib
 import logging
@@ -156,6 +155,11 @@ def _verify(path: Path, spec: RemoteFile, origin: str, info: DatasetInfo) -> Non
     if rows != spec.tsv_rows:
         raise DownloadError(f"{info.name} file {spec.name} from {origin} has {rows} rows, "
                             f"expected {spec.tsv_rows}; the file was not kept")
+    with open(path, "rb") as f:  # a copy cut inside its last row still has every row
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) != b"\n":
+            raise DownloadError(f"{info.name} file {spec.name} from {origin} ends inside a "
+                                "row (cut short?); the file was not kept")
 
 
 def _unpack(packed: Path, spec: RemoteFile, dest: Path, info: DatasetInfo) -> None:
@@ -250,26 +254,3 @@ def fetch(name: str, cache_dir: str | Path | None = None, source_dir: str | Path
         _fetch_file(spec, info, final,
                     None if source_dir is None else Path(source_dir), timeout)
     return root
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``attnlab data fetch NAME [--from DIR] [--cache-dir DIR]``: fetch one data set."""
-    parser = argparse.ArgumentParser(prog="attnlab data fetch", description=fetch.__doc__)
-    parser.add_argument("name", choices=sorted(DATASETS))
-    parser.add_argument("--from", dest="source_dir", default=None,
-                        help="copy from this local directory instead of downloading")
-    parser.add_argument("--cache-dir", default=None,
-                        help="default: $ATTNLAB_DATA or ~/.cache/attnlab/data")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        path = fetch(args.name, args.cache_dir, args.source_dir)
-    except DataError as e:
-        log.error("error: %s", e)
-        return 1
-    log.info("%s is in %s", args.name, path)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
