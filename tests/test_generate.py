@@ -143,6 +143,27 @@ def test_each_row_of_a_batch_slides_its_window_as_it_would_alone(use_cache):
         assert row == reference_window_greedy(model, prompt, 30)
 
 
+def test_padded_batches_copy_no_host_data_per_step(monkeypatch):
+    """Between window slides, a padded batch's step makes no tensor from host data (on a GPU
+    each such copy waits for the device)."""
+    model = tiny_lm(max_len=64)
+    real = torch.tensor
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    counts = {}
+    for name, prompts in (("same", [[3, 4, 5], [6, 7, 8]]), ("padded", [[3, 4, 5], [6, 7]])):
+        calls.clear()
+        monkeypatch.setattr(torch, "tensor", counting)
+        generate(model, prompts, 20, temperature=0)
+        monkeypatch.setattr(torch, "tensor", real)
+        counts[name] = len(calls)
+    assert counts["padded"] <= counts["same"] + 1  # once, when the window starts
+
+
 def test_memory_does_not_grow_with_max_new_tokens():
     """Buffers hold the window, not every token to come: asking for 10^12 tokens and taking
     a few costs what taking them from a short request does."""

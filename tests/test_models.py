@@ -367,26 +367,30 @@ def test_explicit_positions_in_range_are_used():
     assert not torch.allclose(shifted, default)
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("pos", ["sinusoidal", "learned", "rope"])
 @pytest.mark.parametrize("family", ["decoder", "encoder_decoder"])
-def test_a_left_padded_row_given_its_mask_equals_the_row_alone(pos, family):
+def test_a_padded_row_given_its_mask_equals_the_row_alone(pos, family, side):
     """Without a cache or explicit positions, a decoder's mask (DecoderLM's ``mask``, the
-    Transformer's ``tgt_mask``) also sets each row's positions: real tokens from 0."""
+    Transformer's ``tgt_mask``) also sets each row's positions: real tokens from 0, whichever
+    side the padding is on."""
     torch.manual_seed(0)
     model = build_model(ModelConfig(family=family, vocab_size=30, d_model=16, n_heads=2,
                                     n_layers=2, max_len=16, pos=pos, dropout=0.0)).eval()
     ids = torch.randint(3, 30, (1, 5))
-    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], 1)
+    pad = torch.zeros(1, 3, dtype=torch.long)
+    padded = torch.cat([pad, ids] if side == "left" else [ids, pad], 1)
     mask = padded != 0
+    real = slice(3, 8) if side == "left" else slice(0, 5)
     with torch.no_grad():
         if family == "decoder":
-            alone, got = model(ids)[0], model(padded, mask=mask)[0][:, 3:]
+            alone, got = model(ids)[0], model(padded, mask=mask)[0][:, real]
             maps = model.attention_maps(padded, mask=mask)
-            torch.testing.assert_close(maps.logits[:, 3:], alone, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(maps["decoder"][0][:, :, 3:, 3:],
+            torch.testing.assert_close(maps.logits[:, real], alone, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(maps["decoder"][0][:, :, real, real],
                                        model.attention_maps(ids)["decoder"][0],
                                        atol=1e-5, rtol=1e-5)
         else:
             src = torch.randint(3, 30, (1, 6))
-            alone, got = model(src, ids)[0], model(src, padded, tgt_mask=mask)[0][:, 3:]
+            alone, got = model(src, ids)[0], model(src, padded, tgt_mask=mask)[0][:, real]
     torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)

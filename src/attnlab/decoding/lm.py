@@ -123,13 +123,15 @@ def _token_steps(model: nn.Module, ids: Tensor, lengths: list[int], max_new_toke
     first = [p - n for n in lengths]  # host-side: no sync to know each row's window
     end, cached = p, 0  # columns [start, end) are the window; `cached` of them in the cache
     cache = model.new_cache(b, min(max_len, p + max_new_tokens)) if use_cache else None
+    moved, pad = True, None  # (a host-to-device copy of `first` only when it changes)
     for _ in range(max_new_tokens):
         for i in range(b):
             if end - first[i] > max_len:  # the next forward would need too many positions:
-                first[i], cached = end - keep, 0  # keep the last `keep` tokens, recompute
+                first[i], cached, moved = end - keep, 0, True  # keep the last `keep`, recompute
         start = min(first)
-        padded = any(f != start for f in first)
-        pad = torch.tensor(first, device=ids.device) - start if padded else None  # (B,)
+        if moved:
+            padded, moved = any(f != start for f in first), False
+            pad = torch.tensor(first, device=ids.device) - start if padded else None  # (B,)
         window = columns[start:end] >= pad[:, None] + start if padded else None  # (B, W)
         if cached == 0 and cache is not None:  # (re)start: the cache derives positions
             cache.length, cache.pad = 0, pad

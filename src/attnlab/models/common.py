@@ -81,15 +81,17 @@ class Embeddings(nn.Module):
         self.p_drop = cfg.dropout
 
     def forward(self, ids: Tensor, positions: Tensor | None = None, cache: KVCache | None = None,
-                left_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """ids (B, T) -> embeddings (B, T, D) and their positions (T,) or (B, T), which rope
         needs too: ``positions`` if given (checked), else those after the cached tokens, or
-        without a cache those of rows left-padded as ``left_mask`` (B, T) shows."""
+        without a cache, for padded rows (``mask`` (B, T), True at real tokens, padding on
+        either side), each row's real tokens from 0."""
         t = ids.size(1)
         if positions is None:
-            pad = t - left_mask.sum(1) if left_mask is not None and cache is None else None
-            start, pad = (0, pad) if cache is None else (cache.length, cache.pad)
+            start, pad = (0, None) if cache is None else (cache.length, cache.pad)
             positions = padded_positions(start, t, pad, ids.device, max_len=self.max_len)
+            if mask is not None and cache is None:
+                positions = (mask.long().cumsum(1) - 1).clamp(min=0)  # (B, T)
         else:
             check_positions(positions, t, self.max_len)
         x = self.tok(ids)  # (B, T, D)
