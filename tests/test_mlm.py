@@ -121,7 +121,7 @@ def test_an_mlm_run_trains_on_whole_training_sentences_and_resumes_exactly(tmp_p
     a, b = (read_metrics(tmp_path / r / "metrics.csv") for r in ("whole", "split"))
     for key in ("train_loss", "val_loss", "accuracy"):
         assert [r[key] for r in a] == [r[key] for r in b], key
-    assert a[-1]["val_loss"] < a[2]["val_loss"] or a[-1]["accuracy"] >= a[2]["accuracy"]
+    assert a[-1]["val_loss"] < a[2]["val_loss"]  # it learns
     wa, wb = (load_file(tmp_path / r / "last" / "model.safetensors") for r in ("whole", "split"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 

@@ -265,9 +265,12 @@ def test_layer_norm_equals_torch_and_written_out_formula():
 
 
 def test_rms_norm_formula():
-    n = RMSNorm(6, eps=1e-6)
+    n = RMSNorm(6, eps=0.5)  # an eps and a gain large enough to matter
+    with torch.no_grad():
+        n.weight.normal_()
     x = torch.randn(2, 6)
-    torch.testing.assert_close(n(x), x / torch.sqrt((x**2).mean(-1, keepdim=True) + 1e-6))
+    want = x / torch.sqrt((x**2).mean(-1, keepdim=True) + 0.5) * n.weight
+    torch.testing.assert_close(n(x), want)
 
 
 @pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh", "swiglu"])

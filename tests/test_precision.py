@@ -69,9 +69,10 @@ def test_fastest_is_cached_per_key():
 def test_a_damaged_cache_is_measured_again():
     prec.cache_file().parent.mkdir(parents=True)
     prec.cache_file().write_text("{not json")
-    clock = FakeClock()
-    assert prec.fastest(make_step(clock, {"fp32": 1.0, "bf16": 2.0}, []), "k",
-                        clock=clock) == "fp32"
+    clock, calls = FakeClock(), []
+    assert prec.fastest(make_step(clock, {"fp32": 2.0, "bf16": 1.0}, calls), "k",
+                        clock=clock) == "bf16"  # measured (not a default)
+    assert calls and prec._read_cache(prec.cache_file())["k"]["precision"] == "bf16"
 
 
 def test_probe_key_depends_on_the_model_the_batch_and_the_attention_kernels():

@@ -295,14 +295,25 @@ def test_bf16_autocast_trains_on_cpu(tmp_path):
 
 
 def test_label_smoothing_raises_the_loss_of_a_confident_model(tmp_path):
+    from attnlab.models import token_loss
+
+    logits = torch.full((4, 6), -5.0)
+    targets = torch.tensor([0, 2, 4, 5])
+    logits[range(4), targets] = 10.0  # confident and right
+    eps = 0.1
+    plain, smooth = (token_loss(logits, targets, None, e, "sum") for e in (0.0, eps))
+    logp = logits.log_softmax(-1)
+    want = ((1 - eps) * -logp[range(4), targets] - eps * logp.mean(-1)).sum()  # written out
+    assert smooth > plain
+    torch.testing.assert_close(smooth, want)
+    # and the task passes train.label_smoothing through to it
     d = translation_dict(tmp_path)
     rc0 = RunConfig.from_dict(d)
     task = build_task(rc0)
     batch = task.next_batch()
     trainer = Trainer(rc0, task)
-    plain = float(task.loss_sum(trainer.model, batch, 0.0))
-    smooth = float(task.loss_sum(trainer.model, batch, 0.1))
-    assert plain != smooth
+    assert float(task.loss_sum(trainer.model, batch, 0.0)) != \
+        float(task.loss_sum(trainer.model, batch, 0.1))
 
 
 @pytest.mark.parametrize("make", [lm_dict, translation_dict, classify_dict])
