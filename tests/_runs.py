@@ -27,6 +27,19 @@ def randomize(model: torch.nn.Module, seed: int = 0, std: float = 0.5) -> torch.
     return model.eval()
 
 
+def scramble(model: torch.nn.Module, seed: int = 0, std: float = 0.2) -> torch.nn.Module:
+    """Redraw every parameter, biases too (norm weights around 1), so that a swapped, dropped
+    or zeroed weight shows in the outputs (a fresh HF model has zero biases and identity
+    norms); returns the model in eval mode."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen) * std
+            is_norm = ("norm" in name.lower() or ".ln_" in name) and name.endswith("weight")
+            p.copy_(1.0 + noise if is_norm else noise)
+    return model.eval()
+
+
 def tiny_lm(seed: int = 0, **overrides) -> DecoderLM:
     cfg = dict(family="decoder", vocab_size=40, d_model=32, n_heads=4, n_layers=2, max_len=64,
                dropout=0.0, norm="pre", pos="learned", tie_embeddings=False)

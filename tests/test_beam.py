@@ -148,10 +148,14 @@ def test_translation_runs_in_every_inference_dtype(dtype):
 
     if dtype != "bf16" and "fbgemm" not in torch.backends.quantized.supported_engines:
         pytest.skip("FBGEMM kernels (x86) are not in this PyTorch build")
+    from attnlab.decoding.quant import PackedLinear
+
     model = tiny_seq2seq(0, std=0.2)
     ref = translate(model, SOURCES, beam=3, bos_id=BOS, eos_id=EOS, max_len=12)
-    low = translate(to_inference_dtype(model, dtype), SOURCES, beam=3, bos_id=BOS, eos_id=EOS,
-                    max_len=12)
+    to_inference_dtype(model, dtype)
+    assert ({p.dtype for p in model.parameters()} == {torch.bfloat16} if dtype == "bf16"
+            else any(isinstance(m, PackedLinear) for m in model.modules()))  # converted
+    low = translate(model, SOURCES, beam=3, bos_id=BOS, eos_id=EOS, max_len=12)
     same = sum(a == b for r, s in zip(ref, low) for a, b in zip(r, s))
     assert same >= 0.8 * sum(len(r) for r in ref)
 

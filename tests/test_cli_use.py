@@ -107,15 +107,24 @@ def test_classify_prints_label_probability_text(runs, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "int8"])
-def test_sample_dtype_runs_and_stays_close_to_fp32(runs, capsys, dtype):
+def test_sample_dtype_runs_and_stays_close_to_fp32(runs, capsys, dtype, monkeypatch):
     if dtype != "bf16" and "fbgemm" not in torch.backends.quantized.supported_engines:
         pytest.skip("FBGEMM kernels (x86) are not in this PyTorch build")
+    from attnlab.decoding import quant
+
     argv = ["sample", runs["lm"], "--prompt", "the ", "--max-new-tokens", 30,
             "--temperature", 0]
     code, ref, err = run_cli(capsys, *argv)
     assert code == 0, err
+    converted = []
+    real = quant.to_inference_dtype
+    monkeypatch.setattr(quant, "to_inference_dtype",
+                        lambda model, d: converted.append(real(model, d)) or converted[-1])
     code, out, err = run_cli(capsys, *argv, "--dtype", dtype)
     assert code == 0, err
+    model = converted[0]  # the model that sampled really is in the new dtype
+    assert ({p.dtype for p in model.parameters()} == {torch.bfloat16} if dtype == "bf16"
+            else any(isinstance(m, quant.PackedLinear) for m in model.modules()))
     assert len(out) == len(ref) and out.startswith("the ")
     # greedy text: the same characters at >= 90% of the positions (tolerances in
     # test_generate.py bound the logits themselves)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _runs import scramble
 from attnlab.config import ModelConfig
 from attnlab.interop import (
     bert_classifier_from_hf,
@@ -24,18 +25,6 @@ from attnlab.models import DecoderLM, EncoderClassifier, Transformer
 transformers = pytest.importorskip("transformers", reason="HF interop needs transformers")
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 LABELS = ["negative", "neutral", "positive"]
-
-
-def scramble(model: torch.nn.Module, seed: int = 0, std: float = 0.2) -> torch.nn.Module:
-    """Redraw every parameter (norm weights around 1), so that a swapped, dropped or zero
-    bias shows in the outputs; returns the model in eval mode."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen) * std
-            is_norm = ("norm" in name.lower()) and name.endswith("weight")
-            p.copy_(1.0 + noise if is_norm else noise)
-    return model.eval()
 
 
 def padded_batch(lengths: list[int], vocab: int, seed: int = 1) -> tuple[torch.Tensor, ...]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _runs import char_tokenizer, write_run
+from _runs import char_tokenizer, scramble, write_run
 from attnlab import DecoderLM, ModelConfig
 from attnlab.cli import main
 from attnlab.interop import llama_from_hf
@@ -30,16 +30,6 @@ transformers = pytest.importorskip("transformers", reason="needs pip install att
 TEXT = "Hello world, the quick brown fox.\nGrüße, café 🙂  tabs\tand  spaces 12"
 CORPUS = ["the quick brown fox jumps over the lazy dog", "a lazy dog and a quick fox",
           "hello world, the fox said"] * 10
-
-
-def scramble(model: torch.nn.Module, seed: int = 0, std: float = 0.2) -> torch.nn.Module:
-    """Redraw every parameter (norms around 1) so that a swapped or dropped weight shows."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen) * std
-            p.copy_(1.0 + noise if "norm" in name and name.endswith("weight") else noise)
-    return model.eval()
 
 
 def gpt2_files(folder: Path) -> None:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from _runs import scramble
 from attnlab.config import ModelConfig
 from attnlab.interop import (
     bert_from_hf,
@@ -124,7 +125,9 @@ def hf_gpt2():
     torch.manual_seed(2)
     cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=100, n_positions=64,
                                   bos_token_id=None, eos_token_id=None)
-    return transformers.GPT2LMHeadModel(cfg).eval()
+    # biases and norms drawn too: a fresh GPT-2 has zero biases and identity norms, which a
+    # swapped or dropped one would not change
+    return scramble(transformers.GPT2LMHeadModel(cfg))
 
 
 def test_gpt2_logits_match(hf_gpt2) -> None:
@@ -208,7 +211,7 @@ def _small_bert_config():
 
 def test_bert_hidden_states_match(tmp_path) -> None:
     torch.manual_seed(4)
-    bert = transformers.BertModel(_small_bert_config()).eval()
+    bert = scramble(transformers.BertModel(_small_bert_config()))  # biases and norms too
     clf = bert_from_hf(bert)
     assert clf.config.norm == "post" and clf.config.embed_norm and clf.config.ffn == "gelu"
     valid = right_padding([12, 7, 3], 12)

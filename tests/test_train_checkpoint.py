@@ -79,6 +79,13 @@ def test_checkpoint_round_trip_without_pickle(tmp_path, monkeypatch):
     assert state["step"] == 7
     for a, b in zip(model.state_dict().values(), other.state_dict().values()):
         assert torch.equal(a, b)
+    saved, back = opt.state_dict(), state["optimizer"]  # the optimizer state, exactly
+    assert back["param_groups"] == saved["param_groups"]
+    assert back["state"].keys() == saved["state"].keys() and saved["state"]
+    for i, slots in saved["state"].items():
+        assert slots.keys() == back["state"][i].keys()
+        for name, value in slots.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(back["state"][i][name]))
 
 
 def test_weights_saved_from_a_compiled_model_have_no_prefix(tmp_path):
