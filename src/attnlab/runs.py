@@ -48,6 +48,8 @@ STATE_TENSORS = "state.safetensors"
 STATE_JSON = "state.json"
 MANIFEST = "manifest.json"
 CHECKPOINTS = ("best", "last")
+# checkpoint meta "head" of an imported encoder whose classification head was never trained
+UNTRAINED_HEAD = "untrained"
 
 
 class RunError(ValueError):
@@ -299,6 +301,15 @@ class RunDir:
         except (RunError, OSError, ValueError):
             return {}
         return {k: v for k, v in meta.items() if k != "files"} if isinstance(meta, dict) else {}
+
+    def untrained_head(self, which: str = "best") -> str | None:
+        """One line saying why checkpoint ``which`` cannot classify yet (an imported encoder
+        whose classification head was never trained: its meta says so), or None."""
+        if self.checkpoint_meta(which).get("head") != UNTRAINED_HEAD:
+            return None
+        return (f"{self.path} is an imported encoder without a trained classification head "
+                "(its head is freshly initialised, so its answers would be random); fine-tune "
+                f"it first: attnlab train RECIPE --init-from {self.path}")
 
     def save_checkpoint(self, which: str, model: nn.Module, state: dict[str, Any] | None = None,
                         meta: dict[str, Any] | None = None) -> None:

@@ -230,9 +230,9 @@ def cmd_classify(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
-    from ..interop.pretrained import untrained_head
+    from ..runs import RunDir
 
-    why = untrained_head(args.run_dir, args.checkpoint)
+    why = RunDir(args.run_dir).untrained_head(args.checkpoint)
     if why:
         raise UserError(why)
     run = _load(args, "encoder")

@@ -159,21 +159,6 @@ def load_pretrained(src: str | os.PathLike, *, dropout: float = 0.0) -> Pretrain
     return Pretrained(model.float().eval(), tokenizer, label_names, source)
 
 
-UNTRAINED = "untrained"  # checkpoint meta "head" of an import whose classifier was never trained
-
-
-def untrained_head(run_dir: str | os.PathLike, checkpoint: str = "best") -> str | None:
-    """One line saying why ``run_dir`` cannot classify yet (an imported encoder without a
-    trained classification head), or None."""
-    from ..runs import RunDir
-
-    if RunDir(run_dir).checkpoint_meta(checkpoint).get("head") != UNTRAINED:
-        return None
-    return (f"{run_dir} is an imported encoder without a trained classification head (its "
-            "head is freshly initialised, so its answers would be random); fine-tune it first: "
-            f"attnlab train RECIPE --init-from {run_dir}")
-
-
 def run_config(pre: Pretrained) -> dict[str, Any]:
     """The ``config.json`` dict of a run dir holding ``pre``: its model config, and the data
     section that ``classify`` / ``eval --data`` read (task, class names)."""
@@ -222,14 +207,14 @@ def import_run(src: str | os.PathLike, out: str | os.PathLike, *,
         FileExistsError: ``out`` exists and is not an empty folder.
         (and what :func:`load_pretrained` raises)
     """
-    from ..runs import RunDir
+    from ..runs import UNTRAINED_HEAD, RunDir
 
     out = _check_out(out)
     pre = load_pretrained(src, dropout=dropout)
 
     meta = {"step": 0, "precision": "fp32", "source": pre.source}
     if pre.model.config.family == "encoder" and not pre.label_names:
-        meta["head"] = UNTRAINED  # a BertModel has no classifier: the one here is fresh
+        meta["head"] = UNTRAINED_HEAD  # a BertModel has no classifier: the one here is fresh
 
     def write(tmp: Path) -> None:
         run = RunDir(tmp)

@@ -227,9 +227,7 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
     rd = RunDir(run_dir)
     rc = RunConfig.from_dict(rd.read_config())
     cls = task_class(rc.data.name)
-    from ..interop.pretrained import untrained_head
-
-    why = untrained_head(rd.path, checkpoint)
+    why = rd.untrained_head(checkpoint)
     if why:
         raise RunError(why)
     if beam != 1 and not hasattr(cls, "beam"):
