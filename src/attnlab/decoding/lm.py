@@ -121,14 +121,13 @@ def _token_steps(model: nn.Module, ids: Tensor, lengths: list[int], max_new_toke
     tokens[:, :p] = ids
     columns = torch.arange(size, device=ids.device)
     first = [p - n for n in lengths]  # host-side: no sync to know each row's window
-    end, cached = p, 0  # columns [start, end) are the window; `cached` of them in the cache
+    start, end, cached = min(first), p, 0  # the window is [start, end); `cached` in the cache
     cache = model.new_cache(b, min(max_len, p + max_new_tokens)) if use_cache else None
     moved, pad = True, None  # (a host-to-device copy of `first` only when it changes)
     for _ in range(max_new_tokens):
-        for i in range(b):
-            if end - first[i] > max_len:  # the next forward would need too many positions:
-                first[i], cached, moved = end - keep, 0, True  # keep the last `keep`, recompute
-        start = min(first)
+        if end - start > max_len:  # some row's next forward would need too many positions:
+            first = [end - keep if end - f > max_len else f for f in first]  # keep, recompute
+            start, cached, moved = min(first), 0, True
         if moved:
             padded, moved = any(f != start for f in first), False
             pad = torch.tensor(first, device=ids.device) - start if padded else None  # (B,)
@@ -147,9 +146,9 @@ def _token_steps(model: nn.Module, ids: Tensor, lengths: list[int], max_new_toke
         nxt = sampler(logits[:, -1], generator)  # (B,)
         if end == size:  # full: move the window [start, end) to the front of the buffer
             tokens[:, :end - start] = tokens[:, start:end].clone()
-            first, end = [f - start for f in first], end - start
+            first, start, end = [f - start for f in first], 0, end - start
         tokens[:, end] = nxt
-        cached, end = end - min(first), end + 1
+        cached, end = end - start, end + 1
         yield nxt
 
 
