@@ -65,8 +65,7 @@ def _limits(model: nn.Module, max_len: int | Sequence[int] | None, b: int) -> li
     """Most target tokens of each of ``b`` sentences: ``max_len`` (one for all, or one each),
     default the model's ``max_len``."""
     cap = model.config.max_len
-    limits = [cap] * b if max_len is None else (
-        [max_len] * b if isinstance(max_len, int) else list(max_len))
+    limits = _each(cap if max_len is None else max_len, b)
     if len(limits) != b:
         raise ValueError(f"{len(limits)} max_len values for {b} sentences: give one, or one each")
     for n in limits:
@@ -76,10 +75,15 @@ def _limits(model: nn.Module, max_len: int | Sequence[int] | None, b: int) -> li
     return limits
 
 
+def _each(max_len: int | Sequence[int], b: int) -> list[int]:
+    """One limit for each of ``b`` sentences."""
+    return [max_len] * b if isinstance(max_len, int) else list(max_len)
+
+
 def _row_limits(max_len: int | Sequence[int], b: int, device) -> tuple[int, Tensor, set[int]]:
     """The longest limit (the buffers' size), each sentence's (b,) as a tensor, and the set of
     them (the steps at which some sentence runs out of room, known without a device sync)."""
-    limits = [max_len] * b if isinstance(max_len, int) else list(max_len)
+    limits = _each(max_len, b)
     return max(limits), torch.tensor(limits, device=device), set(limits)
 
 
@@ -219,8 +223,7 @@ def _collect(results: dict[int, tuple[list[int], float]], sents: Tensor, done: T
 
 def translate(model: nn.Module, src: Tensor | Sequence[Sequence[int]], *, beam: int = 1,
               length_penalty: float = 0.6, max_len: int | Sequence[int] | None = None,
-              bos_id: int,
-              eos_id: int, pad_id: int | None = None,
+              bos_id: int, eos_id: int, pad_id: int | None = None,
               src_mask: Tensor | None = None) -> list[list[int]]:
     """Translate a batch of source sentences: greedy (``beam=1``) or beam search.
 

@@ -127,15 +127,14 @@ class LMTask(Task):
             gen = torch.Generator().manual_seed(self.rc.train.seed + 7919)
             starts = torch.randint(len(data) - self.block, (max_batches * bs,),
                                    generator=gen).tolist()
-            batches = [self._windows(data, starts[i:i + bs]) for i in range(0, len(starts), bs)]
         else:
             starts = list(range(0, len(data) - self.block, self.block))
-            batches = [self._windows(data, starts[i:i + bs]) for i in range(0, len(starts), bs)]
-            left = len(data) - 1 - len(starts) * self.block  # targets after the last window
-            if left:
-                x, y = self._windows(data, [len(data) - 1 - self.block])
-                y[:, :self.block - left] = IGNORE_INDEX  # scored by the windows before
-                batches.append((x, y))
+        batches = [self._windows(data, starts[i:i + bs]) for i in range(0, len(starts), bs)]
+        left = 0 if max_batches else len(data) - 1 - len(starts) * self.block  # (whole split)
+        if left:  # targets after the last window: one more window, ending at the last token
+            x, y = self._windows(data, [len(data) - 1 - self.block])
+            y[:, :self.block - left] = IGNORE_INDEX  # scored by the windows before
+            batches.append((x, y))
         total = torch.zeros((), dtype=torch.float64, device=device)
         n = 0.0
         for batch in batches:
