@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import sys
 
 import pytest
@@ -96,7 +97,9 @@ def test_classify_prints_label_probability_text(runs, capsys, tmp_path):
     src.write_text("the quick dog\n\nlazy fox.\nover\n")
     code, out, err = run_cli(capsys, "classify", runs["cls"], "--input", src)
     assert code == 0, err
-    rows = [line.split("\t") for line in out.splitlines()]
+    lines = out.splitlines()
+    assert len(lines) == 4 and lines[1] == ""  # one line per input line: `paste` lines up
+    rows = [line.split("\t") for line in lines if line]
     assert [r[2] for r in rows] == ["the quick dog", "lazy fox.", "over"]
     assert all(r[0] in {"neg", "neutral", "pos"} and 1 / 3 <= float(r[1]) <= 1 for r in rows)
     run = load_run(runs["cls"])
@@ -170,3 +173,36 @@ def test_eval_and_classify_take_a_weights_file_as_checkpoint(tmp_path, capsys):
     assert main(["classify", str(run), "--input", str(tmp_path / "in.txt"),
                  "--checkpoint", str(weights)]) == 0
     assert capsys.readouterr().out.strip().endswith("the quick fox")
+
+
+@pytest.mark.parametrize("how", ["-", "/dev/stdin"])
+def test_classify_and_translate_read_a_pipe(runs, capsys, monkeypatch, tmp_path, how):
+    """`--input -` and `--input /dev/stdin` (a pipe, not a regular file) read standard input;
+    the output is what --input FILE gives, blank lines kept in place."""
+    text = "the quick dog\n\nlazy fox.\n"
+    (tmp_path / "in.txt").write_text(text)
+    for command, run in (("classify", runs["cls"]), ("translate", runs["mt"])):
+        code, expected, err = run_cli(capsys, command, run, "--input", tmp_path / "in.txt")
+        assert code == 0, err
+        if how == "/dev/stdin":  # a real pipe behind file descriptor 0
+            r, w = os.pipe()
+            os.write(w, text.encode())
+            os.close(w)
+            saved = os.dup(0)
+            os.dup2(r, 0)
+            os.close(r)
+            try:
+                code, out, err = run_cli(capsys, command, run, "--input", how)
+            finally:
+                os.dup2(saved, 0)
+                os.close(saved)
+        else:
+            monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+            code, out, err = run_cli(capsys, command, run, "--input", how)
+        assert code == 0, err
+        assert out == expected and out.splitlines()[1] == ""
+
+
+def test_input_that_is_a_folder_is_one_line(runs, capsys, tmp_path):
+    code, out, err = run_cli(capsys, "classify", runs["cls"], "--input", tmp_path)
+    assert code == 2 and out == "" and "is a folder" in err

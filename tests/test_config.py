@@ -28,6 +28,9 @@ from attnlab import ConfigError, ModelConfig, build_model
     (dict(norm=3), r"norm=3 has the wrong type: expected str"),
     (dict(pos="rope", head_dim=5), r"head_dim=5 .*even"),
     (dict(init_std=0.0), r"init_std=0.0 .*positive float"),
+    # encoder-decoder settings on another family were silently ignored
+    (dict(n_decoder_layers=3), r"n_decoder_layers=3 .*None for family='decoder'"),
+    (dict(family="encoder", tgt_vocab_size=50), r"tgt_vocab_size=50 .*family='encoder'"),
     (dict(init_residual_scale="yes"), r"init_residual_scale='yes' has the wrong type"),
 ])
 def test_bad_configs_raise_clear_value_errors(kwargs, pattern):

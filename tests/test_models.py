@@ -123,6 +123,22 @@ def test_decoder_left_padding_with_positions(variant):
 
 
 # ---- KV cache ---------------------------------------------------------------------------------
+def test_a_bf16_cache_serves_an_fp32_model():
+    """new_cache(dtype=bf16) halves the cache of an fp32 model: keys and values are stored in
+    bf16 and read back in the model's dtype (it failed with a dtype mismatch in attention)."""
+    model = DecoderLM(cfg("decoder")).eval()
+    x = ids(2, 9)
+    full, _ = model(x)
+    cache = model.new_cache(2, dtype=torch.bfloat16)
+    parts = [model(x[:, :4], cache=cache)[0]]
+    for t in range(4, 9):
+        parts.append(model(x[:, t:t + 1], cache=cache)[0])
+    out = torch.cat(parts, 1)
+    assert out.dtype == torch.float32 and {c.dtype for c in cache.k + cache.v} == {torch.bfloat16}
+    torch.testing.assert_close(out, full, atol=0.05, rtol=0.0)  # bf16 keys: ~3 digits
+    assert not torch.equal(out, full)  # the cache really held rounded values
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_decoder_kv_cache_equals_full(variant):
     model = DecoderLM(cfg("decoder", **variant)).eval()

@@ -198,11 +198,35 @@ def test_plot_loss_csv_reads_empty_cells(tmp_path: Path) -> None:
     assert _is_png(viz.plot_loss_csv(rows, tmp_path / "rows.png"))  # from rows as well
 
 
+@pytest.mark.parametrize("text", ["step,accuracy\n1,0.5\n2,0.75\n",
+                                  "step,bleu,f1\n1,3.0,\n2,7.5,0.5\n"])
+def test_plot_loss_csv_draws_a_log_of_metrics_alone(tmp_path, text) -> None:
+    """A log with task metrics but no loss or lr column (an evaluation log) draws one panel:
+    the metrics', titled by them, no empty loss panel."""
+    import matplotlib.figure
+
+    (tmp_path / "log.csv").write_text(text)
+    figures = []
+    real = matplotlib.figure.Figure.savefig
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(matplotlib.figure.Figure, "savefig",
+                   lambda fig, *a, **k: figures.append(fig) or real(fig, *a, **k))
+        assert _is_png(viz.plot_loss_csv(tmp_path / "log.csv", tmp_path / "loss.png"))
+    (fig,) = figures
+    (ax,) = fig.axes
+    drawn = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+    assert drawn == ({"accuracy": [0.5, 0.75]} if "accuracy" in text
+                     else {"BLEU": [3.0, 7.5], "F1": [0.5]})
+    title = fig._suptitle.get_text()
+    assert ax.get_ylabel() != "loss" and title.startswith(("accuracy by", "BLEU and F1 by"))
+
+
 @pytest.mark.parametrize(
     ("text", "match"),
     [
         ("train_loss,val_loss\n1,2\n", "header with 'step'"),
-        ("step,accuracy\n1,2\n", "at least one of train_loss"),
+        ("step,tokens_per_s\n1,2\n", "at least one of train_loss"),
+        ("step,accuracy,lr\n1,,\n", "nothing to plot"),
         ("step,train_loss\n", "no data rows"),
         ("step,train_loss\n0,1.0\n1,oops\n", r"line 3, column 'train_loss': 'oops'"),
         ("step,train_loss\n,1.0\n", "line 2: the step cell is empty"),

@@ -133,6 +133,12 @@ class ModelConfig:
         for name in ("tgt_vocab_size", "head_dim", "n_decoder_layers", "d_ff"):
             v = getattr(self, name)
             check(v is None or v > 0, name, v, "a positive integer or None")
+        if self.family != "encoder_decoder":  # set there, they would be silently ignored
+            for name in ("n_decoder_layers", "tgt_vocab_size"):
+                v = getattr(self, name)
+                check(v is None, name, v, f"None for family={self.family!r}: only an "
+                      "encoder-decoder (family='encoder_decoder') has a separate decoder "
+                      "stack and target vocabulary; use n_layers / vocab_size")
         for name in ("dropout", "attn_dropout"):
             v = getattr(self, name)
             check(v is None or 0.0 <= v < 1.0, name, v, "a probability in [0, 1)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from . import inspect, interop, train, use
@@ -50,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(message)s")
     for noisy in NOISY_LOGGERS:  # -v is attnlab's debug output, not its libraries'
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Under torchrun every process runs this; the others' progress lines would repeat the
+    # first one's, so they say only what went wrong (warnings and errors), unless -v.
+    quiet = os.environ.get("RANK", "0") != "0" and not args.verbose
+    logging.getLogger("attnlab").setLevel(logging.WARNING if quiet else logging.NOTSET)
     if not getattr(args, "func", None):
         commands = ", ".join(parser.commands)
         print(f"attnlab: error: choose a command: {commands} (see `attnlab --help`)",

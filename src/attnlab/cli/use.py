@@ -68,7 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("classify", help="classify texts with an encoder classifier run",
                               description="Classify one text per line (from --input or stdin); "
-                              "prints label<TAB>probability<TAB>text.")
+                              "prints label<TAB>probability<TAB>text, one line per input line (a "
+                              "blank line gives an empty one).")
     _add_run_args(p)
     _add_input_args(p, "text")
     p.set_defaults(func=cmd_classify)
@@ -78,7 +79,8 @@ def _add_input_args(p: argparse.ArgumentParser, item: str) -> None:
     """--batch-size and --input of the commands that read one ``item`` per line."""
     p.add_argument("--batch-size", type=int, default=64, help=f"{item}s per batch (default 64)")
     p.add_argument("--input", default=None,
-                   help=f"a text file, one {item} per line (default: stdin)")
+                   help=f"a text file or pipe, one {item} per line; a blank line gives "
+                   "an empty output line (default, or -: stdin)")
 
 
 def _load(args: argparse.Namespace, family: str):
@@ -114,15 +116,37 @@ def _fast_layout(model) -> None:
 
 
 def _read_lines(path: str | None) -> list[str]:
-    if path is None:
+    """The lines of ``path``: a file, a pipe (``/dev/stdin``, ``<(cmd)``), or stdin for None/-."""
+    if path is None or path == "-":
         return [line.rstrip("\r\n") for line in sys.stdin]
     file = Path(path)
-    if not file.is_file():
+    if not file.exists():
         raise UserError(f"input file {path} does not exist")
+    if file.is_dir():
+        raise UserError(f"input {path} is a folder: give a text file, one item per line")
     try:
-        return file.read_text(encoding="utf-8").splitlines()
+        with open(file, encoding="utf-8") as f:  # open(): pipes have no size to read ahead
+            return f.read().splitlines()
     except UnicodeDecodeError as e:
         raise UserError(f"input file {path} is not UTF-8 text ({e.reason})") from None
+
+
+def _print_aligned(lines: list[str], batch_size: int, run_batch) -> None:
+    """Print one output line per input line, a batch at a time as it finishes: ``run_batch``
+    maps a list of non-blank lines to their output lines; a blank input line prints an empty
+    line, so the output stays aligned with the input (``paste`` works)."""
+    todo = [i for i, line in enumerate(lines) if line.strip()]
+    results = [""] * len(lines)
+    printed = 0
+    for start in range(0, len(todo), batch_size):
+        chunk = todo[start:start + batch_size]
+        for i, out in zip(chunk, run_batch([lines[i] for i in chunk])):
+            results[i] = out
+        for i in range(printed, chunk[-1] + 1):
+            print(results[i], flush=True)
+        printed = chunk[-1] + 1
+    for i in range(printed, len(lines)):
+        print(results[i], flush=True)
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
@@ -205,23 +229,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
     run = _load(args, "encoder_decoder")
     _fast_layout(run.model)
     add_special = bool(run.data.get("src_add_special", False))
-    lines = _read_lines(args.input)
-    todo = [i for i, line in enumerate(lines) if line.strip()]
-    results = [""] * len(lines)  # empty input lines give empty output lines (stay aligned)
-    printed = 0
-    for start in range(0, len(todo), args.batch_size):
-        chunk = todo[start:start + args.batch_size]
-        texts = translate_texts(run.model, [lines[i] for i in chunk], run.tokenizer,
-                                add_special=add_special, beam=args.beam,
-                                length_penalty=args.length_penalty, max_len=args.max_len,
-                                batch_size=args.batch_size)
-        for i, text in zip(chunk, texts):
-            results[i] = text
-        for i in range(printed, chunk[-1] + 1):  # print each batch as it finishes
-            print(results[i], flush=True)
-        printed = chunk[-1] + 1
-    for i in range(printed, len(lines)):
-        print(results[i], flush=True)
+    _print_aligned(_read_lines(args.input), args.batch_size, lambda texts: translate_texts(
+        run.model, texts, run.tokenizer, add_special=add_special, beam=args.beam,
+        length_penalty=args.length_penalty, max_len=args.max_len, batch_size=args.batch_size))
     return 0
 
 
@@ -236,13 +246,14 @@ def cmd_classify(args: argparse.Namespace) -> int:
     if why:
         raise UserError(why)
     run = _load(args, "encoder")
-    texts = [line.strip() for line in _read_lines(args.input) if line.strip()]
-    if not texts:
+    lines = [line.strip() for line in _read_lines(args.input)]
+    if not any(lines):
         raise UserError("no text to classify: give one text per line")
-    for start in range(0, len(texts), args.batch_size):
-        chunk = texts[start:start + args.batch_size]
-        results = classify_texts(run.model, run.tokenizer, chunk, label_names=run.label_names,
+
+    def run_batch(texts: list[str]) -> list[str]:
+        results = classify_texts(run.model, run.tokenizer, texts, label_names=run.label_names,
                                  max_len=run.data.get("max_len"), batch_size=args.batch_size)
-        for text, (label, prob) in zip(chunk, results):
-            print(f"{label}\t{prob:.4f}\t{text}", flush=True)
+        return [f"{label}\t{prob:.4f}\t{text}" for text, (label, prob) in zip(texts, results)]
+
+    _print_aligned(lines, args.batch_size, run_batch)
     return 0

@@ -100,8 +100,7 @@ class KVCache:
         shape = (batch, n_heads, max_len, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
-        self.length = 0
-        self.max_len = max_len
+        self.length, self.max_len = 0, max_len
         # Left padding of each row (B,), or None: row b's real tokens start at column pad[b],
         # so the token in column j has position j - pad[b] (see `positions`).
         self.pad: Tensor | None = None
@@ -122,7 +121,8 @@ class KVCache:
             raise ValueError(f"KV cache is full: {end} positions > max_len {self.max_len}")
         self.k[layer][:, :, self.length:end] = k
         self.v[layer][:, :, self.length:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]  # (B, H, S, Dh)
+        # (B, H, S, Dh), in the model's dtype if kept in another (e.g. bf16 to halve the cache)
+        return self.k[layer][:, :, :end].to(k.dtype), self.v[layer][:, :, :end].to(v.dtype)
 
     def advance(self, t: int) -> None:
         self.length += t

@@ -37,25 +37,23 @@ def _as_values(values: Any, name: str, length: int | None) -> np.ndarray:
     return arr
 
 
-def _plot_series(ax: Any, steps: np.ndarray, series: dict[str, np.ndarray], log_y: bool) -> int:
-    """Draw each series through its present (finite) points; returns how many were drawn."""
-    drawn = 0
+def _plot_series(ax: Any, steps: np.ndarray, series: dict[str, np.ndarray], log_y: bool) -> Any:
+    """Draw each series of ``series`` through its present (finite) points on ``ax``; returns
+    ``ax``. (A series without values is left out.)"""
     for name, values in series.items():
         keep = np.isfinite(values)
         if not keep.any():
-            log.warning("series %r has no values; not drawn", name)
             continue
         if log_y and (values[keep] <= 0).any():
             raise ValueError(f"log_y=True needs positive values, but series {name!r} has some <= 0")
         marker = "o" if keep.sum() <= 30 else None
         ax.plot(steps[keep], values[keep], label=name, marker=marker, markersize=3)
-        drawn += 1
     if log_y:
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
-    if drawn:
+    if ax.get_lines():
         ax.legend(fontsize=8)
-    return drawn
+    return ax
 
 
 def _loss_figure(
@@ -67,27 +65,34 @@ def _loss_figure(
     log_y: bool,
     metrics: dict[str, np.ndarray] | None = None,
 ) -> Path:
-    """One panel of losses, a panel of task ``metrics`` (BLEU, accuracy, ...) when given, and a
-    learning-rate panel below when ``lr`` has values."""
+    """A panel of losses, one of task ``metrics`` (BLEU, accuracy, ...) and one of the learning
+    rate, each only when it has values (a log of metrics alone draws their panel alone)."""
     has_lr = lr is not None and bool(np.isfinite(lr).any())
     metrics = {k: v for k, v in (metrics or {}).items() if np.isfinite(v).any()}
-    ratios = [2.0] + [1.2] * bool(metrics) + [1.0] * has_lr
-    fig = new_figure(8.0, 4.5 + 1.5 * (len(ratios) - 1))
-    axes = fig.subplots(len(ratios), 1, sharex=True, height_ratios=ratios, squeeze=False)[:, 0]
-    loss_ax, lr_ax = axes[0], axes[-1] if has_lr else None
-    drawn = _plot_series(loss_ax, steps, series, log_y)
-    if not drawn and not has_lr:
+    has_loss = any(np.isfinite(v).any() for v in series.values())
+    for name, values in series.items():
+        if not np.isfinite(values).any():
+            log.warning("series %r has no values; not drawn", name)
+    if not (has_loss or metrics or has_lr):
         raise ValueError("nothing to plot: every series is empty (all values missing)")
-    loss_ax.set_ylabel("loss")
+    ratios = [2.0] * has_loss + [1.2 + 0.8 * (not has_loss)] * bool(metrics) + [1.0] * has_lr
+    fig = new_figure(8.0, 4.5 + 1.5 * (len(ratios) - 1))
+    axes = list(fig.subplots(len(ratios), 1, sharex=True, height_ratios=ratios,
+                             squeeze=False)[:, 0])
+    if has_loss:
+        _plot_series(axes.pop(0), steps, series, log_y).set_ylabel("loss")
     if metrics:
-        _plot_series(axes[1], steps, {METRIC_NAMES.get(k, k): v for k, v in metrics.items()},
+        ax = axes.pop(0)
+        _plot_series(ax, steps, {METRIC_NAMES.get(k, k): v for k, v in metrics.items()},
                      log_y=False)
-        axes[1].set_ylabel(" / ".join(METRIC_NAMES.get(k, k) for k in metrics))
-    if lr_ax is not None:
-        _plot_series(lr_ax, steps, {"lr": lr}, log_y=False)
-        lr_ax.set_ylabel("learning rate")
-        lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-    axes[-1].set_xlabel("step")
+        ax.set_ylabel(" / ".join(METRIC_NAMES.get(k, k) for k in metrics))
+    if has_lr:
+        ax = axes.pop(0)
+        _plot_series(ax, steps, {"lr": lr}, log_y=False)
+        ax.set_ylabel("learning rate")
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    ax = fig.axes[-1]
+    ax.set_xlabel("step")
     if title:
         fig.suptitle(title)
     return save_figure(fig, out_path)
@@ -140,9 +145,10 @@ def _csv_series(
     else:
         rows = list(source)
     header = list(rows[0]) if rows else []
-    if rows and ("step" not in header or not set(header) & set(CSV_COLUMNS[1:])):
+    drawable = (*CSV_COLUMNS[1:], *METRIC_COLUMNS)
+    if rows and ("step" not in header or not set(header) & set(drawable)):
         raise ValueError(f"{where} must have a header with 'step' and at least one of "
-                         f"{', '.join(CSV_COLUMNS[1:])}; got header {header}")
+                         f"{', '.join(drawable)}; got header {header}")
     if not rows:
         raise ValueError(f"{where} has a header but no data rows")
     wanted = [c for c in (*CSV_COLUMNS, *METRIC_COLUMNS) if c in header]
@@ -179,8 +185,10 @@ def plot_loss_csv(
     metrics = {name: columns[name] for name in METRIC_COLUMNS
                if name in columns and np.isfinite(columns[name]).any()}
     if title is None:
-        shown = ["loss", *(METRIC_NAMES[k] for k in metrics)] + ["learning rate"] * (
+        has_loss = any(np.isfinite(v).any() for v in losses.values())
+        shown = ["loss"] * has_loss + [METRIC_NAMES[k] for k in metrics] + ["learning rate"] * (
             lr is not None and bool(np.isfinite(lr).any()))
+        shown = shown or ["loss"]  # nothing has values: _loss_figure says so
         title = ", ".join(shown[:-1]) + " and " + shown[-1] if len(shown) > 1 else shown[0]
         title = f"{title} by training step" + (f" ({Path(source).parent.name})"
                                                if is_path else "")
