@@ -78,6 +78,7 @@ def env(tmp_path_factory):
     files = {"text.txt": TEXT.encode(), "empty.txt": b"", "binary.bin": bytes(range(256)) * 4,
              "latin1.txt": "caf\xe9 cr\xe8me\n".encode("latin-1"), "unknown.txt": b"ZZZ @@@\n",
              "unknown_line_3.txt": b"to be\nor not\nZZZ\n",
+             "bom.txt": b"\xef\xbb\xbf \n", "short.txt": b"the",
              "a_file": b"x", "bad.toml": b"[model\nd_model = ", "bad.json": b"{not json",
              "model_5.toml": b"model = 5\n", "list.json": b"[1, 2]",
              "cfg_badkey.toml": b"[model]\nd_modle = 32\n", "cfg_badval.toml":
@@ -146,6 +147,16 @@ def _rows(e):
                               f"data.path={e['binary.bin']}", *TINY, "--out", out],
         "train_non_utf8_text": ["train", "--set", "data.name=text", "--set",
                                 f"data.path={e['latin1.txt']}", *TINY, "--out", out],
+        "train_bom_only_text": ["train", "--set", "data.name=text", "--set",
+                                f"data.path={e['bom.txt']}", *TINY, "--out", out],
+        "train_tsv_no_path": ["train", "--set", "data.name=tsv", *TINY, "--out", out],
+        # validation files are read before the first step, not at the first evaluation
+        "train_missing_val_text": ["train", "--set", "data.name=text", "--set",
+                                   f"data.path={text}", "--set", f"data.val_path={b}/nope.txt",
+                                   *TINY, "--set", "train.eval_every=1000", "--out", out],
+        "train_short_val_text": ["train", "--set", "data.name=text", "--set",
+                                 f"data.path={text}", "--set", f"data.val_path={e['short.txt']}",
+                                 *TINY, "--set", "train.eval_every=1000", "--out", out],
         "train_recipe_missing": ["train", f"{b}/nope.toml", "--out", out],
         "train_recipe_not_toml": ["train", str(e["bad.toml"]), "--out", out],
         "train_recipe_bad_key": ["train", str(e["cfg_badkey.toml"]), "--out", out],
@@ -261,6 +272,10 @@ ROW_IDS = list(_rows(collections.defaultdict(lambda: Path("/x"))))
 # what the line must say, where the kind of error alone does not tell the user what to do
 EXPECT = {
     "train_bad_device": "train.device='foo' is not allowed",
+    "train_bom_only_text": "is empty (or only whitespace)",
+    "train_tsv_no_path": "data.name='tsv' needs data.path",
+    "train_missing_val_text": "nope.txt does not exist",
+    "train_short_val_text": "the val split has 3 tokens",
     "train_cuda_on_cpu": "allowed: auto, cpu",
     "eval_bad_device": "allowed: auto, cpu",
     "sample_bad_device": "--device 'foo' is not a device; allowed: auto, cpu",

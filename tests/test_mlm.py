@@ -185,3 +185,44 @@ def test_mlm_evaluation_masks_each_sentence_the_same_way_in_any_batch(tmp_path):
         model = build_model(task.model_config).eval()
         scores.append(task.evaluate(model, "val", torch.device("cpu"), contextlib.nullcontext))
     assert scores[0] == pytest.approx(scores[1], rel=1e-5)
+
+
+def test_fine_tuning_holds_out_the_sentences_its_pretraining_held_out(tmp_path, capsys):
+    """The MLM run (train.seed 3) held out 20% of the sentences; a fine-tuning on the same file
+    with another train.seed validates on exactly those (it used to split by its own seed, so
+    most of its validation sentences were pretraining sentences). An explicit other split is
+    refused; resuming keeps the split."""
+    train_run(RunConfig.from_dict(mlm_dict(tmp_path)), tmp_path / "mlm")
+    pre = build_task(RunConfig.from_dict(mlm_dict(tmp_path)))
+
+    def fine_tune(**data):
+        return {"model": {}, "data": {"name": "tsv", "path": str(tmp_path / "train.tsv"),
+                                      "holdout": 0.2, **data},
+                "train": {**TRAIN, "seed": 11, "init_from": str(tmp_path / "mlm"),
+                          "max_steps": 2, "eval_every": 0}}
+
+    out = train_run(RunConfig.from_dict(fine_tune()), tmp_path / "ft")
+    assert out.config.data.split_seed == 3 and out.config.train.seed == 11
+    ft = build_task(out.config)
+    assert ft.items("val") == pre.items("val") and len(pre.items("val")) > 0
+    own_split = build_task(RunConfig.from_dict({**fine_tune(), "train": {**TRAIN, "seed": 11}}))
+    assert own_split.items("val") != pre.items("val")  # what the fine-tuning used to validate on
+    with pytest.raises(ConfigError, match=r"data.split_seed=5 holds out other sentences than "
+                                          r"train.init_from=.*data.split_seed=3"):
+        train_run(RunConfig.from_dict(fine_tune(split_seed=5)), tmp_path / "ft5")
+    assert not (tmp_path / "ft5").exists()
+    d = fine_tune()  # resumed from the recipe (no split_seed in it): the run's split
+    d["train"]["max_steps"] = 3
+    again = train_run(RunConfig.from_dict(d), tmp_path / "ft", resume=True)
+    assert again.result.step == 3 and again.config.data.split_seed == 3
+
+
+def test_mlm_pretraining_reads_any_labels(tmp_path):
+    """The labels are not MLM's objective: a 3-class file pretrains without label_names."""
+    path = tmp_path / "three.tsv"
+    path.write_text("label\tsentence\n" + "".join(f"{i % 3}\t{s}\n"
+                                                  for i, s in enumerate(SENTENCES)))
+    d = mlm_dict(tmp_path, max_steps=1, eval_every=0)
+    d["data"]["path"] = str(path)
+    train_run(RunConfig.from_dict(d), tmp_path / "mlm3")
+    assert (tmp_path / "mlm3" / "last").is_dir()

@@ -64,7 +64,8 @@ def read_labelled_tsv(path: str | Path, num_labels: int | None = 2,
                             f"{_expected(num_labels)})") from None
         if label < 0 or (num_labels is not None and label >= num_labels):
             raise DataError(f"{where}: label {label} is out of range (expected "
-                            f"{_expected(num_labels)})")
+                            f"{_expected(num_labels)}; for more classes set "
+                            "data.label_names or model.n_classes)")
         if not text:
             raise DataError(f"{where}: the {text_column!r} field is empty")
         items.append((text, label))

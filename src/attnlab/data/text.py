@@ -38,15 +38,16 @@ def read_text(path: str | Path, what: str = "text file") -> str:
     if path.is_dir():
         raise DataError(f"{what} {path} is a directory; expected a UTF-8 text file")
     raw = path.read_bytes()
-    if not raw.strip():
-        raise DataError(f"{what} {path} is empty (or only whitespace); expected UTF-8 text")
     try:
-        return raw.decode("utf-8-sig")  # a leading byte-order mark (Notepad, Excel) is dropped
+        text = raw.decode("utf-8-sig")  # a leading byte-order mark (Notepad, Excel) is dropped
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise DataError(f"{what} {path} is not UTF-8 text: undecodable byte "
                         f"0x{raw[e.start]:02x} at byte offset {e.start} (line {line}); "
                         "convert the file to UTF-8") from e
+    if not text.strip():  # (after decoding: a byte-order mark alone is empty too)
+        raise DataError(f"{what} {path} is empty (or only whitespace); expected UTF-8 text")
+    return text
 
 
 def to_printable_ascii(text: str) -> str:

@@ -113,6 +113,10 @@ class Task:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
 
+    def check_eval_data(self) -> None:
+        """Read the validation split now: a wrong file fails before step 1, not at the first
+        evaluation (after ``eval_every`` steps). Tasks that read files fill it in."""
+
     def eval_batch_size(self) -> int:
         t = self.rc.train
         return t.eval_batch_size or t.batch_size

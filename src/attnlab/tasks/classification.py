@@ -72,7 +72,8 @@ class ClassifyTask(Task):
             elif name == "val" and d.val_path:
                 self._items["val"] = self._read(Path(d.val_path))
             elif name in ("train", "val"):
-                items = self._read(data_file(self.rc, "path", "train.tsv"))
+                items = self._read(data_file(self.rc, "path", "train.tsv" if d.name == "sst2"
+                                                         else None))
                 if d.val_path:
                     self._items["train"] = items
                 else:
@@ -82,6 +83,9 @@ class ClassifyTask(Task):
             else:
                 raise ConfigError(f"unknown split {name!r}; allowed: train, val, test")
         return self._items[name]
+
+    def check_eval_data(self) -> None:
+        self.batches("val", 1, False)  # (encoded too: a text the tokenizer refuses fails now)
 
     def batches(self, name: str, batch_size: int, shuffle: bool) -> ClassificationBatches:
         tok = self.tokenizer
@@ -180,6 +184,9 @@ class MaskedLMTask(ClassifyTask):
     metric_names = ("accuracy",)  # of the masked tokens
     default_metric = "val_loss"
     head = "mlm"
+
+    def _read(self, path: Path) -> list[tuple[str, int]]:
+        return read_labelled_tsv(path, num_labels=None)  # the labels are not read: any class
 
     def batches(self, name: str, batch_size: int, shuffle: bool) -> ClassificationBatches:
         texts = [s for s, _ in self.items(name)]

@@ -99,6 +99,9 @@ class LMTask(Task):
                               "smaller block_size")
         return data
 
+    def check_eval_data(self) -> None:
+        self.split("val")
+
     def _windows(self, data: Tensor, starts: list[int]) -> tuple[Tensor, Tensor]:
         x = torch.stack([data[i:i + self.block] for i in starts])  # (B, T)
         y = torch.stack([data[i + 1:i + 1 + self.block] for i in starts])  # (B, T)

@@ -104,6 +104,9 @@ class TranslationTask(Seq2SeqTask):
         tok, add = self.tokenizer, self.rc.data.src_add_special
         return [(tok.encode(s, add), tok.encode(t, True)) for s, t in self.pairs(name)]
 
+    def check_eval_data(self) -> None:
+        self.encode("val")
+
     def _train_batches(self) -> Seq2SeqBatches:
         if self._batches is None:
             limit = min(self.rc.data.max_len or self.model_config.max_len,

@@ -50,6 +50,7 @@ class InitSource:
     state: dict[str, Tensor]
     tokenizer: Tokenizer
     label_names: list[str] | None  # the classes its head was trained on, if any
+    run_config: dict | None = None  # a run dir source's config.json (its data and split)
 
 
 def load_source(spec: str) -> InitSource:
@@ -68,7 +69,7 @@ def load_source(spec: str) -> InitSource:
                            "task); fine-tuning starts from runs trained on text")
         names = run.data.get("label_names")
         return InitSource(spec, run.model.config, run.model.state_dict(), run.tokenizer,
-                          list(names) if isinstance(names, list) else None)
+                          list(names) if isinstance(names, list) else None, run.config)
     if not path.exists() and spec != MINILM:
         raise FileNotFoundError(f"train.init_from={spec} does not exist: give a run dir (the "
                                 f"--out of a training), a Hugging Face model directory, or the "
@@ -174,3 +175,53 @@ def load_init_weights(model: nn.Module, src: InitSource, fresh_head: bool) -> No
     log.info("initialised from %s (%d tensors%s)", src.spec, len(state),
              ", a fresh classification head" if fresh_head and src.config.family == "encoder"
              else "")
+
+
+SPLIT_KEYS = ("holdout", "holdout_unit", "split_seed")
+
+
+def _split_of(data: dict, train_seed: int) -> dict:
+    """The held-out split a classification run makes: its fraction, unit and seed."""
+    seed = data.get("split_seed")
+    return {"holdout": data.get("holdout"), "holdout_unit": data.get("holdout_unit"),
+            "split_seed": train_seed if seed is None else seed}
+
+
+def keep_split(rc: RunConfig, src_rc: dict | None, where: str) -> RunConfig:
+    """``rc`` holding out the same sentences as the run whose config is ``src_rc`` (the source
+    of ``train.init_from``, or on resume the run itself) when both train on the same labelled
+    file (e.g. ``sst2_mlm``, then ``sst2 --init-from``): with another split, the validation
+    sentences would be ones the source's weights were trained on.
+
+    Split settings the recipe leaves out are the source's (so ``train.seed`` may vary the
+    fine-tuning alone); one set to another value is refused.
+
+    Raises:
+        ConfigError: ``data.holdout``, ``data.holdout_unit`` or ``data.split_seed`` set to
+            another split than the source's.
+    """
+    d = rc.data
+    if not src_rc or d.family != "encoder" or d.val_path:
+        return rc
+    theirs_d = src_rc.get("data") or {}
+    if theirs_d.get("val_path") or (theirs_d.get("name"), theirs_d.get("path") or "") != (
+            d.name, d.path or ""):
+        return rc  # the source held out nothing, or trained on other data
+    theirs = _split_of(theirs_d, (src_rc.get("train") or {}).get("seed"))
+    mine = _split_of(dataclasses.asdict(d), rc.train.seed)
+    changes = {}
+    for key in SPLIT_KEYS:
+        if mine[key] == theirs[key]:
+            continue
+        if f"data.{key}" in rc.explicit:
+            raise ConfigError(
+                f"data.{key}={mine[key]!r} holds out other sentences than "
+                f"train.init_from={where}, which trained on the same data with "
+                f"data.{key}={theirs[key]!r}: some validation sentences would be ones its "
+                f"weights have read; leave data.{key} out (the source's split is used)")
+        changes[key] = theirs[key]
+    if changes:
+        log.info("holding out the sentences %s held out (%s)", where,
+                 ", ".join(f"data.{k}={v!r}" for k, v in changes.items()))
+        rc = dataclasses.replace(rc, data=dataclasses.replace(d, **changes))
+    return rc

@@ -23,7 +23,14 @@ from ..tasks import build_task, task_class
 from ..tokenizers import Tokenizer
 from .config import RunConfig
 from .distributed import DistInfo, cleanup, init_distributed
-from .finetune import check_covers, init_config, keeps_head, load_init_weights, load_source
+from .finetune import (
+    check_covers,
+    init_config,
+    keep_split,
+    keeps_head,
+    load_init_weights,
+    load_source,
+)
 from .loop import Trainer, TrainResult, resolve_device
 from .monitor import plot_curves
 from .precision import autocast, resolve_precision, sdpa_backends
@@ -148,11 +155,14 @@ def _train_run(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> RunO
         resume = not _restart_from_nothing(run)
     if rc.train.init_from and resume:  # the run holds the fine-tuned model: no source read
         rc = init_config(rc, ModelConfig.from_dict(saved["model"]), str(run.path))
+        rc = keep_split(rc, saved, str(run.path))
     elif rc.train.init_from:  # (also a --resume that starts again from step 0)
         source = load_source(rc.train.init_from)
         rc = init_config(rc, source.config, rc.train.init_from)
+        rc = keep_split(rc, source.run_config, rc.train.init_from)
         tokenizer = source.tokenizer
     task = build_task(rc, tokenizer)
+    task.check_eval_data()  # a bad validation file fails now, not after eval_every steps
     if source is not None:
         check_covers(task, source.spec)
     resolved = dataclasses.replace(rc, model=task.model_config)
