@@ -147,6 +147,8 @@ def test_sample_dtype_runs_and_stays_close_to_fp32(runs, capsys, dtype, monkeypa
     (["sample", "missing", "--prompt", "the"], "does not exist"),
     (["translate", "mt", "--input", "nowhere.txt"], "does not exist"),
     (["translate", "mt", "--input", "IN", "--beam", "0"], "--beam"),
+    (["translate", "mt", "--input", "IN", "--beam", "3", "--length-penalty", "nan"],
+     "--length-penalty nan is not allowed"),
     (["translate", "mt", "--input", "IN", "--max-len", "1000"], "max_len"),
     (["classify", "cls", "--input", "EMPTY"], "no text"),
     (["sample", "lm", "--prompt", "the", "--dtype", "int4"],
@@ -206,3 +208,23 @@ def test_classify_and_translate_read_a_pipe(runs, capsys, monkeypatch, tmp_path,
 def test_input_that_is_a_folder_is_one_line(runs, capsys, tmp_path):
     code, out, err = run_cli(capsys, "classify", runs["cls"], "--input", tmp_path)
     assert code == 2 and out == "" and "is a folder" in err
+
+
+def test_sample_a_word_level_run_continues_after_a_space(tmp_path, capsys):
+    """A whitespace-split BPE run: the continuation keeps the space after the prompt (it was
+    glued on), and a prompt of spaces alone, no token for it, is one line before any output."""
+    from _runs import tiny_lm, write_run
+    from attnlab.tokenizers import BPETokenizer
+
+    tok = BPETokenizer.train([TEXT * 3] * 20, 60, "whitespace")
+    run = write_run(tmp_path / "bpe", tiny_lm(vocab_size=tok.vocab_size, max_len=32), tok)
+    code, out, err = run_cli(capsys, "sample", run, "--prompt", "the quick",
+                             "--max-new-tokens", 6, "--temperature", 0)
+    assert code == 0, err
+    model = load_run(run).model
+    from attnlab.decoding import generate
+
+    ids = tok.encode("the quick")
+    assert out == tok.decode(ids + generate(model, [ids], 6, temperature=0)[0]) + "\n"
+    code, out, err = run_cli(capsys, "sample", run, "--prompt", "  ")
+    assert code == 2 and out == "" and "is no token for this run's tokenizer" in err

@@ -407,3 +407,26 @@ def test_inference_dtype_errors_name_what_is_allowed():
     model = tiny_lm()
     assert to_inference_dtype(model, "fp32") is model
     assert all(type(m) is not PackedLinear for m in model.modules())
+
+
+def test_a_continuation_reads_as_it_does_after_the_prompt():
+    """Tokenizers that drop a word's leading space at the start of a text (whitespace-split
+    BPE here; SentencePiece's "▁" as in Llama) lost the space between the prompt and the first
+    new word: prompt + continuation must equal decode(prompt ids + new ids), streamed or not,
+    and a stop string may begin with that space."""
+    from _runs import TEXT
+    from attnlab.tokenizers import BPETokenizer
+
+    tok = BPETokenizer.train([TEXT * 3, "the dog jumps over the fox.", "a quick brown dog."] * 20,
+                             60, "whitespace")
+    model = tiny_lm(0, vocab_size=tok.vocab_size, max_len=32).eval()
+    prompt = "the quick"
+    ids = tok.encode(prompt)
+    new = generate(model, [ids], 8, temperature=0)[0]
+    whole = tok.decode(ids + new)
+    assert whole.startswith(prompt + " ") and len(whole) > len(prompt) + 1
+    assert prompt + generate_text(model, tok, prompt, 8, temperature=0)[0] == whole
+    assert prompt + "".join(stream_text(model, tok, prompt, 8, temperature=0)) == whole
+    first = " " + whole[len(prompt):].split()[0]  # the first new word, with its space
+    assert generate_text(model, tok, [prompt, prompt], 8, temperature=0, stop=[first]) == ["", ""]
+    assert "".join(stream_text(model, tok, prompt, 8, temperature=0, stop=[first])) == ""

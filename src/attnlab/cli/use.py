@@ -7,6 +7,7 @@ stderr with exit code 2 (see :mod:`attnlab.cli.common`).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,7 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="fp32", metavar="fp32|bf16|fp16|int8",
                    help="weights for decoding (default fp32). bf16: every weight cast to "
                    "bfloat16; fp16 / int8 (CPU): linear layers in float16 or int8 with "
-                   "FBGEMM's kernels, fewer bytes per token, slightly different logits")
+                   "FBGEMM's kernels, fewer bytes per token, slightly different logits (int8: "
+                   "also by batch, each call's inputs rounded with one scale)")
     p.set_defaults(func=cmd_sample)
 
     p = subparsers.add_parser("translate", help="translate sentences with an encoder-decoder run",
@@ -176,7 +178,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
     check_inference_dtype(args.dtype, resolve_device(args.device, flag="--device"), "--dtype")
     run = _load(args, "decoder")
     for prompt in prompts:  # unknown characters: a clear error before any output
-        run.tokenizer.encode(prompt)
+        if not run.tokenizer.encode(prompt):
+            raise UserError(f"the prompt {prompt!r} is no token for this run's tokenizer (it "
+                            "drops whitespace): give some text to continue")
     if args.dtype == "fp32":
         _fast_layout(run.model)  # the column-major layout helps fp32 only
     else:
@@ -226,6 +230,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     if args.beam < 1 or args.batch_size < 1:
         raise UserError("--beam and --batch-size must be >= 1")
+    if not math.isfinite(args.length_penalty):
+        raise UserError(f"--length-penalty {args.length_penalty} is not allowed: a finite number "
+                        "(0 = none, 0.6 as in GNMT)")
     run = _load(args, "encoder_decoder")
     _fast_layout(run.model)
     add_special = bool(run.data.get("src_add_special", False))

@@ -7,7 +7,9 @@ Shapes: B rows (prompts x samples), P padded prompt length, V vocab.
 * Several prompts run as one batch, LEFT-padded: ``mask`` marks the real tokens and each row's
   positions are ``cumsum(mask) - 1`` (clamped at 0; with the KV cache, the cache derives them
   from each row's padding, ``KVCache.pad``), so a row gives the same tokens as the
-  prompt alone (greedy; sampled rows draw from one shared generator, so they differ).
+  prompt alone (greedy; sampled rows draw from one shared generator, so they differ). Not
+  under int8 weights (``decoding.quant``): each call rounds its input with one scale for all
+  rows and positions, so a row's rounding depends on the batch, and on the cache.
 * Decoding runs the prompt once (the "prefill", logits of the last position only) and then
   feeds one token per step, reusing the keys/values of earlier positions from a preallocated
   :class:`~attnlab.nn.attention.KVCache`. ``use_cache=False`` recomputes the whole context at
@@ -42,7 +44,7 @@ from torch import Tensor, nn
 from ..data.batching import pad
 from ..nn.attention import padded_positions
 from .sampling import Sampler, make_generator
-from .stream import StopChecker, TextStream, cut_at_stop
+from .stream import StopChecker, TextStream, cut_at_stop, decode_after
 
 if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
@@ -176,11 +178,11 @@ def stream(model: nn.Module, prompts, max_new_tokens: int = 100, *, temperature:
     bad = [t for p in prompt_ids for t in p if not 0 <= t < vocab]
     if bad:
         raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary 0..{vocab - 1}")
-    checker = StopChecker(stop, tokenizer, len(prompt_ids) * num_samples) if stop else None
+    rows = [p for p in prompt_ids for _ in range(num_samples)]
+    checker = StopChecker(stop, tokenizer, len(rows), rows) if stop else None
     if model.training:
         log.warning("generate: the model is in training mode (dropout on); call model.eval()")
     gen = make_generator(seed, generator, next(model.parameters()).device)
-    rows = [p for p in prompt_ids for _ in range(num_samples)]
     return _stream_rows(model, rows, max_new_tokens, sampler, gen, eos_id, checker, use_cache)
 
 
@@ -276,9 +278,12 @@ def generate_text(model: nn.Module, tokenizer: Tokenizer, prompts: str | Sequenc
     cut before the first stop string; stops at the tokenizer's eos unless ``stop_at_eos`` is
     False. Other keyword arguments as in :func:`generate`."""
     eos = tokenizer.eos_id if stop_at_eos else None
-    out = generate(model, _encode_prompts(tokenizer, prompts), max_new_tokens, eos_id=eos,
-                   stop=stop, tokenizer=tokenizer, **kwargs)
-    return [cut_at_stop(tokenizer.decode(ids), stop) for ids in out]
+    prompt_ids = _encode_prompts(tokenizer, prompts)
+    out = generate(model, prompt_ids, max_new_tokens, eos_id=eos, stop=stop, tokenizer=tokenizer,
+                   **kwargs)
+    per_prompt = len(out) // len(prompt_ids)  # (num_samples rows each, prompt-major)
+    return [cut_at_stop(decode_after(tokenizer, prompt_ids[i // per_prompt], ids), stop)
+            for i, ids in enumerate(out)]
 
 
 def stream_text(model: nn.Module, tokenizer: Tokenizer, prompt: str, max_new_tokens: int = 100, *,
@@ -292,9 +297,10 @@ def stream_text(model: nn.Module, tokenizer: Tokenizer, prompt: str, max_new_tok
     if kwargs.get("num_samples", 1) != 1:
         raise ValueError("stream_text streams one sample; call it once per sample")
     eos = tokenizer.eos_id if stop_at_eos else None
-    text = TextStream(tokenizer, stop)
-    for step in stream(model, _encode_prompts(tokenizer, prompt), max_new_tokens, eos_id=eos,
-                       stop=stop, tokenizer=tokenizer, **kwargs):
+    prompt_ids = _encode_prompts(tokenizer, prompt)
+    text = TextStream(tokenizer, stop, prompt_ids[0])
+    for step in stream(model, prompt_ids, max_new_tokens, eos_id=eos, stop=stop,
+                       tokenizer=tokenizer, **kwargs):
         token = int(step[0])
         if token != FINISHED:
             piece = text.push(token)

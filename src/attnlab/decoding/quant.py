@@ -19,7 +19,10 @@ limit; whether a given mode actually gets there depends on the kernel behind it.
 * ``"int8"`` (CPU only): the weights of every ``nn.Linear`` quantized to int8, one scale
   per output row (symmetric, ``max|w| / 127``); each call quantizes its input to uint8 with
   one scale and zero point per call and multiplies in int32 (FBGEMM's dynamic quantized
-  linear, ``torch.ops.quantized.linear_dynamic``), so the activations are rounded too.
+  linear, ``torch.ops.quantized.linear_dynamic``), so the activations are rounded too, by a
+  scale that depends on every row and position of the call: batched rows, or a prompt run
+  with and without the KV cache, may then give other tokens than alone (fp32/bf16/fp16 give
+  the same).
 
 An encoder-decoder's cross-attention keeps its q/k/v matrix in fp32 under fp16 / int8 (its
 rows are applied separately). The converted linears are inference-only (no autograd) and

@@ -9,6 +9,20 @@ if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
 
 
+# Prompt tokens decoded before a continuation, so that it reads as it does after the prompt:
+# tokenizers that drop a word's leading space at the start of a text (SentencePiece's "▁" as
+# in Llama, whitespace-split BPE) keep it there.
+CONTEXT_TOKENS = 4
+
+
+def decode_after(tokenizer: Tokenizer, context: Sequence[int], ids: Sequence[int]) -> str:
+    """The text of ``ids`` as it reads after ``context`` (the prompt's last tokens): the part of
+    ``decode(context + ids)`` after ``decode(context)``."""
+    head = tokenizer.decode(list(context)) if context else ""
+    full = tokenizer.decode([*context, *ids]) if context else ""
+    return full[len(head):] if context and full.startswith(head) else tokenizer.decode(list(ids))
+
+
 def _check_stops(stop: Sequence[str]) -> list[str]:
     if isinstance(stop, str):
         stop = [stop]
@@ -32,26 +46,30 @@ class StopChecker:
     """Tells, token by token, which rows' generated text now contains a stop string.
 
     Only the last few tokens of a row are decoded at each step (enough to hold the longest
-    stop string even at 4 tokens per character), so checking costs O(1) per token.
+    stop string even at 4 tokens per character), so checking costs O(1) per token; the first
+    ones are decoded after the row's ``prompts`` tokens (:func:`decode_after`), as they read.
     """
 
-    def __init__(self, stop: Sequence[str], tokenizer: Tokenizer, n_rows: int):
+    def __init__(self, stop: Sequence[str], tokenizer: Tokenizer, n_rows: int,
+                 prompts: Sequence[Sequence[int]] = ()):
         self.stops = _check_stops(stop)
         if tokenizer is None:
             raise ValueError("stop strings need a tokenizer to decode the generated tokens")
         self.tokenizer = tokenizer
         self.tail = 4 * max(len(s) for s in self.stops) + 4
         self.rows: list[list[int]] = [[] for _ in range(n_rows)]
+        self.context = [list(p[-CONTEXT_TOKENS:]) for p in prompts] or [[] for _ in self.rows]
 
     def update(self, tokens: list[int]) -> list[bool]:
         """Append this step's token of each row (negative = row finished); return the hits."""
         hits = []
-        for row, t in zip(self.rows, tokens):
+        for row, context, t in zip(self.rows, self.context, tokens):
             if t < 0:
                 hits.append(False)
                 continue
             row.append(t)
-            text = self.tokenizer.decode(row[-self.tail:])
+            text = decode_after(self.tokenizer, context if len(row) <= self.tail else (),
+                                row[-self.tail:])
             hits.append(any(s in text for s in self.stops))
         return hits
 
@@ -59,12 +77,15 @@ class StopChecker:
 class TextStream:
     """Turns tokens into text pieces as soon as they decode cleanly (incremental detokenising,
     as in Hugging Face text-generation-inference) and holds back text that may begin a stop
-    string. ``stopped`` turns True once a stop string has appeared."""
+    string. ``stopped`` turns True once a stop string has appeared. ``prompt``: the prompt's
+    ids, whose last tokens the first piece is decoded after (:func:`decode_after`)."""
 
-    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = ()):
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = (),
+                 prompt: Sequence[int] = ()):
         self.tokenizer, self.stops = tokenizer, _check_stops(stop)
-        self.ids: list[int] = []
-        self.prefix, self.read = 0, 0  # token offsets: context start, start of unread tokens
+        self.ids: list[int] = list(prompt[-CONTEXT_TOKENS:])
+        # token offsets: context start, start of unread tokens
+        self.prefix, self.read = 0, len(self.ids)
         self.text, self.sent = "", 0  # decoded text so far, and how much of it was yielded
         self.stopped = False
 
@@ -105,4 +126,4 @@ class TextStream:
         return piece
 
 
-__all__ = ["StopChecker", "TextStream", "cut_at_stop"]
+__all__ = ["CONTEXT_TOKENS", "StopChecker", "TextStream", "cut_at_stop", "decode_after"]

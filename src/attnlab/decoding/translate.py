@@ -24,6 +24,7 @@ otherwise the next token.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -134,6 +135,9 @@ def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, *, beam:
     with ``return_scores`` B pairs (ids, length-normalised log-probability); ``max_len``:
     most tokens of every sentence, or of each (the end token included)."""
     _check_model(model)
+    if not math.isfinite(length_penalty):
+        raise ValueError(f"length_penalty={length_penalty} must be a finite number (0 = none, "
+                         "0.6 as in GNMT)")
     if beam < 1:
         raise ValueError(f"beam={beam} must be >= 1")
     dev = src.device
@@ -279,7 +283,8 @@ def translate_texts(model: nn.Module, texts: Sequence[str], src_tokenizer: Token
             tokenizer, default the source one, gives the bos and eos ids).
         beam, length_penalty: as in :func:`translate`.
         max_len: most target tokens per sentence; default :func:`decode_limit` of each
-            source (so a sentence's translation does not depend on its batch).
+            source (so a sentence's translation does not depend on its batch; under int8
+            weights its activations' rounding does: see ``decoding.quant``).
 
     Returns:
         One translation per input sentence, in input order.
