@@ -137,7 +137,8 @@ def test_read_labelled_tsv_either_column_order(tmp_path, content) -> None:
 @pytest.mark.parametrize("content, message", [
     ("label\tsentence\n0\tok\npos\tnice\n",
      "line 3: label 'pos' is not an integer \\(expected 0 or 1\\)"),
-    ("label\tsentence\n0\tok\n2\tnice\n", "line 3: label 2 is out of range \\(expected 0 or 1\\)"),
+    ("label\tsentence\n0\tok\n2\tnice\n",
+     "line 3: label 2 is out of range \\(expected 0 or 1; for more classes set data.label_names"),
     ("label\ttext\n0\tok\n", "line 1: header has no 'sentence' column"),
     ("label\tsentence\n0\tok\textra\n", "line 2: has 3 tab-separated fields, expected 2"),
     ("label\tsentence\n1\t \n", "line 2: the 'sentence' field is empty"),
@@ -501,3 +502,17 @@ def test_fetch_registry_and_defaults(tmp_path, monkeypatch) -> None:
     assert fetch_mod.default_cache_dir() == tmp_path / "env"
     monkeypatch.delenv("ATTNLAB_DATA")
     assert fetch_mod.default_cache_dir().parts[-3:] == (".cache", "attnlab", "data")
+
+
+def test_truncation_keeps_the_end_token_as_hugging_face_does() -> None:
+    """WordPiece's [CLS] ... [SEP] cut to max_len keeps [SEP] last (a BERT classifier read
+    texts over max_len without it, unlike Hugging Face's truncation)."""
+    from attnlab.data.batching import ClassificationBatches, truncate
+
+    assert truncate([101, 5, 6, 7, 102], 4, 102) == [101, 5, 6, 102]
+    assert truncate([101, 5, 6, 7, 8], 4, 102) == [101, 5, 6, 7]  # no end token: a plain cut
+    assert truncate([101, 5, 102], 4, 102) == [101, 5, 102]
+    batches = ClassificationBatches([([101, 5, 6, 7, 102], 1)], 1, 0, max_len=3, end_id=102,
+                                    shuffle=False)
+    ids, _ = next(iter(batches))
+    assert ids.tolist() == [[101, 5, 102]]

@@ -430,3 +430,25 @@ def test_a_continuation_reads_as_it_does_after_the_prompt():
     first = " " + whole[len(prompt):].split()[0]  # the first new word, with its space
     assert generate_text(model, tok, [prompt, prompt], 8, temperature=0, stop=[first]) == ["", ""]
     assert "".join(stream_text(model, tok, prompt, 8, temperature=0, stop=[first])) == ""
+
+
+def test_text_generation_draws_only_ids_its_tokenizer_has():
+    """A model with more embedding rows than tokenizer ids (a vocabulary padded to a multiple
+    of 64, as nanoGPT's 50304): sampling drew ids the tokenizer cannot decode and stopped
+    mid-output with an error."""
+    from attnlab.decoding import Sampler
+
+    tok = char_tokenizer()
+    model = tiny_lm(0, vocab_size=tok.vocab_size + 40, max_len=32).eval()
+    with torch.no_grad():  # the extra rows the most likely, so an unlimited draw takes them
+        model.head.weight[tok.vocab_size:] *= 50
+    ids = generate(model, [tok.encode("the ")], 20, temperature=0)[0]
+    assert max(ids) >= tok.vocab_size  # the model itself prefers the extra ids
+    for temperature in (0, 1.0):
+        text = generate_text(model, tok, ["the ", "a"], 20, temperature=temperature, seed=0)
+        assert all(len(t) == 20 for t in text)
+        assert len("".join(stream_text(model, tok, "the ", 20, temperature=temperature,
+                                       seed=0))) == 20
+    assert Sampler(0, vocab=3)(torch.tensor([[0.0, 1.0, 2.0, 9.0]])).tolist() == [2]
+    with pytest.raises(ValueError, match="vocab=0 is not allowed"):
+        Sampler(vocab=0)

@@ -484,3 +484,58 @@ def test_export_onnx_of_a_decoder_run(tmp_path, capsys) -> None:
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(got), model(ids)[0], atol=1e-4, rtol=0)
     capsys.readouterr()
+
+
+def test_an_exported_char_classifier_tokenizes_as_the_model_reads(tmp_path) -> None:
+    """A char-level classifier that pools its first token reads <bos> ([CLS]) first: the
+    exported tokenizer adds it (it did not: HF's predictions differed from attnlab's)."""
+    from _runs import tiny_classifier
+    from attnlab.decoding import classify_texts
+    from attnlab.decoding.classify import encoder_input
+
+    tok = char_tokenizer(("<pad>", "<bos>"))
+    model = tiny_classifier(vocab_size=tok.vocab_size, pooling="pooler", norm="post",
+                            final_norm=False, embed_norm=True, pos="learned",
+                            scale_embeddings=False)  # BERT's shape
+    write_run(tmp_path / "run", model, tok, {"label_names": ["neg", "neutral", "pos"]})
+    assert cli("export", tmp_path / "run", "--to", "hf", "--out", tmp_path / "hf") == 0
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    run = load_run(tmp_path / "run")
+    texts = ["the quick dog", "lazy fox."]
+    for text in texts:
+        assert hf_tok(text)["input_ids"] == encoder_input(tok, run.model.config, text)
+    with torch.no_grad():
+        probs = hf(**hf_tok(texts, padding=True, return_tensors="pt")).logits.softmax(-1)
+    ours = classify_texts(run.model, run.tokenizer, texts, label_names=run.label_names)
+    assert [run.label_names[int(i)] for i in probs.argmax(-1)] == [label for label, _ in ours]
+    torch.testing.assert_close(probs.max(-1).values, torch.tensor([p for _, p in ours]),
+                               atol=1e-4, rtol=0)
+
+
+def test_a_mask_token_comes_back_from_hugging_face_files(tmp_path) -> None:
+    """A BPE tokenizer with <mask> (an MLM run's) keeps it through export and import (it came
+    back without, so the imported run could not go on masking)."""
+    from attnlab.interop import load_hf_tokenizer, save_hf_tokenizer
+    from attnlab.tokenizers import BPETokenizer
+
+    tok = BPETokenizer.train(CORPUS * 5, 280, mask=True)
+    save_hf_tokenizer(tok, tmp_path / "hf")
+    back = load_hf_tokenizer(tmp_path / "hf")
+    assert back.mask_id == tok.mask_id is not None
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf").mask_token_id == tok.mask_id
+
+
+def test_tokenizers_library_errors_are_value_errors(tmp_path) -> None:
+    """The `tokenizers` library raises bare Exceptions; each became a traceback in the CLI."""
+    from attnlab.interop import load_hf_tokenizer, save_hf_tokenizer
+    from attnlab.tokenizers import WordPieceTokenizer, tokenizer_from_dict
+
+    save_hf_tokenizer(char_tokenizer(), tmp_path / "chars")  # a word-level vocabulary, no unk
+    with pytest.raises(ValueError, match="cannot encode the text"):
+        load_hf_tokenizer(tmp_path / "chars").encode("the Q")
+    (tmp_path / "vocab.txt").write_bytes("[PAD]\n[UNK]\ncaf\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match="vocab.txt cannot be read"):
+        WordPieceTokenizer.from_vocab_file(tmp_path / "vocab.txt")
+    with pytest.raises(ValueError, match="malformed bpe tokenizer description"):
+        tokenizer_from_dict({"kind": "bpe", "hf_json": "{}", "specials": {}, "byte_level": False})

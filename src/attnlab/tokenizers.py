@@ -208,7 +208,12 @@ class _HFTokenizer(Tokenizer):
         return self._hf.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special: bool = False) -> list[int]:
-        ids = self._hf.encode(text, add_special_tokens=False).ids
+        try:
+            ids = self._hf.encode(text, add_special_tokens=False).ids
+        except Exception as e:  # tokenizers raises a bare Exception (e.g. a word-level
+            raise ValueError(  # vocabulary without an unknown token meets a new word)
+                f"this {self.kind} tokenizer cannot encode the text: {e}; use only what its "
+                "vocabulary covers") from None
         return self._add_special(list(ids), add_special)
 
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
@@ -351,7 +356,11 @@ class WordPieceTokenizer(_HFTokenizer):
         ``lowercase``) and ``tokenize_chinese_chars``."""
         if not Path(vocab_txt).is_file():
             raise FileNotFoundError(f"WordPiece vocab file {vocab_txt} does not exist")
-        hf = HFTokenizer(models.WordPiece.from_file(str(vocab_txt), unk_token="[UNK]"))
+        try:
+            hf = HFTokenizer(models.WordPiece.from_file(str(vocab_txt), unk_token="[UNK]"))
+        except Exception as e:  # tokenizers raises a bare Exception (e.g. not UTF-8)
+            raise ValueError(f"WordPiece vocab file {vocab_txt} cannot be read ({e}); expected "
+                             "UTF-8 text, one token per line") from None
         hf.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=strip_accents,
                                                    handle_chinese_chars=chinese_chars)
         hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -449,6 +458,10 @@ def tokenizer_from_dict(d: dict[str, Any]) -> Tokenizer:
         return _KINDS[kind].from_dict(d)
     except (KeyError, TypeError) as e:
         raise ValueError(f"malformed {kind} tokenizer description: missing or bad field {e}") from e
+    except ValueError:
+        raise
+    except Exception as e:  # tokenizers raises a bare Exception for a malformed hf_json
+        raise ValueError(f"malformed {kind} tokenizer description: {e}") from None
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

@@ -61,6 +61,17 @@ def with_cls(ids: Sequence[int], cls_id: int | None) -> list[int]:
     return ids if cls_id is None or ids[:1] == [cls_id] else [cls_id, *ids]
 
 
+def truncate(ids: Sequence[int], max_len: int | None, end_id: int | None = None) -> list[int]:
+    """The first ``max_len`` of ``ids``; a sequence that ends in ``end_id`` (WordPiece's
+    ``[SEP]``) keeps it last, as Hugging Face's truncation does."""
+    ids = list(ids)
+    if max_len is None or len(ids) <= max_len:
+        return ids
+    if end_id is not None and ids[-1] == end_id and max_len > 1:
+        return ids[:max_len - 1] + [end_id]
+    return ids[:max_len]
+
+
 def _epoch_generator(seed: int, epoch: int) -> torch.Generator:
     """A generator determined by ``(seed, epoch)`` alone."""
     return torch.Generator().manual_seed((seed * 1_000_003 + epoch) % (2**63))
@@ -200,13 +211,14 @@ class ClassificationBatches(_EpochBatches):
 
     def __init__(self, examples: Sequence[tuple[Sequence[int], int]], batch_size: int,
                  pad_id: int, cls_id: int | None = None, max_len: int | None = None,
-                 seed: int = 0, shuffle: bool = True, bucket: bool = False) -> None:
+                 seed: int = 0, shuffle: bool = True, bucket: bool = False,
+                 end_id: int | None = None) -> None:
         super().__init__(len(examples), seed)
         if batch_size < 1:
             raise DataError(f"batch_size must be >= 1, got {batch_size}")
         if max_len is not None and max_len < 1:
             raise DataError(f"max_len must be >= 1 or None, got {max_len}")
-        self.ids = [with_cls(ids, cls_id)[:max_len] for ids, _ in examples]
+        self.ids = [truncate(with_cls(ids, cls_id), max_len, end_id) for ids, _ in examples]
         if any(len(ids) == 0 for ids in self.ids):
             raise DataError("ClassificationBatches got an example with no token ids")
         self.labels = [int(label) for _, label in examples]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..data.batching import pad, with_cls
+from ..data.batching import pad, truncate, with_cls
 
 if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
@@ -99,7 +99,8 @@ def classify_texts(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str],
         seqs.append(encoder_input(tokenizer, cfg, text))
     out: list[tuple[str, float]] = []
     for start in range(0, len(seqs), batch_size):
-        result = classify(model, [s[:limit] for s in seqs[start:start + batch_size]],
+        result = classify(model, [truncate(s, limit, tokenizer.eos_id)
+                                  for s in seqs[start:start + batch_size]],
                           pad_id=tokenizer.pad_id)
         for label, p in zip(result.labels, result.probs.tolist()):
             out.append((names[label], p[label]))

@@ -167,7 +167,9 @@ def stream(model: nn.Module, prompts, max_new_tokens: int = 100, *, temperature:
     :func:`generate`.
     """
     prompt_ids = _prompt_list(prompts)
-    sampler = Sampler(temperature, top_k, top_p)
+    # a tokenizer decodes the ids: only those it has may be drawn
+    sampler = Sampler(temperature, top_k, top_p, None if tokenizer is None else
+                      tokenizer.vocab_size)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
     if num_samples < 1:
@@ -242,6 +244,8 @@ def generate(model: nn.Module, prompts, max_new_tokens: int = 100, *,
         eos_id: a row stops at this token (left out of the output).
         stop: strings that end a row once its generated text contains one (needs
             ``tokenizer`` to decode).
+        tokenizer: decodes the tokens for ``stop``; only ids below its ``vocab_size`` are
+            drawn (a model may have more embedding rows than tokens).
         num_samples: samples per prompt.
         use_cache: KV-cache decoding (default) or full recomputation at every step.
 

@@ -25,11 +25,14 @@ class Sampler:
         top_k: keep only the k most likely tokens (None or 0 = all).
         top_p: nucleus sampling (Holtzman et al. 2020): keep the smallest set of most likely
             tokens whose probabilities add up to at least ``top_p``; in (0, 1], 1 = all.
+        vocab: draw only ids below it (a model with more embedding rows than its tokenizer
+            has tokens, e.g. padded to a multiple of 64: the others have no text); None = all.
     """
 
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    vocab: int | None = None
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -40,6 +43,9 @@ class Sampler:
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
             raise ValueError(f"top_k={k!r} is not allowed: a positive integer, or 0/None for "
                              "no top-k filtering")
+        v = self.vocab
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ValueError(f"vocab={v!r} is not allowed: a positive integer, or None for all")
         p = self.top_p
         if p is not None and (not isinstance(p, (int, float)) or isinstance(p, bool)
                               or not 0.0 < p <= 1.0):
@@ -52,6 +58,8 @@ class Sampler:
 
     def __call__(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Next token ids (B,) from logits (B, V)."""
+        if self.vocab is not None:
+            logits = logits[..., :self.vocab]
         if self.greedy:
             return logits.argmax(dim=-1)
         logits = logits.float()

@@ -59,9 +59,10 @@ def _special_tokens(path: Path) -> dict[str, str]:
 
 def _roles(hf: HFTokenizer, names: dict[str, str], bert: bool) -> dict[str, str]:
     """attnlab role -> token, for the tokens of ``names`` that are in the vocabulary."""
-    wanted = {"pad": "pad_token", "unk": "unk_token", "bos": "bos_token", "eos": "eos_token"}
+    wanted = {"pad": "pad_token", "unk": "unk_token", "bos": "bos_token", "eos": "eos_token",
+              "mask": "mask_token"}
     if bert:
-        wanted |= {"bos": "cls_token", "eos": "sep_token", "mask": "mask_token"}
+        wanted |= {"bos": "cls_token", "eos": "sep_token"}
     roles = {role: names[key] for role, key in wanted.items()
              if key in names and hf.token_to_id(names[key]) is not None}
     if "pad" not in roles and "eos" in roles:  # GPT-2 and Llama have no pad token
@@ -132,13 +133,16 @@ def _word_level(vocab: list[str], specials: list[str], unk: str | None) -> HFTok
     return hf
 
 
-def to_hf_tokenizer(tokenizer: Tokenizer) -> tuple[HFTokenizer, dict[str, str]]:
+def to_hf_tokenizer(tokenizer: Tokenizer, wrap: str = "") -> tuple[HFTokenizer, dict[str, str]]:
     """A Hugging Face ``tokenizers.Tokenizer`` that encodes as ``tokenizer.encode(text)`` does,
     and the special tokens by role (``{"bos": "<bos>", ...}``).
 
     char: a word-level vocabulary over single characters (every character its own piece); ids:
     a word-level vocabulary of the decimal ids, split on whitespace; the others: their own
     ``tokenizers`` JSON, WordPiece with BERT's ``[CLS] ... [SEP]`` post-processor.
+    ``wrap``: what the model reads around a text, added by a post-processor (WordPiece has its
+    own): ``"bos"`` (an encoder that pools its first token, ``[CLS]``) or ``"bos eos"`` (an
+    encoder-decoder's sources with ``data.src_add_special``).
     """
     d = tokenizer.to_dict()
     kind = d["kind"]
@@ -164,11 +168,18 @@ def to_hf_tokenizer(tokenizer: Tokenizer) -> tuple[HFTokenizer, dict[str, str]]:
     else:
         raise ValueError(f"a {kind} tokenizer cannot be written as Hugging Face files")
     tokens = {role: hf.id_to_token(i) for role, i in roles.items() if i is not None}
+    if wrap and kind != "wordpiece":
+        around = wrap.split()  # "bos" or "bos eos"
+        if any(role not in tokens for role in around):
+            raise ValueError(f"the model reads {wrap} around a text, which this tokenizer lacks")
+        hf.post_processor = processors.TemplateProcessing(
+            single=" ".join([tokens["bos"], "$A", *(tokens[r] for r in around[1:])]),
+            special_tokens=[(tokens[r], roles[r]) for r in around])
     return hf, tokens
 
 
 def save_hf_tokenizer(tokenizer: Tokenizer, out: str | os.PathLike,
-                      max_len: int | None = None) -> None:
+                      max_len: int | None = None, wrap: str = "") -> None:
     """Write ``tokenizer`` into model directory ``out`` as ``tokenizer.json`` +
     ``tokenizer_config.json``, which ``transformers.AutoTokenizer.from_pretrained(out)``
     loads: ``tok(text)["input_ids"]`` equals ``tokenizer.encode(text)`` (a special token's
@@ -177,12 +188,15 @@ def save_hf_tokenizer(tokenizer: Tokenizer, out: str | os.PathLike,
     An imported ``hf`` tokenizer keeps its own post-processor (e.g. Llama's ``<s>``): there
     ``tok(text, add_special_tokens=False)`` is ``encode(text)``.
 
+    With ``wrap`` (see :func:`to_hf_tokenizer`), ``tok(text)`` is what the model reads:
+    ``encode(text)`` with those tokens around it.
+
     Args:
         max_len: the model's longest input (``model_max_length``); None: unlimited.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    hf, tokens = to_hf_tokenizer(tokenizer)
+    hf, tokens = to_hf_tokenizer(tokenizer, wrap)
     hf.save(str(out / TOKENIZER_JSON))
     names = {"pad": "pad_token", "unk": "unk_token", "bos": "bos_token", "eos": "eos_token",
              "mask": "mask_token"}

@@ -336,6 +336,9 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, which: str = "
         raise ValueError(f"--encoder-only is for encoder runs; {run_dir} holds a {family} model "
                          "(leave it out)")
     names = run.label_names if family == "encoder" else None
+    # what the model reads around a text, so that the exported tokenizer adds it too
+    wrap = ("bos" if family == "encoder" and run.model.config.pools_first_token else
+            "bos eos" if family == "encoder_decoder" and run.data.get("src_add_special") else "")
     hf = to_hf(run.model.float(), label_names=names, tokenizer=run.tokenizer,
                encoder_only=encoder_only)
     if run.tokenizer is not None and family == "decoder":
@@ -351,7 +354,7 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, which: str = "
     def write(tmp: Path) -> None:
         hf.save_pretrained(tmp)
         if run.tokenizer is not None:
-            save_hf_tokenizer(run.tokenizer, tmp, run.model.config.max_len)
+            save_hf_tokenizer(run.tokenizer, tmp, run.model.config.max_len, wrap)
 
     try:
         _write_folder(out, write)

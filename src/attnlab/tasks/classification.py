@@ -92,7 +92,8 @@ class ClassifyTask(Task):
         cls_id = tok.bos_id if self.model_config.pools_first_token else None
         examples = [(tok.encode(s), y) for s, y in self.items(name)]
         return ClassificationBatches(examples, batch_size, tok.pad_id, cls_id, self.max_len,
-                                     self.rc.train.seed, shuffle, bucket=self.rc.data.bucket)
+                                     self.rc.train.seed, shuffle, bucket=self.rc.data.bucket,
+                                     end_id=tok.eos_id)
 
     def next_batch(self) -> tuple[Tensor, Tensor]:
         if self._batches is None:
@@ -195,7 +196,7 @@ class MaskedLMTask(ClassifyTask):
         examples = [(self.tokenizer.encode(s), 0) for s in texts]
         return ClassificationBatches(examples, batch_size, self.tokenizer.pad_id, None,
                                      self.max_len, self.rc.train.seed, shuffle,
-                                     bucket=self.rc.data.bucket)
+                                     bucket=self.rc.data.bucket, end_id=self.tokenizer.eos_id)
 
     def _mask(self, ids: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         tok = self.tokenizer

@@ -162,9 +162,9 @@ def _train_run(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> RunO
         rc = keep_split(rc, source.run_config, rc.train.init_from)
         tokenizer = source.tokenizer
     task = build_task(rc, tokenizer)
-    task.check_eval_data()  # a bad validation file fails now, not after eval_every steps
     if source is not None:
         check_covers(task, source.spec)
+    task.check_eval_data()  # a bad validation file fails now, not after eval_every steps
     resolved = dataclasses.replace(rc, model=task.model_config)
     if saved is not None:
         check_same_config(run.path, saved, resolved)
