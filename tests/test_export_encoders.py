@@ -337,3 +337,20 @@ def test_onnx_every_family_dynamic_batch_and_length(tmp_path, family) -> None:
             want = model(*args, **kwargs)[0]
         assert got.shape == tuple(want.shape)
         torch.testing.assert_close(torch.from_numpy(got), want, atol=1e-4, rtol=0)
+
+
+def test_settings_the_exported_classes_cannot_hold_are_named() -> None:
+    """MarianMT's LayerNorms have eps 1e-5 (no config field): another norm_eps exported with
+    logits 2e-3 off; LlamaConfig refuses d_model % n_heads != 0 even with head_dim (a
+    traceback from transformers)."""
+    from attnlab.interop.llama import llama_problems
+
+    marian = ModelConfig(family="encoder_decoder", vocab_size=20, d_model=16, n_heads=2,
+                         n_layers=1, norm="post", pos="sinusoidal", norm_eps=1e-2)
+    with pytest.raises(ValueError, match=r"norm_eps=1e-5 \(got 0.01\)"):
+        marian_to_hf(Transformer(marian))
+    llama = ModelConfig(vocab_size=20, d_model=32, n_heads=3, head_dim=12, n_layers=1,
+                        norm="pre", norm_type="rmsnorm", pos="rope", ffn="swiglu",
+                        scale_embeddings=False)
+    assert llama_problems(llama) == ["n_heads dividing d_model=32 (got 3)"]
+    assert llama_problems(llama.replace(n_heads=4)) == []

@@ -539,3 +539,78 @@ def test_tokenizers_library_errors_are_value_errors(tmp_path) -> None:
         WordPieceTokenizer.from_vocab_file(tmp_path / "vocab.txt")
     with pytest.raises(ValueError, match="malformed bpe tokenizer description"):
         tokenizer_from_dict({"kind": "bpe", "hf_json": "{}", "specials": {}, "byte_level": False})
+
+
+def test_a_tied_config_with_its_own_lm_head_imports_untied_as_transformers(tmp_path) -> None:
+    """config.json says tied, the checkpoint holds an lm_head that differs from wte:
+    transformers loads them apart; attnlab's import overwrote wte with lm_head."""
+    torch.manual_seed(1)
+    cfg = transformers.GPT2Config(vocab_size=50257, n_positions=32, n_embd=16, n_layer=1,
+                                  n_head=2, tie_word_embeddings=False)
+    scramble(transformers.GPT2LMHeadModel(cfg)).save_pretrained(tmp_path / "g")
+    config = json.loads((tmp_path / "g" / "config.json").read_text())
+    (tmp_path / "g" / "config.json").write_text(json.dumps({**config,
+                                                            "tie_word_embeddings": True}))
+    gpt2_files(tmp_path / "g")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "g").eval()
+    assert cli("import", tmp_path / "g", "--out", tmp_path / "run") == 0
+    run = load_run(tmp_path / "run")
+    ids = torch.randint(0, 50257, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(run.model(ids)[0], ref(ids).logits, atol=1e-4, rtol=0)
+
+
+def test_an_architecture_that_contradicts_its_model_type_is_one_line(hf_gpt2, tmp_path,
+                                                                     capsys) -> None:
+    folder = tmp_path / "g"
+    shutil.copytree(hf_gpt2[0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config,
+                                                    "architectures": ["LlamaForCausalLM"]}))
+    capsys.readouterr()
+    assert cli("import", folder, "--out", tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model_type is 'llama', but its model_type is 'gpt2'" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_imported_bert_masks_the_padding_its_tokenizer_writes(tmp_path) -> None:
+    """config.json's pad_token_id (BERT's default 0) is [UNK] in this vocabulary, whose [PAD]
+    is 3: the imported encoder masked [UNK] and attended to the padding."""
+    words = ["the", "film", "was", "good", "bad", "not", "a", "plot"]
+    vocab = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]", *words]
+    folder = tmp_path / "bert"
+    torch.manual_seed(2)
+    cfg = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1,
+                                  num_attention_heads=2, intermediate_size=32,
+                                  max_position_embeddings=32, num_labels=2)
+    assert cfg.pad_token_id == 0
+    scramble(transformers.BertForSequenceClassification(cfg)).save_pretrained(folder)
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    assert cli("import", folder, "--out", tmp_path / "run") == 0
+    run = load_run(tmp_path / "run")
+    assert run.model.config.pad_id == run.tokenizer.pad_id == 3
+    ref = transformers.AutoTokenizer.from_pretrained(folder)
+    batch = ref(["the film was not good", "a bad plot zzz"], padding=True, return_tensors="pt")
+    assert (batch["input_ids"] == 3).any() and (batch["input_ids"] == 0).any()  # pad and unk
+    hf = transformers.BertForSequenceClassification.from_pretrained(folder).eval()
+    with torch.no_grad():  # the default mask (ids != pad_id) is the tokenizer's attention mask
+        torch.testing.assert_close(run.model(batch["input_ids"])[0], hf(**batch).logits,
+                                   atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "max", "cls"])
+def test_an_encoder_only_export_imports_back_with_its_pooling(pooling, tmp_path) -> None:
+    """--encoder-only writes sentence-transformers' 1_Pooling/config.json: the import pools
+    as the run did (a mean-pooled MiniLM came back pooling [CLS])."""
+    from _runs import tiny_classifier
+
+    tok = char_tokenizer(("<pad>", "<bos>"))
+    model = tiny_classifier(vocab_size=tok.vocab_size, pooling=pooling, norm="post",
+                            final_norm=False, embed_norm=True, pos="learned",
+                            scale_embeddings=False)
+    write_run(tmp_path / "run", model, tok)
+    assert cli("export", tmp_path / "run", "--to", "hf", "--encoder-only", "--out",
+               tmp_path / "hf") == 0
+    assert cli("import", tmp_path / "hf", "--out", tmp_path / "back") == 0
+    assert load_run(tmp_path / "back").model.config.pooling == pooling

@@ -199,6 +199,15 @@ def load_hf_state(model: nn.Module, sd: dict[str, Tensor], where: str = "the che
     model.load_state_dict(mapped, strict=False)
 
 
+def _untied(sd: dict[str, Tensor]) -> bool:
+    """Whether ``sd`` holds an output matrix ``lm_head.weight`` that is not its input
+    embedding (GPT-2's ``wte``, Llama's ``embed_tokens``)."""
+    head = next((v for k, v in sd.items() if k.split(".")[-2:] == ["lm_head", "weight"]), None)
+    emb = next((v for k, v in sd.items() if k.endswith(("wte.weight", "embed_tokens.weight"))),
+               None)
+    return head is not None and emb is not None and not torch.equal(head, emb)
+
+
 # parameters that no converter reads, so a checkpoint may lack them: BertModel's pooler
 _UNUSED = {"BertModel": ("pooler.",)}
 
@@ -218,7 +227,18 @@ def _load(model_or_dir: Any, cls_name: str) -> nn.Module:
     except Exception as e:  # noqa: BLE001 - transformers' field checks raise their own types
         raise ValueError(f"{path / 'config.json'} is not a configuration transformers accepts "
                          f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
-    model = getattr(tf, cls_name)(config)
+    cls = getattr(tf, cls_name)
+    wanted = getattr(cls.config_class, "model_type", None)
+    if wanted and config.model_type != wanted:
+        raise ValueError(f"{path / 'config.json'} names architecture {cls_name}, whose "
+                         f"model_type is {wanted!r}, but its model_type is "
+                         f"{config.model_type!r}: the two must agree")
+    if getattr(config, "tie_word_embeddings", False) and _untied(sd):
+        # as transformers does: a checkpoint whose output matrix differs from its input
+        # embedding is loaded untied, whatever config.json says
+        log.info("%s: lm_head.weight differs from the input embedding: loaded untied", path)
+        config.tie_word_embeddings = False
+    model = cls(config)
     load_hf_state(model, sd, str(path), _UNUSED.get(cls_name, ()))
     if hasattr(model, "tie_weights"):
         model.tie_weights()

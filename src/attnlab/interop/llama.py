@@ -155,6 +155,9 @@ def llama_problems(cfg: ModelConfig) -> list[str]:
         ("ffn='swiglu'", cfg.ffn == "swiglu", cfg.ffn),
         ("scale_embeddings=False", not cfg.scale_embeddings, cfg.scale_embeddings),
         ("embed_norm=False", not cfg.embed_norm, cfg.embed_norm),
+        # transformers' LlamaConfig refuses hidden_size % num_attention_heads != 0, even with
+        # head_dim given
+        (f"n_heads dividing d_model={cfg.d_model}", cfg.d_model % cfg.n_heads == 0, cfg.n_heads),
     ))
 
 

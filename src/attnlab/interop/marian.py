@@ -43,6 +43,8 @@ def marian_problems(cfg: ModelConfig) -> list[str]:
         ("bias=True", cfg.bias, cfg.bias),
         ("head_dim=d_model/n_heads", cfg.dh * cfg.n_heads == cfg.d_model, cfg.head_dim),
         ("ffn relu/gelu/gelu_tanh", cfg.ffn in _TO_HF_ACTIVATION, cfg.ffn),
+        # MarianMT's LayerNorms have torch's default eps (its config has no field for it)
+        ("norm_eps=1e-5", cfg.norm_eps == 1e-5, cfg.norm_eps),
     ))
 
 

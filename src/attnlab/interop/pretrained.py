@@ -11,6 +11,7 @@ take like any trained run.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -52,6 +53,16 @@ def _pooling(path: Path) -> str:
     if pooling.get("pooling_mode_mean_tokens"):
         return "mean"
     return "max" if pooling.get("pooling_mode_max_tokens") else "cls"
+
+
+def _write_pooling(path: Path, pooling: str, d_model: int) -> None:
+    """The inverse of :func:`_pooling`: sentence-transformers' ``1_Pooling/config.json``."""
+    folder = path / "1_Pooling"
+    folder.mkdir()
+    (folder / CONFIG_FILE).write_text(json.dumps({
+        "word_embedding_dimension": d_model, "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": pooling == "max",
+    }, indent=2) + "\n", encoding="utf-8")
 
 
 def _bert(path: Path, hf_cfg: dict[str, Any], dropout: float):
@@ -154,6 +165,11 @@ def load_pretrained(src: str | os.PathLike, *, dropout: float = 0.0) -> Pretrain
     if tokenizer.vocab_size < vocab:
         log.warning("%s: the model has %d embeddings but the tokenizer %d tokens: ids from %d "
                     "on have no text", source, vocab, tokenizer.vocab_size, tokenizer.vocab_size)
+    cfg = model.config
+    if cfg.family == "encoder" and tokenizer.pad_id is not None and cfg.pad_id != tokenizer.pad_id:
+        # an encoder masks out its pad_id: the padding the tokenizer writes, whatever
+        # config.json's pad_token_id says (BERT's default 0 need not be the [PAD] of the vocab)
+        model.config = cfg.replace(pad_id=tokenizer.pad_id)
     log.info("loaded %s (%s, %d parameters)", source, arch,
              sum(p.numel() for p in model.parameters()))
     return Pretrained(model.float().eval(), tokenizer, label_names, source)
@@ -353,6 +369,9 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, which: str = "
 
     def write(tmp: Path) -> None:
         hf.save_pretrained(tmp)
+        pooling = run.model.config.pooling
+        if encoder_only and pooling in ("cls", "mean", "max"):  # so that import pools the same
+            _write_pooling(tmp, pooling, run.model.config.d_model)
         if run.tokenizer is not None:
             save_hf_tokenizer(run.tokenizer, tmp, run.model.config.max_len, wrap)
 
