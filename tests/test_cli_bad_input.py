@@ -168,6 +168,8 @@ def _rows(e):
         "train_existing_checkpoint": synth(syn),
         "train_resume_nothing": synth(out, 2, "--resume"),
         "train_resume_other_config": synth(syn, 4, "--resume", "--set", "model.d_model=32"),
+        # another seed draws another validation set: its figures would not compare with best/'s
+        "train_resume_other_seed": synth(syn, 4, "--resume", "--set", "train.seed=7"),
         "train_resume_other_metric": synth(syn, 4, "--resume", "--set",
                                            "train.best_metric='val_loss'"),
         "train_resume_missing_key": ["train", "--out", str(e["state_missing_key"]), "--resume",
@@ -273,6 +275,7 @@ ROW_IDS = list(_rows(collections.defaultdict(lambda: Path("/x"))))
 EXPECT = {
     "train_bad_device": "train.device='foo' is not allowed",
     "train_bom_only_text": "is empty (or only whitespace)",
+    "train_resume_other_seed": "train.seed is 1337 there but 7 here",
     "train_tsv_no_path": "data.name='tsv' needs data.path",
     "train_missing_val_text": "nope.txt does not exist",
     "train_short_val_text": "the val split has 3 tokens",

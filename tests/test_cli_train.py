@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.runs import read_metrics
+from attnlab.runs import RunDir, read_metrics
 
 TEXT = "".join(f"to be or not to be, line {i}; that is the question.\n" for i in range(80))
 MODEL = ["--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.n_layers=1",
@@ -98,6 +98,11 @@ def test_demo_is_the_default_command(monkeypatch, tmp_path, capsys):
     assert "run dir: runs/demo" in out and "--- sample 1 ---" in out
     assert main([]) == 0  # a second demo does not clash with the first run dir
     assert "run dir: runs/demo-2" in capsys.readouterr().out
+    # --resume without --out goes on with the newest run (it took the first, finished one)
+    assert main(["train", "--resume", "--set", "train.max_steps=3"]) == 0
+    assert "run dir: runs/demo-2" in capsys.readouterr().out
+    assert RunDir(tmp_path / "runs" / "demo-2").read_metrics()[-1]["step"] == 3
+    assert RunDir(tmp_path / "runs" / "demo").read_metrics()[-1]["step"] == 2
 
 
 def test_classification_and_translation_end_to_end(tmp_path, capsys):

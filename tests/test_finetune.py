@@ -29,7 +29,8 @@ TINY = {"d_model": 32, "n_heads": 2, "n_layers": 2, "dropout": 0.1, "norm": "pre
 TRAIN = {"precision": "fp32", "progress": False, "tensorboard": False, "log_every": 1,
          "warmup_steps": 2, "lr": 3e-3, "seed": 3, "batch_size": 8, "max_steps": 6,
          "eval_every": 3}
-STILL = {"max_steps": 1, "lr": 1e-12, "warmup_steps": 0, "weight_decay": 0.0, "eval_every": 0}
+STILL = {"max_steps": 1, "lr": 1e-12, "min_lr": 0.0,
+         "warmup_steps": 0, "weight_decay": 0.0, "eval_every": 0}
 
 
 def tsv(path: Path, rows: list[tuple[str, int]]) -> str:

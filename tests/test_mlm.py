@@ -132,7 +132,7 @@ def test_an_mlm_run_fine_tunes_into_a_classifier(tmp_path):
     d = {"model": {}, "data": {"name": "tsv", "path": str(tmp_path / "train.tsv"),
                                "holdout": 0.2, "label_names": ["neg", "pos"]},
          "train": {**TRAIN, "init_from": str(tmp_path / "mlm"), "max_steps": 1, "lr": 1e-12,
-                   "warmup_steps": 0, "weight_decay": 0.0, "eval_every": 0}}
+                   "min_lr": 0.0, "warmup_steps": 0, "weight_decay": 0.0, "eval_every": 0}}
     out = train_run(RunConfig.from_dict(d), tmp_path / "ft")
     assert out.config.model.head == "classify" and out.config.model.n_classes == 2
     got = load_file(tmp_path / "ft" / "last" / "model.safetensors")
@@ -143,7 +143,7 @@ def test_an_mlm_run_fine_tunes_into_a_classifier(tmp_path):
     assert (tmp_path / "ft" / "tokenizer.json").read_bytes() == \
         (tmp_path / "mlm" / "tokenizer.json").read_bytes()  # with its <mask>
     # and an MLM run goes on as one, its head kept
-    d = mlm_dict(tmp_path, init_from=str(tmp_path / "mlm"), max_steps=1, lr=1e-12,
+    d = mlm_dict(tmp_path, init_from=str(tmp_path / "mlm"), max_steps=1, lr=1e-12, min_lr=0.0,
                  warmup_steps=0, weight_decay=0.0, eval_every=0)
     d["model"] = {"head": "mlm"}
     train_run(RunConfig.from_dict(d), tmp_path / "more")

@@ -218,3 +218,25 @@ def test_fine_tuning_keys_are_checked():
     assert load_config(None).data.holdout_unit == "sentence"  # honest by default
     with pytest.raises(ConfigError, match="holdout_unit.*'sentence'"):
         load_config(None, ["data.holdout_unit=phrase"])
+
+
+def test_schedules_that_cannot_be_meant_are_refused_or_warned():
+    """min_lr above lr made the cosine rise to 9x the peak (refused). A decay ending inside
+    the warmup, a warmup or decay longer than the run, or a patience that cannot fire, is
+    allowed (short trial runs) but said."""
+    from attnlab.train.optim import schedule_warnings
+
+    with pytest.raises(ConfigError, match=r"min_lr=0.01 is not allowed: a float <= lr=0.001"):
+        TrainConfig(lr=1e-3, min_lr=1e-2)
+    assert "the cosine ends before the warmup" in schedule_warnings(
+        TrainConfig(max_steps=8, warmup_steps=4, decay_steps=4))[0]
+    with pytest.raises(ConfigError, match=r"threads=2147483648 is not allowed"):
+        TrainConfig(threads=2**31)
+    TrainConfig(schedule="inverse_sqrt", lr=1e-3, min_lr=1e-2)  # min_lr is cosine's alone
+    assert schedule_warnings(TrainConfig(max_steps=2000, decay_steps=2000)) == []
+    said = schedule_warnings(TrainConfig(max_steps=50, warmup_steps=100, decay_steps=2000,
+                                         eval_every=25, patience=2))
+    assert [w.split(" ")[0] for w in said] == ["train.warmup_steps=100", "train.decay_steps=2000",
+                                               "train.patience=2"]
+    assert "evaluates 2 time(s)" in said[2]
+    assert "evaluates 1 time(s)" in schedule_warnings(TrainConfig(max_steps=5, patience=1))[-1]

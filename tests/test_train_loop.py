@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from attnlab.config import ConfigError
 from attnlab.data import pad
 from attnlab.models import build_model
-from attnlab.runs import RunError, read_metrics
+from attnlab.runs import RunDir, RunError, read_metrics
 from attnlab.tasks import build_task
 from attnlab.train import RunConfig, Trainer, train_run
 
@@ -194,6 +194,42 @@ def test_best_checkpoint_and_early_stopping(tmp_path):
     assert meta["step"] == 2 and meta["value"] == 2.0
     assert not (tmp_path / "run" / "best" / "state.json").exists()  # best/ holds weights only
     assert json.loads((tmp_path / "run" / "last" / "manifest.json").read_text())["step"] == 4
+
+
+def test_diverged_evaluations_count_against_patience_and_the_stop_logs_its_loss(tmp_path):
+    """nan evaluations (a diverged run) are no improvement: patience stops the run (it trained
+    to the end); the stopping step's row has its training loss though log_every skips it."""
+    rc = RunConfig.from_dict(lm_dict(tmp_path, max_steps=20, eval_every=1, patience=2,
+                                     log_every=10))
+    trainer = Trainer(rc, build_task(rc), tmp_path / "run")
+    scores = iter([3.0, float("nan"), float("nan"), 1.0])
+    trainer.task.evaluate = lambda *args, **kwargs: {"val_loss": next(scores), "ppl": 1.0}
+    result = trainer.fit()
+    assert result.stopped_early and result.step == 3
+    assert result.best == {"step": 1, "metric": "val_loss", "value": 3.0}
+    rows = RunDir(tmp_path / "run").read_metrics()
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["train_loss"] is not None and rows[-1]["lr"] is not None
+    assert result.train_losses[-1][0] == 3
+
+
+def test_a_fresh_start_in_a_used_folder_drops_the_old_tensorboard_events(tmp_path):
+    """A try stopped before its first checkpoint left events at steps 1-4; the new run from
+    step 0 shows its own steps only (TensorBoard kept the stale ones)."""
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
+                             reason="reading tb/ needs tensorboard (log extra)")
+    from attnlab.train.monitor import Monitor
+
+    mon = Monitor(RunDir(tmp_path / "run"), (), total=4, start=0, progress=False,
+                  tensorboard=True)
+    for step in range(1, 5):
+        mon.row(step, {"train_loss": 9.0})
+    mon.close()
+    d = lm_dict(tmp_path, tensorboard=True, log_every=1, eval_every=0, max_steps=2)
+    train_run(RunConfig.from_dict(d), tmp_path / "run")
+    logs = ea.EventAccumulator(str(tmp_path / "run" / "tb"))
+    logs.Reload()
+    assert [e.step for e in logs.Scalars("train_loss")] == [1, 2]
 
 
 def test_a_run_that_stopped_early_stays_stopped_when_resumed(tmp_path):

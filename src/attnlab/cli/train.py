@@ -98,8 +98,11 @@ def _default_out(stem: str, resume: bool) -> Path:
     from ..runs import RunDir
 
     base = Path("runs") / stem
-    if resume:
-        return base
+    if resume:  # the newest: the highest-numbered runs/STEM[-N] with a checkpoint
+        numbered = {1: base, **{int(p.name[len(stem) + 1:]): p for p in base.parent.glob(
+            f"{stem}-*") if p.name[len(stem) + 1:].isdigit()}}
+        held = [n for n, p in numbered.items() if RunDir(p).has_checkpoint()]
+        return numbered[max(held)] if held else base
     out, i = base, 1
     while RunDir(out).has_checkpoint():
         i += 1
@@ -115,6 +118,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     recipe = find_recipe(args.config) if args.config else None
     stem = recipe.stem if recipe else "demo"
     out = Path(args.out) if args.out else _default_out(stem, args.resume)
+    if not args.out:  # say where, before a long run that may be stopped
+        log.info("run dir: %s%s", out, " (resumed: the newest with a checkpoint)"
+                 if args.resume else "")
     run = RunDir(out)
     # --init-from wins over a train.init_from of the recipe or of --set (given last)
     # (ensure_ascii=False: TOML has no surrogate pairs for characters beyond the BMP)

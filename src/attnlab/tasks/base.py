@@ -113,8 +113,9 @@ class Task:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
 
-    def check_eval_data(self) -> None:
-        """Read the validation split now: a wrong file fails before step 1, not at the first
+    def check_data(self) -> None:
+        """Read the data and build the training batches now: a wrong file or setting fails
+        before anything is written, and a bad validation file before step 1, not at the first
         evaluation (after ``eval_every`` steps). Tasks that read files fill it in."""
 
     def eval_batch_size(self) -> int:

@@ -84,7 +84,8 @@ class ClassifyTask(Task):
                 raise ConfigError(f"unknown split {name!r}; allowed: train, val, test")
         return self._items[name]
 
-    def check_eval_data(self) -> None:
+    def check_data(self) -> None:
+        self.state_dict()  # the training batches
         self.batches("val", 1, False)  # (encoded too: a text the tokenizer refuses fails now)
 
     def batches(self, name: str, batch_size: int, shuffle: bool) -> ClassificationBatches:

@@ -99,8 +99,8 @@ class LMTask(Task):
                               "smaller block_size")
         return data
 
-    def check_eval_data(self) -> None:
-        self.split("val")
+    def check_data(self) -> None:
+        self.split("train"), self.split("val")
 
     def _windows(self, data: Tensor, starts: list[int]) -> tuple[Tensor, Tensor]:
         x = torch.stack([data[i:i + self.block] for i in starts])  # (B, T)

@@ -104,7 +104,8 @@ class TranslationTask(Seq2SeqTask):
         tok, add = self.tokenizer, self.rc.data.src_add_special
         return [(tok.encode(s, add), tok.encode(t, True)) for s, t in self.pairs(name)]
 
-    def check_eval_data(self) -> None:
+    def check_data(self) -> None:
+        self._train_batches()
         self.encode("val")
 
     def _train_batches(self) -> Seq2SeqBatches:

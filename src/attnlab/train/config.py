@@ -176,6 +176,11 @@ class TrainConfig:
               "a float in (0, 1] (1 = the same rate for every layer)")
         check(self.best_metric in METRICS, "best_metric", self.best_metric,
               "one of " + ", ".join(repr(m) for m in METRICS))
+        check(self.threads <= 4096, "threads", self.threads, "an integer in 0..4096 (0 = torch's "
+              "default)")
+        if self.schedule == "cosine":
+            check(self.min_lr <= self.lr, "min_lr", self.min_lr,
+                  f"a float <= lr={self.lr} (cosine decays from lr down to min_lr)")
 
 
 _CLASSES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}

@@ -305,9 +305,9 @@ class Trainer:
     def _after_eval(self, metrics: dict[str, float]) -> bool:
         """Track best/ and patience; True when training should stop early."""
         value = metrics.get(self.metric)
-        if value is None or math.isnan(value):
+        if value is None:
             return False
-        if self._improved(value):
+        if not math.isnan(value) and self._improved(value):  # nan (diverged): no better
             self.best = {"step": self.step, "metric": self.metric, "value": value}
             self.bad_evals = 0
             self.save("best")
@@ -335,6 +335,23 @@ class Trainer:
         stopped, losses, metrics = 0 < cfg.patience <= self.bad_evals, [], {}
         win_loss = torch.zeros((), dtype=torch.float64, device=self.device)
         win_tokens = torch.zeros((), dtype=torch.float64, device=self.device)
+
+        def train_row() -> dict[str, Any]:
+            """The training columns of this step's row (the window since the last)."""
+            nonlocal folded, shown, last_time
+            self._fold(win_loss, folded)
+            now = time.perf_counter()
+            out = {"train_loss": self.window[0] / self.window[1], "lr": lr,
+                   "tokens_per_s": float(win_tokens) / max(now - last_time, 1e-9),
+                   "elapsed_s": now - start_time}
+            losses.append((self.step, out["train_loss"]))
+            mon.progress(self.step - shown, loss=out["train_loss"], lr=lr,
+                         tok_s=round(out["tokens_per_s"]))
+            folded = shown = self.step
+            last_time, self.window = now, [0.0, 0]
+            win_tokens.zero_()
+            return out
+
         self.model.train()
         try:
             while self.step < cfg.max_steps and not stopped:
@@ -347,23 +364,15 @@ class Trainer:
                 win_tokens += n
                 row: dict[str, Any] = {}
                 if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                    self._fold(win_loss, folded)
-                    now = time.perf_counter()
-                    row = {"train_loss": self.window[0] / self.window[1], "lr": lr,
-                           "tokens_per_s": float(win_tokens) / max(now - last_time, 1e-9),
-                           "elapsed_s": now - start_time}
-                    losses.append((self.step, row["train_loss"]))
-                    mon.progress(self.step - shown, loss=row["train_loss"], lr=lr,
-                                 tok_s=round(row["tokens_per_s"]))
-                    folded = shown = self.step
-                    last_time, self.window = now, [0.0, 0]
-                    win_tokens.zero_()
+                    row = train_row()
                 if (cfg.eval_every and self.step % cfg.eval_every == 0) \
                         or self.step == cfg.max_steps:
                     eval_start = time.perf_counter()
                     metrics = self.evaluate()
-                    row.update(metrics)
                     stopped = self._after_eval(metrics)
+                    if stopped and not row:  # the last step: its training loss is logged too
+                        row = train_row()
+                    row.update(metrics)
                     self._fold(win_loss, folded)
                     folded = self.step
                     # the row first: a kill between the two loses nothing (on resume, rows

@@ -109,8 +109,9 @@ def _summary_writer(path: Path, start: int):
                     "--set train.tensorboard=false to silence this)")
         return None
     # A resumed run rewrites the steps after its checkpoint's; the checkpoint's own step was
-    # logged before it was saved, so it stays.
-    return SummaryWriter(str(path), purge_step=start + 1 if start > 0 else None)
+    # logged before it was saved, so it stays. A run that starts from step 0 in a used folder
+    # (an earlier try stopped before its first checkpoint) drops that try's events.
+    return SummaryWriter(str(path), purge_step=start + 1)
 
 
 def plot_curves(run: RunDir) -> Path | None:

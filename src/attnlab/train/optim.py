@@ -114,6 +114,29 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr
 
 
+def schedule_warnings(cfg: TrainConfig) -> list[str]:
+    """What in ``cfg`` a user likely did not mean: a schedule cut short or never reaching its
+    peak, a patience that cannot fire (allowed: short trial runs set max_steps alone)."""
+    out = []
+    if cfg.warmup_steps >= cfg.max_steps:
+        out.append(f"train.warmup_steps={cfg.warmup_steps} >= max_steps={cfg.max_steps}: the "
+                   f"learning rate never reaches lr={cfg.lr} (it ends at "
+                   f"{lr_at(cfg.max_steps - 1, cfg):.3g})")
+    if cfg.schedule == "cosine" and 0 < cfg.decay_steps <= cfg.warmup_steps:
+        out.append(f"train.decay_steps={cfg.decay_steps} <= warmup_steps={cfg.warmup_steps}: "
+                   "the cosine ends before the warmup does, so lr is never reached")
+    if cfg.schedule == "cosine" and cfg.decay_steps > cfg.max_steps:
+        out.append(f"train.decay_steps={cfg.decay_steps} > max_steps={cfg.max_steps}: the cosine "
+                   f"ends at {lr_at(cfg.max_steps - 1, cfg):.3g}, not min_lr={cfg.min_lr} (set "
+                   "decay_steps=0 to decay over max_steps)")
+    every = cfg.eval_every or cfg.max_steps  # (and always at max_steps)
+    evals = -(-cfg.max_steps // every)
+    if cfg.patience and evals <= cfg.patience:
+        out.append(f"train.patience={cfg.patience} cannot stop the run: it evaluates {evals} "
+                   "time(s) (eval_every, max_steps)")
+    return out
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Set every group's rate to ``lr`` times its ``lr_scale`` (1 when it has none)."""
     for group in optimizer.param_groups:

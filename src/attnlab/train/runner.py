@@ -33,6 +33,7 @@ from .finetune import (
 )
 from .loop import Trainer, TrainResult, resolve_device
 from .monitor import plot_curves
+from .optim import schedule_warnings
 from .precision import autocast, resolve_precision, sdpa_backends
 
 log = logging.getLogger(__name__)
@@ -73,19 +74,27 @@ def check_run_dir(run: RunDir, resume: bool) -> None:
                        "continue it, or choose another --out")
 
 
-def _first_difference(saved: dict, new: dict, section: str) -> str | None:
+# train keys that decide what an evaluation measures (the sampled LM windows, the synthetic
+# validation set) and the training windows: a resume that changed one would rank its new
+# evaluations against best/'s value measured on other data
+RESUME_TRAIN_KEYS = ("seed", "block_size", "eval_batches", "eval_batch_size")
+
+
+def _first_difference(saved: dict, new: dict, section: str,
+                      keys: tuple[str, ...] = ()) -> str | None:
     a, b = saved.get(section, {}), new.get(section, {})
-    for key in sorted(set(a) | set(b)):
+    for key in keys or sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
             return f"{section}.{key} is {a.get(key)!r} there but {b.get(key)!r} here"
     return None
 
 
 def check_same_config(run_dir: Path, saved: dict, new: RunConfig) -> None:
-    """A checkpoint only continues the model and data it was trained with."""
+    """A checkpoint only continues the model and data it was trained with, and evaluates as
+    it did (:data:`RESUME_TRAIN_KEYS`)."""
     d = new.to_dict()
-    for section in ("model", "data"):
-        diff = _first_difference(saved, d, section)
+    for section, keys in (("model", ()), ("data", ()), ("train", RESUME_TRAIN_KEYS)):
+        diff = _first_difference(saved, d, section, keys)
         if diff is not None:
             raise RunError(f"the checkpoint in {run_dir} was trained with a different config: "
                            f"{diff}; resume with the run's own config (attnlab train --out "
@@ -164,7 +173,7 @@ def _train_run(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> RunO
     task = build_task(rc, tokenizer)
     if source is not None:
         check_covers(task, source.spec)
-    task.check_eval_data()  # a bad validation file fails now, not after eval_every steps
+    task.check_data()  # bad data fails now, before any file is written or step is taken
     resolved = dataclasses.replace(rc, model=task.model_config)
     if saved is not None:
         check_same_config(run.path, saved, resolved)
@@ -186,6 +195,9 @@ def _train_run(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> RunO
              FAMILY_WORDS.get(resolved.model.family, resolved.model.family),
              n_params / 1e6, trainer.device, trainer.precision, resolved.data.name,
              f", {info.world_size} processes" if info.enabled else "")
+    if info.is_main:
+        for warning in schedule_warnings(resolved.train):
+            log.warning("%s", warning)
     if trainer.compile_pending:
         log.info("compiling the model with torch.compile (train.compile=true) at the first "
                  "step: this takes a while, often a minute or more")
