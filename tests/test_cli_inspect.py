@@ -72,7 +72,8 @@ def test_viz_positions(runs, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--layer", "7"], "--layer 7 is out of range: the model has 2 layers"),
     (["--head", "2"], "--head 2 is out of range: the model has 2 heads"),
-    (["--text", "x" * 60], "60 tokens long but the model attends to at most 40"),
+    (["--text", "x" * 60], "--text is 60 tokens long as the model reads it, but it attends to "
+                           "at most 40"),
     (["--text", ""], "--text is empty"),
     (["--text", "ZZZ"], "'Z'"),
 ])
@@ -109,8 +110,9 @@ def test_viz_output_under_a_file_is_one_line_exit_2(runs, tmp_path, capsys, flag
 
 
 def test_viz_encoder_decoder_greedy_target_fits_max_len(tmp_path, capsys):
-    """A model that never emits <eos>: its greedy output is capped so that <bos> + output
-    still fits the model's target positions."""
+    """A model that never emits <eos>: its greedy output is what `attnlab translate` gives
+    (1.5 x the source + 10 tokens), and for a long source capped so that <bos> + output still
+    fits the model's target positions."""
     from attnlab.runs import load_run
 
     run = make_run(tmp_path / "mt", "encoder_decoder")
@@ -120,12 +122,17 @@ def test_viz_encoder_decoder_greedy_target_fits_max_len(tmp_path, capsys):
         loaded.model.head.weight.zero_()
     RunDir(run).save_checkpoint("best", loaded.model)
     html = tmp_path / "mt.html"
-    assert main(["viz", "attention", str(run), "--text", "the lazy fox", "--html", str(html)]) == 0
-    page = html.read_text()
-    assert "cross-attention" in page
-    data = json.loads(re.search(r'id="attnlab-data">(.*?)</script>', page, re.S).group(1))
-    cross = [v for v in data["views"] if v["name"].startswith("cross")][0]
-    assert len(cross["query_tokens"]) == 40  # the model's max_len: <bos> + 39 greedy tokens
+    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 3)
+    n_src = len(loaded.tokenizer.encode(long))
+    assert 1.5 * n_src + 10 > 40 >= n_src
+    for text, tokens in (("the lazy fox", 1 + 10 + int(1.5 * len(loaded.tokenizer.encode(
+            "the lazy fox")))), (long, 40)):  # 40: the model's max_len, <bos> + 39 tokens
+        assert main(["viz", "attention", str(run), "--text", text, "--html", str(html)]) == 0
+        page = html.read_text()
+        assert "cross-attention" in page
+        data = json.loads(re.search(r'id="attnlab-data">(.*?)</script>', page, re.S).group(1))
+        cross = [v for v in data["views"] if v["name"].startswith("cross")][0]
+        assert len(cross["query_tokens"]) == tokens
 
 
 def test_viz_encoder_decoder_page_labels_source_target_and_heads(runs, tmp_path):
@@ -206,3 +213,76 @@ def test_info_of_a_fine_tuning_recipe_counts_the_source_model(runs, tmp_path, ca
     cfg = RunDir(runs["encoder"]).read_config()["model"]
     want = build_model(ModelConfig.from_dict({**cfg, "n_classes": 3}))
     assert f"{sum(p.numel() for p in want.parameters()):,}" in out and "init_from" in out
+
+
+def test_viz_of_a_masked_lm_shows_no_cls_it_never_read(tmp_path):
+    """An MLM run reads bare tokens (its pooling is for the classifier it becomes): the page
+    put a [CLS] (<bos>) first that training never showed it, shifting every position."""
+    run = make_run(tmp_path / "mlm", "encoder")
+    cfg = RunDir(run).read_config()
+    cfg["model"].update(head="mlm", pooling="cls")
+    RunDir(run).write_config(cfg)
+    from attnlab.runs import load_run
+
+    model = build_model(ModelConfig.from_dict(cfg["model"]))
+    RunDir(run).save_checkpoint("best", model)
+    tok = load_run(run).tokenizer
+    html = tmp_path / "mlm.html"
+    assert main(["viz", "attention", str(run), "--text", "the lazy fox", "--html",
+                 str(html)]) == 0
+    assert _views(html)[0]["key_tokens"] == tok.token_strings(tok.encode("the lazy fox"))
+
+
+def test_viz_picks_a_layer_only_the_deeper_stack_has(tmp_path):
+    """1 encoder layer, 3 decoder layers: --layer 2 shows decoder layer 2 (it was refused as
+    out of range; the page without --layer showed it)."""
+    run = make_run(tmp_path / "mt", "encoder_decoder")
+    cfg = RunDir(run).read_config()
+    cfg["model"].update(n_layers=1, n_decoder_layers=3)
+    RunDir(run).write_config(cfg)
+    RunDir(run).save_checkpoint("best", build_model(ModelConfig.from_dict(cfg["model"])))
+    html = tmp_path / "u.html"
+    assert main(["viz", "attention", str(run), "--text", "the fox", "--target", "the fox",
+                 "--layer", "2", "--layer", "0", "--html", str(html)]) == 0
+    layers = {v["name"].split()[0]: v["layer_ids"] for v in _views(html)}
+    assert layers == {"encoder": [0], "decoder": [0, 2], "cross-attention": [0, 2]}
+    assert main(["viz", "attention", str(run), "--text", "the fox", "--layer", "3",
+                 "--html", str(html)]) == 2
+
+
+def test_viz_target_length_counts_what_the_decoder_reads_and_names_the_flag(runs, tmp_path,
+                                                                           capsys):
+    """The decoder reads <bos> + the target (not its <eos>): a target of max_len such tokens
+    fits; one more is refused naming --target (it said --text, and was one token short)."""
+    tok = RunDir(runs["encoder_decoder"]).load_tokenizer()
+    words = "the quick brown fox jumps over the lazy dog".split()
+    target = " ".join(words * 5)
+    while len(tok.encode(target)) > 39:  # <bos> + 39 tokens = 40 = max_len positions
+        target = target.rsplit(" ", 1)[0]
+    base = ["viz", "attention", str(runs["encoder_decoder"]), "--text", "the fox",
+            "--out", str(tmp_path / "t.png")]
+    if len(tok.encode(target)) == 39:
+        assert main(base + ["--target", target]) == 0
+    over = target + " the the the the"
+    assert main(base + ["--target", over]) == 2
+    err = capsys.readouterr().err
+    assert "--target is" in err and "as the model reads it" in err
+    assert main(base + ["--target", " "]) == 2
+    assert "--target is empty" in capsys.readouterr().err
+
+
+def test_info_of_a_json_that_is_not_a_table_is_one_line(tmp_path, capsys):
+    for text in ("null", "5", "true", '"data"'):
+        (tmp_path / "c.json").write_text(text)
+        assert main(["info", str(tmp_path / "c.json")]) == 2
+        err = capsys.readouterr().err
+        assert "expected a table of model settings" in err and len(err.splitlines()) == 1
+
+
+def test_viz_positions_needs_no_tokenizer(runs, tmp_path):
+    import shutil
+
+    shutil.copytree(runs["decoder"], tmp_path / "run")
+    (tmp_path / "run" / "tokenizer.json").unlink()
+    assert main(["viz", "positions", str(tmp_path / "run"), "--out",
+                 str(tmp_path / "p.png")]) == 0

@@ -430,3 +430,23 @@ def test_bleu_of_a_perfect_translation_is_100_with_a_whitespace_tokenizer(tmp_pa
     model = build_model(task.model_config).eval()
     out = task.evaluate(model, "val", torch.device("cpu"), contextlib.nullcontext)
     assert out["bleu"] == pytest.approx(100.0)
+
+
+def test_eval_of_a_weights_file_runs_in_the_precision_of_its_checkpoint(tmp_path):
+    """`eval --checkpoint RUN/best/model.safetensors` is best/: it evaluated in what "auto"
+    resolved to now, not in the precision recorded beside the weights."""
+    import json
+
+    from attnlab.train import evaluate_run
+
+    train_run(RunConfig.from_dict(lm_dict(tmp_path, precision="auto", max_steps=2)),
+              tmp_path / "run")
+    manifest = tmp_path / "run" / "best" / "manifest.json"
+    meta = json.loads(manifest.read_text())
+    other = "bf16" if meta["precision"] == "fp32" else "fp32"  # not what auto measures here
+    manifest.write_text(json.dumps({**meta, "precision": other}))
+    by_name = evaluate_run(tmp_path / "run", checkpoint="best")
+    by_file = evaluate_run(tmp_path / "run", checkpoint=str(tmp_path / "run" / "best" /
+                                                              "model.safetensors"))
+    assert by_name["precision"] == by_file["precision"] == other
+    assert by_file["val_loss"] == by_name["val_loss"]

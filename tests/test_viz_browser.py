@@ -468,3 +468,23 @@ def test_long_sequences_scroll_and_zoom(page: Any, tmp_path: Path) -> None:
     box = browser.js("(() => { const b = document.getElementById('matrixbox'); return"
                      " [b.scrollHeight > b.clientHeight, b.scrollWidth > b.clientWidth]; })()")
     assert box == [True, True]  # the zoomed matrix scrolls inside its box
+
+
+def test_digit_keys_and_the_address_name_heads_and_layers_by_their_ids(page: Any,
+                                                                      tmp_path: Path) -> None:
+    """A page of heads 1 and 3 of layers 2 and 5 (`viz attention --head 3 --head 1 ...`):
+    key 3 toggles head 3 (keys counted places: key 1 hid head 3, key 3 did nothing), and
+    #layer=5&heads=3 opens layer 5 with head 3 alone (it showed no head)."""
+    browser, _, _, _ = page
+    weights = _softmax(np.random.default_rng(2).normal(size=(2, 2, 4, 4)))
+    path = write_attention_html(tmp_path / "ids.html", [AttentionView(
+        "encoder", list("abcd"), list("abcd"), weights, layer_ids=[2, 5], head_ids=[1, 3])])
+    browser.open(path.resolve().as_uri() + "#layer=5&heads=3")
+    state = browser.js("window.attnlab.state()")
+    assert state["layer_id"] == 5 and state["head_ids"] == [3]
+    _key(browser, "1")  # head 1 shown again
+    assert browser.js("window.attnlab.state()")["head_ids"] == [1, 3]
+    _key(browser, "3")  # head 3 hidden
+    assert browser.js("window.attnlab.state()")["head_ids"] == [1]
+    _key(browser, "0")  # no head 0 on this page: nothing changes
+    assert browser.js("window.attnlab.state()")["head_ids"] == [1]

@@ -73,8 +73,8 @@ def _config_from(target: Path) -> tuple[ModelConfig, str | None]:
             raise UserError(f"{target} is not valid TOML: {e}") from e
     else:
         raise UserError(f"{target}: expected a run dir, a .toml or a .json config")
-    if "data" in data or "train" in data:  # a training recipe: resolve it as training does
-        return _recipe_model(data)
+    if isinstance(data, dict) and ("data" in data or "train" in data):  # a training recipe:
+        return _recipe_model(data)  # resolved as training does
     model = data.get("model", data) if isinstance(data, dict) else data
     if not isinstance(model, dict):
         raise UserError(f"{target}: expected a table of model settings ([model] or its keys), "
@@ -151,8 +151,9 @@ def _encode(run, text: str, target: bool = False) -> list[int]:
     bare; a translation ``target`` as <bos> ... <eos>."""
     from ..decoding.classify import encoder_input
 
+    flag = "--target" if target else "--text"
     if not text or (run.model.config.family != "decoder" and not text.strip()):
-        raise UserError("--text is empty: give the text whose attention to show")
+        raise UserError(f"{flag} is empty: give the text whose attention to show")
     cfg, tok = run.model.config, run.tokenizer
     if target:
         ids = tok.encode(text.strip(), add_special=True)
@@ -163,9 +164,10 @@ def _encode(run, text: str, target: bool = False) -> list[int]:
     else:
         ids = tok.encode(text)
     limit = run.model.config.max_len
-    if len(ids) > limit:
-        raise UserError(f"--text is {len(ids)} tokens long but the model attends to at most "
-                        f"{limit} (max_len); shorten it")
+    read = len(ids) - 1 if target else len(ids)  # the decoder reads <bos> ... (not <eos>)
+    if read > limit:
+        raise UserError(f"{flag} is {read} tokens long as the model reads it, but it attends "
+                        f"to at most {limit} (max_len); shorten it")
     return ids
 
 
@@ -186,7 +188,8 @@ def _collect_views(run, args) -> list:
     from ..viz import AttentionView
 
     model, cfg, tok = run.model, run.model.config, run.tokenizer
-    n_layers = cfg.n_layers if cfg.family != "encoder_decoder" else min(cfg.n_layers,
+    # (an encoder-decoder's stacks may differ in depth: a layer one lacks is the other's only)
+    n_layers = cfg.n_layers if cfg.family != "encoder_decoder" else max(cfg.n_layers,
                                                                           cfg.dec_layers)
     layers = _check_index(args.layer, n_layers, "layer")
     heads = _check_index(args.head, cfg.n_heads, "head")
@@ -224,9 +227,11 @@ def _target_ids(run, src: list[int], target: str | None) -> list[int]:
     if target is not None:
         return _encode(run, target, target=True)
     from ..decoding import translate
+    from ..decoding.translate import decode_limit
 
-    # The decoder reads <bos> + the output: at most max_len positions, so max_len - 1 tokens.
-    limit = max(1, run.model.config.max_len - 1)
+    # what `attnlab translate` gives (greedy, its length limit); the decoder reads <bos> + the
+    # output, at most max_len positions
+    limit = min(decode_limit(run.model, len(src)), max(1, run.model.config.max_len - 1))
     out = translate(run.model, [src], beam=1, max_len=limit, bos_id=tok.bos_id,
                     eos_id=tok.eos_id, pad_id=tok.pad_id)[0]
     return [tok.bos_id, *out, tok.eos_id]
@@ -270,7 +275,9 @@ def cmd_viz_positions(args: argparse.Namespace) -> int:
     from .. import viz
 
     if args.run_dir:
-        run = _load(args.run_dir, "best")
+        from ..runs import load_run
+
+        run = load_run(args.run_dir, "best")  # (no tokenizer needed: there is no text)
         pos = getattr(run.model, "emb", None) or getattr(run.model, "tgt_emb", None)
         table = getattr(getattr(pos, "pos", None), "weight", None)
         if table is None:

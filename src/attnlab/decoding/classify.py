@@ -63,7 +63,8 @@ def encoder_input(tokenizer: Tokenizer, config, text: str) -> list[int]:
     ``tokenizer.encode`` (``[CLS] ... [SEP]`` for WordPiece, bare tokens for BPE and char),
     with ``[CLS]`` (the tokenizer's bos) first for ``cls`` pooling (``config``: the model's
     :class:`~attnlab.config.ModelConfig`)."""
-    cls_id = tokenizer.bos_id if config.pools_first_token else None
+    # (a masked LM reads no [CLS]: its pooling is the classifier's that fine-tunes it)
+    cls_id = tokenizer.bos_id if config.pools_first_token and config.head == "classify" else None
     return with_cls(tokenizer.encode(text.strip()), cls_id)
 
 

@@ -52,18 +52,19 @@ class AttentionMaps:
         return self
 
 
-def resolve_layers(layers: Collection[int] | bool | None, n_layers: int) -> set[int]:
-    """Turn ``True`` (all), ``None``/``False`` (none) or indices into a checked set."""
+def resolve_layers(layers: Collection[int] | bool | None, n_layers: int, top: int = 0) -> set[int]:
+    """``True`` (all), ``None``/``False`` (none) or indices as a checked set; indices are
+    checked against ``top`` if deeper (of two stacks), and this stack keeps those it has."""
     if layers is None or layers is False:
         return set()
     if layers is True:
         return set(range(n_layers))
-    chosen = set()
+    chosen, top = set(), max(top, n_layers)
     for i in layers:
-        if not -n_layers <= i < n_layers:
-            raise ValueError(f"layer index {i} is out of range: the stack has {n_layers} layers "
-                             f"(0..{n_layers - 1})")
-        chosen.add(i % n_layers)
+        if not -top <= i < top:
+            raise ValueError(f"layer index {i} is out of range: the stack has {top} layers "
+                             f"(0..{top - 1})")
+        chosen |= {i % n_layers} if -n_layers <= i < n_layers else set()
     return chosen
 
 

@@ -127,11 +127,10 @@ class Transformer(nn.Module):
         (B, H, T, S)) of the chosen layers, from one forward pass."""
         cfg = self.config
         src_valid = self.src_valid(src, src_mask)
-        enc_layers = resolve_layers(layers, cfg.n_layers)
-        dec_layers = resolve_layers(layers, cfg.dec_layers)
-        memory, enc_maps = self._encode(src, src_valid, enc_layers)
+        top = max(cfg.n_layers, cfg.dec_layers)  # an index one stack lacks: the other's only
+        memory, enc_maps = self._encode(src, src_valid, resolve_layers(layers, cfg.n_layers, top))
         h, self_maps, cross_maps = self._decode(tgt, memory, src_valid, None, None, None,
-                                                dec_layers)
+                                                resolve_layers(layers, cfg.dec_layers, top))
         out = AttentionMaps({"encoder": enc_maps, "decoder": self_maps, "cross": cross_maps},
                             self.head(h))
         return out.keep_heads(heads, cfg.n_heads)

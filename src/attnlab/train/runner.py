@@ -267,7 +267,7 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
     run = load_run(rd.path, checkpoint, device=str(dev))
     # "auto" means what training measured fastest and used; a checkpoint records it
     name = rc.train.precision
-    if name == "auto" and checkpoint in ("best", "last"):
+    if name == "auto":  # (a weights file: the manifest beside it)
         name = rd.checkpoint_meta(checkpoint).get("precision", name)
     precision = resolve_precision(name, dev)
     backends = sdpa_backends(rc.train.sdpa_backend)
