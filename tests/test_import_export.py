@@ -344,10 +344,14 @@ def test_encoder_decoder_exports_as_marian_or_names_what_prevents_it(tmp_path, c
     tok = char_tokenizer(("<pad>", "<bos>", "<eos>"))
     model = tiny_seq2seq(vocab_size=tok.vocab_size, max_len=24, std=0.3, norm="post",
                          pos="sinusoidal", share_embeddings=True, tie_embeddings=True)
-    run = write_run(tmp_path / "run", model, tok, data={"name": "parallel"})
+    run = write_run(tmp_path / "run", model, tok, data={"name": "parallel",
+                                                        "src_add_special": True})
     assert cli("export", run, "--to", "hf", "--out", tmp_path / "hf") == 0
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == "MarianMTModel"
+    # the run's sources are read as <bos> ... <eos>: the exported tokenizer writes them so
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert hf_tok("the quick fox")["input_ids"] == tok.encode("the quick fox", add_special=True)
     assert hf.generation_config.decoder_start_token_id == tok.bos_id
     src = torch.tensor([tok.encode("the quick fox", add_special=True)])
     tgt = torch.tensor([[tok.bos_id, *tok.encode("the lazy")]])
