@@ -123,6 +123,26 @@ def test_decoder_left_padding_with_positions(variant):
 
 
 # ---- KV cache ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope"])
+def test_a_left_padded_prefill_through_a_cache_counts_positions_from_the_real_tokens(pos):
+    """model(padded, mask=..., cache=fresh) gave the real tokens positions 3..7 (the padding
+    counted) where the call without a cache gives 0..4; then every cached step went on from
+    there. Both families, and the next cached step too."""
+    x, nxt = ids(1, 5), ids(1, 1)
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), x], 1)
+    mask = torch.cat([padded != 0, torch.ones(1, 1, dtype=torch.bool)], 1)
+    lm = DecoderLM(cfg("decoder", pos=pos)).eval()
+    cache = lm.new_cache(1)
+    first = lm(padded, mask=mask[:, :-1], cache=cache)[0][:, 3:]
+    torch.testing.assert_close(first, lm(x)[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(lm(nxt, mask=mask, cache=cache)[0],  # (the mask of every key)
+                               lm(torch.cat([x, nxt], 1))[0][:, -1:], atol=1e-5, rtol=0)
+    mt = Transformer(cfg("encoder_decoder", pos=pos)).eval()
+    memory = mt.encode(ids(1, 4))
+    cached = mt.decode(padded, memory, tgt_mask=mask[:, :-1], cache=mt.new_cache(1))[:, 3:]
+    torch.testing.assert_close(cached, mt.decode(x, memory), atol=1e-5, rtol=0)
+
+
 def test_a_bf16_cache_serves_an_fp32_model():
     """new_cache(dtype=bf16) halves the cache of an fp32 model: keys and values are stored in
     bf16 and read back in the model's dtype (it failed with a dtype mismatch in attention)."""

@@ -83,12 +83,13 @@ class Embeddings(nn.Module):
 
     def forward(self, ids: Tensor, positions: Tensor | None = None, cache: KVCache | None = None,
                 mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """ids (B, T) -> embeddings (B, T, D) and their positions (T,) or (B, T), which rope
-        needs too: ``positions`` if given (checked), else those after the cached tokens, or
-        without a cache, for padded rows (``mask`` (B, T), True at real tokens, padding on
-        either side), each row's real tokens from 0."""
+        """ids (B, T) -> embeddings (B, T, D) and their positions (T,) or (B, T) (rope needs
+        them): ``positions`` if given (checked), else those after the cached tokens; rows padded
+        per ``mask`` (B, T) (True at real tokens) count their real tokens from 0."""
         t = ids.size(1)
         if positions is None:
+            if mask is not None and cache is not None and cache.length == 0 and cache.pad is None:
+                cache.pad = (mask.long().cumsum(1) == 0).sum(1)  # left-padded prefill: (B,)
             start, pad = (0, None) if cache is None else (cache.length, cache.pad)
             positions = padded_positions(start, t, pad, ids.device, max_len=self.max_len)
             if mask is not None and cache is None:

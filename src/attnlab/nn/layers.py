@@ -81,10 +81,8 @@ class FeedForward(nn.Module):
                  dropout: float = 0.0, bias: bool = True):
         super().__init__()
         if activation not in ("relu", "gelu", "gelu_tanh", "swiglu"):
-            raise ValueError(
-                f"activation={activation!r} is not allowed: one of 'relu', 'gelu', "
-                f"'gelu_tanh', 'swiglu'"
-            )
+            raise ValueError(f"activation={activation!r} is not allowed: one of 'relu', "
+                             "'gelu', 'gelu_tanh', 'swiglu'")
         self.activation = activation
         self.w1 = nn.Linear(d_model, d_ff, bias=bias)
         self.w3 = nn.Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
