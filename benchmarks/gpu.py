@@ -44,7 +44,10 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 
 # Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets (SXM parts).
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+# dense bf16 peaks by model name, the most specific first, matched as whole words (an "L4" is
+# not an "L40S", an "A10" not an "A100")
+PEAK_BF16 = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12),
+             ("A100", 312e12), ("L40S", 362e12), ("L4", 121e12), ("A10", 125e12))
 
 
 def device_name(device: torch.device) -> str:
@@ -59,7 +62,7 @@ def peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_BF16.items() if k in name), None)
+    return next((v for k, v in PEAK_BF16 if re.search(rf"\b{re.escape(k)}\b", name)), None)
 
 
 def sync(device: torch.device) -> None:
@@ -73,8 +76,22 @@ def shapes(args) -> dict:
     return dict(layers=12, heads=12, d=768, block=1024, batch=12, accum=args.accum)
 
 
+def input_txt(args) -> Path:
+    """Tiny Shakespeare: under --data-dir, else the copy in the nanoGPT scratch folder (all a
+    machine without ../shared needs is a carried benchmarks/.peers)."""
+    from run_all import SCRATCH
+
+    for path in (args.data_dir / "tinyshakespeare" / "input.txt",
+                 SCRATCH / "nanogpt" / "data" / "shakespeare_char" / "input.txt"):
+        if path.is_file():
+            return path
+    raise SystemExit(f"no Tiny Shakespeare: neither {args.data_dir}/tinyshakespeare/input.txt "
+                     f"nor {SCRATCH}/nanogpt/data/shakespeare_char/input.txt (run gpu.py "
+                     "--device cpu --tiny once where ../shared is, and carry benchmarks/.peers)")
+
+
 def char_data(args) -> torch.Tensor:
-    text = (args.data_dir / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
+    text = input_txt(args).read_text(encoding="utf-8")
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
     return torch.tensor([stoi[c] for c in text[: int(0.9 * len(text))]], dtype=torch.long)
@@ -148,7 +165,7 @@ def train_attnlab(args, device: torch.device) -> dict:
 def train_nanogpt(args, device: torch.device) -> dict:
     from run_all import nanogpt_copy
 
-    path = nanogpt_copy(args.nanogpt, args.data_dir / "tinyshakespeare" / "input.txt")
+    path = nanogpt_copy(args.nanogpt, input_txt(args))
     s = shapes(args)
     cmd = [sys.executable, "train.py", "--dataset=shakespeare_char", f"--device={device.type}",
            f"--compile={args.compile and not args.tiny}", f"--batch_size={s['batch']}",

@@ -7,7 +7,8 @@ Runs ``attnlab train RECIPE`` in a child process (with ``--set`` overrides; eval
 unless asked for, so the curve shows the training steps alone) and samples the child's
 resident set size (``VmRSS`` of ``/proc/PID/status``) every ``--every`` seconds, next to the
 last step logged in the run's metrics. Prints one row per sample, then the growth between the
-first sample after ``--warmup`` steps and the end, in MB and MB per 100 steps. Linux only.
+first sample after ``--warmup`` steps and the last one before the final step (what follows is
+the final evaluation), in MB and MB per 100 steps. Linux only.
 
 For Multi30k from a local copy of the data::
 
@@ -88,12 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         if child.wait() != 0:
             print(err.strip()[-2000:], file=sys.stderr)
             return 1
-    after = [s for s in samples if s[1] >= args.warmup]
+    # training steps only: once the last step is logged, what follows is the final evaluation
+    # and the loss plot, not growth per step
+    after = [s for s in samples if args.warmup <= s[1] < args.steps]
     if len(after) >= 2 and after[-1][1] > after[0][1]:
         (_, s0, m0), (_, s1, m1) = after[0], after[-1]
         print(f"\ngrowth from step {s0} to {s1}: {m1 - m0:+.0f} MB "
               f"({100 * (m1 - m0) / (s1 - s0):+.1f} MB per 100 steps); peak "
-              f"{max(s[2] for s in samples):.0f} MB")
+              f"{max(s[2] for s in samples):.0f} MB (the final evaluation included)")
     return 0
 
 

@@ -82,6 +82,8 @@ def nanogpt_copy(src: Path, data_file: Path) -> Path:
     dst = SCRATCH / "nanogpt"
     if not (dst / "train.py").exists():
         shutil.copytree(src, dst, dirs_exist_ok=True)
+        for path in (dst, *dst.rglob("*")):  # the peers folder is read-only: copies are not
+            path.chmod(path.stat().st_mode | 0o200)
     data = dst / "data" / "shakespeare_char"
     if not (data / "train.bin").exists():
         shutil.copyfile(data_file, data / "input.txt")

@@ -344,7 +344,8 @@ def main(argv: list[str] | None = None) -> None:
                    help=f"comma-separated sections to run, from {', '.join(SECTIONS)} "
                    "(default: cache, hf, roofline; quality when --quality-run is given)")
     p.add_argument("--dtypes", nargs="+", default=["fp32", "bf16", "fp16", "int8"],
-                   help="inference dtypes of sections (c) and (d)")
+                   help="inference dtypes of sections (c) and (d); fp32 is always run first, "
+                   "the reference of their '= fp32' columns")
     p.add_argument("--quality-run", default=None, help="a trained decoder-only run dir")
     p.add_argument("--quality-text", default=None, help="its text; the last 10%% is held out")
     p.add_argument("--quality-windows", type=int, default=100)
@@ -354,6 +355,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="buffer size of the bandwidth measurement (default 256 MiB)")
     p.add_argument("--quick", action="store_true", help="64/128 tokens, 1 repeat")
     args = p.parse_args(argv)
+    args.dtypes = ["fp32", *dict.fromkeys(d for d in args.dtypes if d != "fp32")]
     if args.quick:
         args.cache_tokens, args.hf_tokens, args.repeat = [64, 128], 32, 1
     sections = (args.only.split(",") if args.only else

@@ -42,7 +42,13 @@ from attnlab.models import token_loss  # noqa: E402
 from attnlab.runs import RunDir  # noqa: E402
 from attnlab.tasks import build_task  # noqa: E402
 from attnlab.train import build_optimizer, load_config, train_run  # noqa: E402
-from attnlab.train.precision import autocast, resolve_precision, sdpa_backends  # noqa: E402
+from attnlab.train.precision import (  # noqa: E402
+    autocast,
+    fastest,
+    probe_key,
+    resolve_precision,
+    sdpa_backends,
+)
 
 
 def train_recipe(args) -> dict:
@@ -93,8 +99,23 @@ def step_speed(args) -> dict:
     rc = load_config(ROOT / "configs" / "shakespeare_char_cpu.toml", [f"data.path={args.data}"])
     task = build_task(rc)
     cfg = task.model_config
-    precision = resolve_precision(args.precision or rc.train.precision, torch.device("cpu"))
     models = {"attnlab": build_model(cfg), "hf_gpt2": hf_model(cfg)}
+
+    def measure() -> str:  # "auto" as the trainer resolves it: its probe, the same cache key
+        x, y = task.next_batch()
+        model = models["attnlab"]
+
+        def probe(precision: str) -> None:
+            with autocast(precision, torch.device("cpu"), sdpa_backends(rc.train.sdpa_backend)):
+                loss = token_loss(model(x)[0], y, reduction="sum")
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+
+        return fastest(probe, probe_key(cfg.to_dict(), [tuple(x.shape), tuple(y.shape)],
+                                        rc.train.sdpa_backend))
+
+    precision = resolve_precision(args.precision or rc.train.precision, torch.device("cpu"),
+                                  measure)
     opts = {k: build_optimizer(m, rc.train, "cpu") for k, m in models.items()}
     nanogpt = Path(getattr(args, "nanogpt", "") or "")
     if (nanogpt / "model.py").is_file():

@@ -97,3 +97,29 @@ def test_attention_memory_runs(capsys):
     out = capsys.readouterr().out
     (row,) = table_rows(out, "64 ")
     assert float(row[1]) >= 0 and float(row[3]) >= 0
+
+
+@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989e12),
+                                        ("NVIDIA H100 PCIe", 756e12), ("NVIDIA L40S", 362e12),
+                                        ("NVIDIA L4", 121e12), ("NVIDIA A100-SXM4-80GB", 312e12),
+                                        ("NVIDIA A10", 125e12), ("NVIDIA T4", None)])
+def test_gpu_peak_flops_matches_whole_model_names(monkeypatch, name, peak):
+    """An L40S was read as an L4 (MFU 3x too high), an H100 PCIe as the SXM part."""
+    import torch
+
+    gpu = script("gpu")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert gpu.peak_flops(torch.device("cuda")) == peak
+
+
+def test_sample_speed_measures_the_fp32_reference_whatever_dtypes_are_asked(capsys):
+    """--dtypes int8 bf16 crashed (int8 has no HF reference) or compared with bf16 under the
+    '= fp32' heading: fp32 now always runs first."""
+    pytest.importorskip("transformers", reason="the HF peer needs transformers (dev extra)")
+    script("sample_speed").main([
+        "--layers", "1", "--d-model", "32", "--heads", "2", "--vocab", "60", "--max-len", "64",
+        "--hf-tokens", "8", "--repeat", "1", "--bandwidth-mib", "8", "--only", "roofline",
+        "--dtypes", "int8", "bf16"])
+    rows = [r for r in table_rows(capsys.readouterr().out, "") if r[0] in ("fp32", "int8",
+                                                                         "bf16")]
+    assert [r[0] for r in rows] == ["fp32", "int8", "bf16"] and rows[0][-1] == "100%, 100%"
