@@ -480,8 +480,11 @@ def test_export_onnx_of_a_decoder_run(tmp_path, capsys) -> None:
         family="decoder", vocab_size=tok.vocab_size, d_model=16, n_heads=2, n_layers=1,
         norm="pre", pos="learned", max_len=32, pad_id=None)))
     run = write_run(tmp_path / "run", model, tok)
-    out = tmp_path / "lm.onnx"
+    out = tmp_path / "onnx" / "lm.onnx"
     assert cli("export", run, "--to", "onnx", "--out", out) == 0
+    # one self-contained file (its weights were split off into lm.onnx.data): it works moved
+    assert [f.name for f in out.parent.iterdir()] == ["lm.onnx"]
+    out = out.rename(tmp_path / "moved.onnx")
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     ids = torch.randint(0, tok.vocab_size, (3, 11))  # another batch size and length
     got = session.run(None, {"ids": ids.numpy()})[0]

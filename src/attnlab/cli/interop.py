@@ -39,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="--to hf: a folder that transformers' AutoModel* and AutoTokenizer "
         ".from_pretrained load with the same outputs (decoders as GPT-2 or Llama, encoders as "
         "BertForSequenceClassification, encoder-decoders as MarianMT). --to onnx: one .onnx "
-        "file with dynamic batch and length, checked against onnxruntime.")
+        "file with dynamic batch and length, checked against onnxruntime (weights over 2 GB "
+        "go to FILE.onnx.data beside it).")
     p.add_argument("run_dir", help="a run dir (trained, or made by `attnlab import`)")
     p.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="hf or onnx")
     p.add_argument("--out", required=True,

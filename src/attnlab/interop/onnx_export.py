@@ -96,8 +96,12 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: Tensor | tup
     was_training = model.training
     wrapper.eval()  # and so the model, its child (torch warns about a training-mode wrapper)
     try:
+        # one self-contained file, unless the weights pass protobuf's 2 GB limit: then they go
+        # to FILE.onnx.data beside it (keep the two together)
+        size = sum(p.numel() * p.element_size() for p in model.parameters())
         torch.onnx.export(wrapper, tensors, str(path), dynamo=True, input_names=names,
-                          output_names=[output_name], dynamic_shapes=dynamic, verbose=False)
+                          output_names=[output_name], dynamic_shapes=dynamic, verbose=False,
+                          external_data=size >= 2**31 - 2**27)
         if verify:
             _verify(path, wrapper, tensors, names, atol)
     finally:
