@@ -150,6 +150,7 @@ def _rows(e):
         "train_bom_only_text": ["train", "--set", "data.name=text", "--set",
                                 f"data.path={e['bom.txt']}", *TINY, "--out", out],
         "train_tsv_no_path": ["train", "--set", "data.name=tsv", *TINY, "--out", out],
+        "train_synthetic_with_a_file": synth(out, 2, "--set", f"data.path={text}"),
         # validation files are read before the first step, not at the first evaluation
         "train_missing_val_text": ["train", "--set", "data.name=text", "--set",
                                    f"data.path={text}", "--set", f"data.val_path={b}/nope.txt",
@@ -277,6 +278,7 @@ EXPECT = {
     "train_bom_only_text": "is empty (or only whitespace)",
     "train_resume_other_seed": "train.seed is 1337 there but 7 here",
     "train_tsv_no_path": "data.name='tsv' needs data.path",
+    "train_synthetic_with_a_file": "data.path is not read by data.name='reverse'",
     "train_missing_val_text": "nope.txt does not exist",
     "train_short_val_text": "the val split has 3 tokens",
     "train_cuda_on_cpu": "allowed: auto, cpu",

@@ -33,6 +33,11 @@ class SyntheticTask(Seq2SeqTask):
     def __init__(self, rc: RunConfig, tokenizer: Tokenizer | None = None):
         super().__init__(rc)
         d = rc.data
+        given = [k for k in ("path", "val_path", "src_path", "tgt_path") if getattr(d, k, "")]
+        if given:  # generated data: a file would be silently ignored
+            raise ConfigError(f"data.{given[0]} is not read by data.name={d.name!r}, which "
+                              "generates its sequences; leave it out (or train on files with "
+                              "data.name='text', 'parallel' or 'tsv')")
         self.data = SyntheticData(d.name, d.synth_vocab, d.seq_min, d.seq_max)
         self.model_config = resolve_model(rc, vocab_size=d.synth_vocab, pad_id=self.data.pad_id)
         # the ids of the data written as text; a resumed run's saved one is the same
