@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 
 import pytest
 import torch
@@ -450,3 +451,64 @@ def test_eval_of_a_weights_file_runs_in_the_precision_of_its_checkpoint(tmp_path
                                                               "model.safetensors"))
     assert by_name["precision"] == by_file["precision"] == other
     assert by_file["val_loss"] == by_name["val_loss"]
+
+
+def test_a_resumed_auto_run_that_trained_in_fp16_elsewhere_measures_again_on_a_cpu(
+        tmp_path, monkeypatch):
+    """fp16 (a GPU's auto answer) needs CUDA's loss scaling: resumed on a CPU, the run went on
+    in fp16 with a grad scaler (and without the kernel-cache bound a measured answer sets);
+    `eval` refused the run. Now the resume measures again and eval runs in fp32."""
+    import json
+
+    from attnlab.train import evaluate_run, loop, precision
+
+    d = lm_dict(tmp_path, precision="auto", max_steps=3)
+    train_run(RunConfig.from_dict(d), tmp_path / "run")
+    for which in ("best", "last"):
+        manifest = tmp_path / "run" / which / "manifest.json"
+        manifest.write_text(json.dumps({**json.loads(manifest.read_text()),
+                                        "precision": "fp16"}))
+    assert evaluate_run(tmp_path / "run", checkpoint="best")["precision"] == "fp32"
+    bounded = []
+    monkeypatch.setattr(precision, "bound_kernel_caches", lambda *a: bounded.append(1))
+    monkeypatch.setattr(loop, "fastest", lambda *a, **k: "bf16")
+    resumed = RunConfig.from_dict({**d, "train": {**d["train"], "max_steps": 5}})
+    train_run(resumed, tmp_path / "run", resume=True)
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["precision"] == "bf16"
+    assert bounded
+
+
+def test_the_precision_probe_is_keyed_on_the_number_of_processes():
+    from attnlab.train.precision import probe_key
+
+    args = ({"d_model": 8}, [(12, 64)], "auto")
+    assert probe_key(*args) == probe_key(*args, 1) != probe_key(*args, 2)
+
+
+def test_run_files_are_readable_as_the_umask_allows_and_a_failed_save_keeps_the_old(
+        tmp_path, monkeypatch):
+    """mkstemp made every run file 0600 (another user could not sample the run); a full disk
+    in a checkpoint save gave a traceback and left the half-written folder taking space."""
+    import stat
+
+    import safetensors.torch
+
+    old = os.umask(0o022)
+    try:
+        train_run(RunConfig.from_dict(lm_dict(tmp_path, max_steps=2)), tmp_path / "run")
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file() and path.parent.name != "tb":
+            assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+    run = RunDir(tmp_path / "run")
+    before = (tmp_path / "run" / "last" / "model.safetensors").read_bytes()
+
+    def full_disk(*args, **kwargs):
+        raise safetensors.SafetensorError("I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_model", full_disk)
+    with pytest.raises(OSError, match="No space left on device"):
+        run.save_checkpoint("last", torch.nn.Linear(2, 2))
+    assert (tmp_path / "run" / "last" / "model.safetensors").read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(".")) == []

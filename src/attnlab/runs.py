@@ -26,6 +26,7 @@ at any moment leaves a complete copy that :meth:`RunDir.checkpoint_dir` finds.
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
 import shutil
@@ -67,10 +68,29 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        _umask_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask_mode(path: str | Path) -> None:
+    """The mode a plainly created file gets (0666 less the umask): mkstemp makes files 0600,
+    which left a run unreadable to the other users who were meant to use it."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
+def _durable(path: str | Path) -> None:
+    """Flush a file just written by a library (safetensors) to the disk, as our own writes do:
+    a checkpoint's manifest must not land before its tensors."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -128,7 +148,11 @@ def write_dir_atomic(dest: Path, write: Callable[[Path], None], meta: dict | Non
         os.replace(found, dest)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    write(tmp)
+    try:
+        write(tmp)
+    except BaseException:  # (a full disk: give its space back; the old folder stays)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
     atomic_write_json(tmp / MANIFEST, {"files": files, **(meta or {})})
     _fsync_dir(tmp)
@@ -148,6 +172,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 def save_weights(model: nn.Module, path: Path) -> None:
     """Model weights as safetensors (tied weights stored once; no wrapper prefixes)."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_model
 
     path = Path(path)
@@ -156,7 +181,12 @@ def save_weights(model: nn.Module, path: Path) -> None:
     os.close(fd)
     try:
         save_model(_unwrap(model), tmp)
+        _durable(tmp)
+        _umask_mode(tmp)
         os.replace(tmp, path)
+    except SafetensorError as e:  # e.g. a full disk: an OSError, one line in the CLI
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(errno.EIO, f"cannot write the weights ({e})", str(path)) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -315,6 +345,7 @@ class RunDir:
                         meta: dict[str, Any] | None = None) -> None:
         """Write checkpoint folder ``which`` atomically: the weights, the training ``state``
         if given (tensors to safetensors, the rest to JSON), and ``meta`` in the manifest."""
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
 
         def write(tmp: Path) -> None:
@@ -322,7 +353,13 @@ class RunDir:
             if state is not None:
                 tensors: dict[str, torch.Tensor] = {}
                 doc = flatten(state, tensors)
-                save_file(tensors, str(tmp / STATE_TENSORS))
+                try:
+                    save_file(tensors, str(tmp / STATE_TENSORS))
+                except SafetensorError as e:  # e.g. a full disk: one line in the CLI
+                    raise OSError(errno.EIO, f"cannot write the training state ({e})",
+                                  str(tmp / STATE_TENSORS)) from None
+                _durable(tmp / STATE_TENSORS)
+                _umask_mode(tmp / STATE_TENSORS)
                 atomic_write_json(tmp / STATE_JSON, doc)
 
         write_dir_atomic(self.path / _checked(which), write, meta)

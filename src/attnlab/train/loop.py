@@ -135,8 +135,10 @@ class Trainer:
         if self.info.enabled:  # then each process its own random stream (dropout masks)
             torch.manual_seed(self.cfg.seed + self.info.rank)
         self.backends = sdpa_backends(self.cfg.sdpa_backend)  # before the precision probe
-        self.precision = precision or resolve_precision(self.cfg.precision, self.device,
-                                                        self._measure_precision)
+        # (a resumed "auto" run's own precision passes the same checks, and bounds the kernel
+        # caches on a CPU, as a measured one does)
+        self.precision = resolve_precision(precision or self.cfg.precision, self.device,
+                                           self._measure_precision)
         self.optimizer = build_optimizer(self.model, self.cfg, self.device.type)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.ddp = wrap_ddp(self.model, self.info, self.device)
@@ -176,7 +178,7 @@ class Trainer:
                 self.model.zero_grad(set_to_none=True)
 
             key = probe_key(self.task.model_config.to_dict(), [tuple(t.shape) for t in whole],
-                            self.cfg.sdpa_backend)
+                            self.cfg.sdpa_backend, self.info.world_size)
             choice = fastest(step, key, reduce=lambda t: all_reduce_sum(
                 torch.tensor(t, dtype=torch.float64, device=self.device), self.info).tolist())
         self.task.load_state_dict(data)

@@ -109,11 +109,12 @@ def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
 
 
 def probe_key(model_config: dict[str, Any], batch_shapes: list[tuple[int, ...]],
-              sdpa_backend: str = "auto") -> str:
+              sdpa_backend: str = "auto", processes: int = 1) -> str:
     """What the measured answer depends on: machine, torch, threads, model, (global) batch
-    shape and the attention kernels."""
+    shape, the attention kernels and the number of processes sharing the batch."""
+    extra = [processes] if processes != 1 else []  # (one process: the keys of earlier caches)
     text = json.dumps([cpu_model(), torch.__version__, torch.get_num_threads(), model_config,
-                       batch_shapes, sdpa_backend], sort_keys=True)
+                       batch_shapes, sdpa_backend, *extra], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

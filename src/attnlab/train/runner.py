@@ -179,8 +179,11 @@ def _train_run(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> RunO
         check_same_config(run.path, saved, resolved)
     # a resumed "auto" run goes on in the precision it measured and trained in
     precision = run.checkpoint_meta("last").get("precision") if resume else None
+    # (fp16 needs CUDA's loss scaling: an auto run that trained in it elsewhere measures again)
+    device = resolve_device(resolved.train.device)
+    keep = ("fp32", "bf16", "fp16") if device.type == "cuda" else ("fp32", "bf16")
     trainer = Trainer(resolved, task, run, info, precision if resolved.train.precision == "auto"
-                      and precision in ("fp32", "bf16", "fp16") else None)
+                      and precision in keep else None)
     if source is not None:
         load_init_weights(trainer.model, source, not keeps_head(resolved, source))
     if resume:
@@ -269,6 +272,8 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
     name = rc.train.precision
     if name == "auto":  # (a weights file: the manifest beside it)
         name = rd.checkpoint_meta(checkpoint).get("precision", name)
+    if name == "fp16" and dev.type != "cuda":  # evaluation scales no loss: fp32 does it here
+        name = "fp32"
     precision = resolve_precision(name, dev)
     backends = sdpa_backends(rc.train.sdpa_backend)
 
