@@ -512,3 +512,30 @@ def test_run_files_are_readable_as_the_umask_allows_and_a_failed_save_keeps_the_
         run.save_checkpoint("last", torch.nn.Linear(2, 2))
     assert (tmp_path / "run" / "last" / "model.safetensors").read_bytes() == before
     assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize("edit", [{"window": "ab"}, {"window": [1.0, -3]}, {"step": -5},
+                                  {"step": 5.5}, {"bad_evals": -3}, {"elapsed_s": float("nan")},
+                                  {"best": [1, 2]}, {"best": {"metric": "val_loss",
+                                                              "value": "x", "step": 2}}])
+def test_a_hand_edited_training_state_is_refused_in_one_line(tmp_path, edit):
+    """Each of these gave a traceback (TypeError, ZeroDivisionError) or was taken as it was
+    (training from step -3)."""
+    import json
+
+    d = lm_dict(tmp_path, max_steps=2)
+    train_run(RunConfig.from_dict(d), tmp_path / "run")
+    path = tmp_path / "run" / "last" / "state.json"
+    doc = json.loads(path.read_text())
+    doc["__dict__"] = [[k, edit.get(k, v)] for k, v in doc["__dict__"]]
+    path.write_text(json.dumps(doc))
+    resumed = RunConfig.from_dict({**d, "train": {**d["train"], "max_steps": 4}})
+    with pytest.raises(RunError, match="cannot be resumed|unreadable training state"):
+        train_run(resumed, tmp_path / "run", resume=True)
+
+
+@pytest.mark.parametrize("step", ["inf", "1e400", "nan", "-1", "2.5"])
+def test_a_metrics_log_with_a_step_that_is_no_whole_number_is_one_line(tmp_path, step):
+    (tmp_path / "m.csv").write_text(f"step,train_loss\n1,2.0\n{step},1.0\n")
+    with pytest.raises(ValueError, match=r"line 3: step .* is not a whole number >= 0"):
+        read_metrics(tmp_path / "m.csv")

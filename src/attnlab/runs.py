@@ -246,6 +246,9 @@ def read_metrics(path: str | Path) -> list[dict[str, int | float | None]]:
                 except ValueError as e:
                     raise ValueError(f"{path} line {line_no}, column {col!r}: {cell!r} is not a "
                                      "number (cells must be numbers or empty)") from e
+                if col == "step" and not (value.is_integer() and value >= 0):  # (inf, nan too)
+                    raise ValueError(f"{path} line {line_no}: step {cell!r} is not a whole "
+                                     "number >= 0")
                 row[col] = int(value) if col == "step" else value
             rows.append(row)
     return rows

@@ -283,10 +283,18 @@ class Trainer:
             ranks = state.get("rng_ranks") or []  # each process its own, when they match
             set_rng_state(ranks[self.info.rank] if len(ranks) == self.info.world_size
                           else state["rng"])
-            self.step, self.best = int(state["step"]), state["best"]
-            self.bad_evals, self.window = int(state["bad_evals"]), list(state["window"])
+            self.step, self.best = state["step"], state["best"]
+            self.bad_evals, self.window = state["bad_evals"], list(state["window"])
             # elapsed_s and wall_s go on from the checkpoint's (older checkpoints: from 0)
-            self.started = time.perf_counter() - float(state.get("elapsed_s", 0.0))
+            elapsed = state.get("elapsed_s", 0.0)
+            self.started = time.perf_counter() - float(elapsed)
+            counters = (self.step, self.bad_evals, self.window[1])
+            if not (all(type(n) is int and n >= 0 for n in counters)  # a hand-edited state
+                    and len(self.window) == 2 and math.isfinite(float(self.window[0]))
+                    and math.isfinite(float(elapsed)) and (self.best is None or (
+                        isinstance(self.best, dict) and type(self.best.get("step")) is int
+                        and isinstance(self.best.get("value"), (int, float))))):
+                raise ValueError("step, bad_evals, window, elapsed_s or best out of range")
         except KeyError as e:
             raise RunError(f"the training state of {self.run.checkpoint_dir('last')} has no "
                            f"{e.args[0]!r} entry (a damaged or foreign checkpoint); it cannot "
