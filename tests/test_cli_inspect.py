@@ -286,3 +286,11 @@ def test_viz_positions_needs_no_tokenizer(runs, tmp_path):
     (tmp_path / "run" / "tokenizer.json").unlink()
     assert main(["viz", "positions", str(tmp_path / "run"), "--out",
                  str(tmp_path / "p.png")]) == 0
+
+
+def test_info_refuses_a_length_the_model_cannot_read(runs, capsys):
+    """--length 100000 on a max_len-40 model printed 745 GiB estimates for inputs it refuses."""
+    assert main(["info", str(runs["decoder"]), "--length", "41"]) == 2
+    err = capsys.readouterr().err
+    assert "--length 41 is more than the model's max_len=40" in err and err.count("\n") == 1
+    assert main(["info", str(runs["decoder"]), "--length", "40"]) == 0

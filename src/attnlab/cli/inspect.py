@@ -121,6 +121,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     length = cfg.max_len if args.length is None else args.length
     if args.batch < 1 or length < 1:
         raise UserError(f"--batch {args.batch} and --length {length} must be positive integers")
+    if length > cfg.max_len:  # the model refuses longer inputs: no figures for them
+        raise UserError(f"--length {length} is more than the model's max_len={cfg.max_len}: "
+                        "give at most that (or a config with a larger model.max_len)")
     import torch
 
     from ..info import report
