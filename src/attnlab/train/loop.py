@@ -117,8 +117,8 @@ class Trainer:
 
     def __init__(self, rc: RunConfig, task: Task, run_dir: str | Path | RunDir | None = None,
                  info: DistInfo | None = None, precision: str | None = None):
-        """``precision``: the one to train in, in place of ``train.precision`` (a resumed run
-        goes on in the precision it trained in)."""
+        """``precision``: the one a resumed ``auto`` run trained in (its checkpoint's), to go
+        on in (see :func:`~attnlab.train.precision.resolve_precision`)."""
         self.rc, self.cfg, self.task = rc, rc.train, task
         self.info = info or DistInfo()
         if self.info.enabled:  # a batch too small to split fails here, before any file is written
@@ -135,10 +135,8 @@ class Trainer:
         if self.info.enabled:  # then each process its own random stream (dropout masks)
             torch.manual_seed(self.cfg.seed + self.info.rank)
         self.backends = sdpa_backends(self.cfg.sdpa_backend)  # before the precision probe
-        # (a resumed "auto" run's own precision passes the same checks, and bounds the kernel
-        # caches on a CPU, as a measured one does)
-        self.precision = resolve_precision(precision or self.cfg.precision, self.device,
-                                           self._measure_precision)
+        self.precision = resolve_precision(self.cfg.precision, self.device,
+                                           self._measure_precision, precision)
         self.optimizer = build_optimizer(self.model, self.cfg, self.device.type)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.ddp = wrap_ddp(self.model, self.info, self.device)

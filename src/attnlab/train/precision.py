@@ -154,11 +154,16 @@ def fastest(step: Callable[[str], None], key: str, rounds: int = 5,
 
 
 def resolve_precision(name: str, device: torch.device,
-                      measure: Callable[[], str] | None = None) -> str:
+                      measure: Callable[[], str] | None = None,
+                      recorded: str | None = None) -> str:
     """The precision to train in: ``name`` checked, or for ``auto`` bf16/fp16 on CUDA and on a
-    CPU the result of ``measure()`` (a :func:`fastest` probe; without one, fp32)."""
+    CPU the result of ``measure()`` (a :func:`fastest` probe; without one, fp32).
+    ``recorded``: what an ``auto`` run already trained in (a checkpoint's), kept where this
+    device can train in it (fp16 needs CUDA's loss scaling: elsewhere it is measured again)."""
     if device.type == "cpu":
         bound_kernel_caches()  # before any bf16 matrix product of this process
+    if name == "auto" and recorded in ("fp32", "bf16", *(("fp16",) * (device.type == "cuda"))):
+        return recorded
     if name == "auto":
         if device.type == "cuda":
             return "bf16" if torch.cuda.is_bf16_supported() else "fp16"

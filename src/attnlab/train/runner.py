@@ -178,12 +178,8 @@ def _train_run(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> RunO
     if saved is not None:
         check_same_config(run.path, saved, resolved)
     # a resumed "auto" run goes on in the precision it measured and trained in
-    precision = run.checkpoint_meta("last").get("precision") if resume else None
-    # (fp16 needs CUDA's loss scaling: an auto run that trained in it elsewhere measures again)
-    device = resolve_device(resolved.train.device)
-    keep = ("fp32", "bf16", "fp16") if device.type == "cuda" else ("fp32", "bf16")
-    trainer = Trainer(resolved, task, run, info, precision if resolved.train.precision == "auto"
-                      and precision in keep else None)
+    trainer = Trainer(resolved, task, run, info,
+                      run.checkpoint_meta("last").get("precision") if resume else None)
     if source is not None:
         load_init_weights(trainer.model, source, not keeps_head(resolved, source))
     if resume:
@@ -270,11 +266,11 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
     run = load_run(rd.path, checkpoint, device=str(dev))
     # "auto" means what training measured fastest and used; a checkpoint records it
     name = rc.train.precision
-    if name == "auto":  # (a weights file: the manifest beside it)
-        name = rd.checkpoint_meta(checkpoint).get("precision", name)
     if name == "fp16" and dev.type != "cuda":  # evaluation scales no loss: fp32 does it here
         name = "fp32"
-    precision = resolve_precision(name, dev)
+    # (a weights file: the manifest beside it)
+    precision = resolve_precision(name, dev, recorded=rd.checkpoint_meta(checkpoint).get(
+        "precision"))
     backends = sdpa_backends(rc.train.sdpa_backend)
 
     def amp():  # as Trainer.amp: autocast and the attention kernels training evaluated with
