@@ -58,14 +58,18 @@ def classify(model: nn.Module, ids: Tensor | Sequence[Sequence[int]], *,
     return Classification(probs.argmax(dim=-1).tolist(), probs)
 
 
+def cls_id(tokenizer: Tokenizer, config) -> int | None:
+    """The [CLS] id (the tokenizer's bos) an encoder reads first: a classifier that pools its
+    first token; a masked LM reads none (its pooling is the classifier's that fine-tunes it)."""
+    return tokenizer.bos_id if config.pools_first_token and config.head == "classify" else None
+
+
 def encoder_input(tokenizer: Tokenizer, config, text: str) -> list[int]:
     """The ids of ``text`` as an encoder-only model reads a text in training:
     ``tokenizer.encode`` (``[CLS] ... [SEP]`` for WordPiece, bare tokens for BPE and char),
     with ``[CLS]`` (the tokenizer's bos) first for ``cls`` pooling (``config``: the model's
     :class:`~attnlab.config.ModelConfig`)."""
-    # (a masked LM reads no [CLS]: its pooling is the classifier's that fine-tunes it)
-    cls_id = tokenizer.bos_id if config.pools_first_token and config.head == "classify" else None
-    return with_cls(tokenizer.encode(text.strip()), cls_id)
+    return with_cls(tokenizer.encode(text.strip()), cls_id(tokenizer, config))
 
 
 def classify_texts(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str], *,
@@ -108,4 +112,4 @@ def classify_texts(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str],
     return out
 
 
-__all__ = ["Classification", "classify", "classify_texts", "encoder_input"]
+__all__ = ["Classification", "classify", "classify_texts", "cls_id", "encoder_input"]

@@ -18,6 +18,7 @@ from ..data import (
     split_sentences,
     whole_sentences,
 )
+from ..decoding.classify import cls_id
 from ..metrics import accuracy, f1, macro_f1
 from ..models.common import IGNORE_INDEX
 from ..tokenizers import Tokenizer
@@ -85,32 +86,33 @@ class ClassifyTask(Task):
         return self._items[name]
 
     def check_data(self) -> None:
-        self.state_dict()  # the training batches
+        self._train_batches()
         self.batches("val", 1, False)  # (encoded too: a text the tokenizer refuses fails now)
 
     def batches(self, name: str, batch_size: int, shuffle: bool) -> ClassificationBatches:
         tok = self.tokenizer
-        cls_id = tok.bos_id if self.model_config.pools_first_token else None
         examples = [(tok.encode(s), y) for s, y in self.items(name)]
-        return ClassificationBatches(examples, batch_size, tok.pad_id, cls_id, self.max_len,
+        return ClassificationBatches(examples, batch_size, tok.pad_id,
+                                     cls_id(tok, self.model_config), self.max_len,
                                      self.rc.train.seed, shuffle, bucket=self.rc.data.bucket,
                                      end_id=tok.eos_id)
 
-    def next_batch(self) -> tuple[Tensor, Tensor]:
+    def _train_batches(self) -> ClassificationBatches:
         if self._batches is None:
             self._batches = self.batches("train", self.rc.train.batch_size, True)
+        return self._batches
+
+    def next_batch(self) -> tuple[Tensor, Tensor]:
         if self._iter is None:
-            self._iter = iter(self._batches)
+            self._iter = iter(self._train_batches())
         try:
             return next(self._iter)
         except StopIteration:
-            self._iter = iter(self._batches)
+            self._iter = iter(self._train_batches())
             return next(self._iter)
 
     def state_dict(self) -> dict[str, Any]:
-        if self._batches is None:
-            self._batches = self.batches("train", self.rc.train.batch_size, True)
-        return {"batches": self._batches.state_dict()}
+        return {"batches": self._train_batches().state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._batches = self.batches("train", self.rc.train.batch_size, True)
