@@ -15,12 +15,15 @@ if TYPE_CHECKING:
 CONTEXT_TOKENS = 4
 
 
-def decode_after(tokenizer: Tokenizer, context: Sequence[int], ids: Sequence[int]) -> str:
+def decode_after(tokenizer: Tokenizer, context: Sequence[int], ids: Sequence[int],
+                 head: str | None = None) -> str:
     """The text of ``ids`` as it reads after ``context`` (the prompt's last tokens): the part of
-    ``decode(context + ids)`` after ``decode(context)``."""
-    head = tokenizer.decode(list(context)) if context else ""
-    full = tokenizer.decode([*context, *ids]) if context else ""
-    return full[len(head):] if context and full.startswith(head) else tokenizer.decode(list(ids))
+    ``decode(context + ids)`` after ``head = decode(context)`` (pass it when known)."""
+    if not context:
+        return tokenizer.decode(list(ids))
+    head = tokenizer.decode(list(context)) if head is None else head
+    full = tokenizer.decode([*context, *ids])
+    return full[len(head):] if full.startswith(head) else tokenizer.decode(list(ids))
 
 
 def _check_stops(stop: Sequence[str]) -> list[str]:
@@ -59,17 +62,18 @@ class StopChecker:
         self.tail = 4 * max(len(s) for s in self.stops) + 4
         self.rows: list[list[int]] = [[] for _ in range(n_rows)]
         self.context = [list(p[-CONTEXT_TOKENS:]) for p in prompts] or [[] for _ in self.rows]
+        self.heads = [tokenizer.decode(c) if c else "" for c in self.context]  # decoded once
 
     def update(self, tokens: list[int]) -> list[bool]:
         """Append this step's token of each row (negative = row finished); return the hits."""
         hits = []
-        for row, context, t in zip(self.rows, self.context, tokens):
+        for row, context, head, t in zip(self.rows, self.context, self.heads, tokens):
             if t < 0:
                 hits.append(False)
                 continue
             row.append(t)
             text = decode_after(self.tokenizer, context if len(row) <= self.tail else (),
-                                row[-self.tail:])
+                                row[-self.tail:], head)
             hits.append(any(s in text for s in self.stops))
         return hits
 

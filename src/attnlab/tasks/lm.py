@@ -100,7 +100,8 @@ class LMTask(Task):
         return data
 
     def check_data(self) -> None:
-        self.split("train"), self.split("val")
+        for name in ("train", "val"):
+            self.split(name)
 
     def _windows(self, data: Tensor, starts: list[int]) -> tuple[Tensor, Tensor]:
         x = torch.stack([data[i:i + self.block] for i in starts])  # (B, T)
