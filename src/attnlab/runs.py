@@ -170,9 +170,21 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model)  # DistributedDataParallel wrapper
 
 
+def _write_tensors(path: str | Path, save: Callable[[str], None], what: str) -> None:
+    """``save(path)`` (a safetensors writer), flushed to the disk and with a plain file's mode;
+    a failure (a full disk) as an OSError naming ``what``, one line in the CLI."""
+    from safetensors import SafetensorError
+
+    try:
+        save(str(path))
+    except SafetensorError as e:
+        raise OSError(errno.EIO, f"cannot write {what} ({e})", str(path)) from None
+    _durable(path)
+    _umask_mode(path)
+
+
 def save_weights(model: nn.Module, path: Path) -> None:
     """Model weights as safetensors (tied weights stored once; no wrapper prefixes)."""
-    from safetensors import SafetensorError
     from safetensors.torch import save_model
 
     path = Path(path)
@@ -180,13 +192,8 @@ def save_weights(model: nn.Module, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_model(_unwrap(model), tmp)
-        _durable(tmp)
-        _umask_mode(tmp)
+        _write_tensors(tmp, lambda p: save_model(_unwrap(model), p), "the weights")
         os.replace(tmp, path)
-    except SafetensorError as e:  # e.g. a full disk: an OSError, one line in the CLI
-        Path(tmp).unlink(missing_ok=True)
-        raise OSError(errno.EIO, f"cannot write the weights ({e})", str(path)) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -348,7 +355,6 @@ class RunDir:
                         meta: dict[str, Any] | None = None) -> None:
         """Write checkpoint folder ``which`` atomically: the weights, the training ``state``
         if given (tensors to safetensors, the rest to JSON), and ``meta`` in the manifest."""
-        from safetensors import SafetensorError
         from safetensors.torch import save_file
 
         def write(tmp: Path) -> None:
@@ -356,13 +362,8 @@ class RunDir:
             if state is not None:
                 tensors: dict[str, torch.Tensor] = {}
                 doc = flatten(state, tensors)
-                try:
-                    save_file(tensors, str(tmp / STATE_TENSORS))
-                except SafetensorError as e:  # e.g. a full disk: one line in the CLI
-                    raise OSError(errno.EIO, f"cannot write the training state ({e})",
-                                  str(tmp / STATE_TENSORS)) from None
-                _durable(tmp / STATE_TENSORS)
-                _umask_mode(tmp / STATE_TENSORS)
+                _write_tensors(tmp / STATE_TENSORS, lambda p: save_file(tensors, p),
+                               "the training state")
                 atomic_write_json(tmp / STATE_JSON, doc)
 
         write_dir_atomic(self.path / _checked(which), write, meta)
