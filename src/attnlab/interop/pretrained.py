@@ -353,7 +353,10 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, which: str = "
                          "(leave it out)")
     names = run.label_names if family == "encoder" else None
     # what the model reads around a text, so that the exported tokenizer adds it too
-    wrap = ("bos" if family == "encoder" and run.model.config.pools_first_token else
+    from ..decoding.classify import cls_id
+
+    cls = run.tokenizer is not None and cls_id(run.tokenizer, run.model.config) is not None
+    wrap = ("bos" if family == "encoder" and cls else
             "bos eos" if family == "encoder_decoder" and run.data.get("src_add_special") else "")
     hf = to_hf(run.model.float(), label_names=names, tokenizer=run.tokenizer,
                encoder_only=encoder_only)
