@@ -100,6 +100,9 @@ def step_speed(args) -> dict:
     task = build_task(rc)
     cfg = task.model_config
     models = {"attnlab": build_model(cfg), "hf_gpt2": hf_model(cfg)}
+    if args.sdpa == "auto":  # the same model with attention through SDPA (fp32 flash)
+        torch.manual_seed(0)
+        models["attnlab_sdpa"] = build_model(cfg)
 
     def measure() -> str:  # "auto" as the trainer resolves it: its probe, the same cache key
         x, y = task.next_batch()
@@ -126,8 +129,9 @@ def step_speed(args) -> dict:
 
     kernels = sdpa_backends(args.sdpa)
 
-    def context():
-        return autocast(precision, torch.device("cpu"), kernels)
+    def context(name):
+        named = sdpa_backends("flash") if name == "attnlab_sdpa" else kernels
+        return autocast(precision, torch.device("cpu"), named)
 
     def step(name, i):
         model, opt = models[name], opts[name]
@@ -139,8 +143,8 @@ def step_speed(args) -> dict:
             opt.step()
             opt.zero_grad(set_to_none=True)
             return
-        with context():
-            if name == "attnlab":
+        with context(name):
+            if name.startswith("attnlab"):
                 logits, _ = model(x)
             else:
                 logits = model(input_ids=x).logits
@@ -166,6 +170,8 @@ def step_speed(args) -> dict:
     out["ms_hf"] = 1000 * times["hf_gpt2"] / n
     out["params_attnlab"] = sum(p.numel() for p in models["attnlab"].parameters())
     out["params_hf"] = sum(p.numel() for p in models["hf_gpt2"].parameters())
+    if "attnlab_sdpa" in models:
+        out["ms_attnlab_sdpa"] = 1000 * times["attnlab_sdpa"] / n
     if "nanogpt" in models:
         out["ms_nanogpt"] = 1000 * times["nanogpt"] / n
         out["params_nanogpt"] = sum(p.numel() for p in models["nanogpt"].parameters())
@@ -222,7 +228,14 @@ def main() -> None:
             if "nanogpt" in s:
                 print(f"| nanoGPT GPT (fp32, as its train.py on CPU) | {s['params_nanogpt']:,} "
                       f"| {s['ms_nanogpt']:.1f} | {s['nanogpt']:,.0f} |")
+            if "attnlab_sdpa" in s:
+                print(f"| attnlab DecoderLM, attention through SDPA (fp32 flash) | "
+                      f"{s['params_attnlab']:,} | {s['ms_attnlab_sdpa']:.1f} | "
+                      f"{s['attnlab_sdpa']:,.0f} |")
             print(f"attnlab / HF tokens/s: {s['attnlab'] / s['hf_gpt2']:.2f}x")
+            if "attnlab_sdpa" in s:
+                print(f"attnlab / attnlab through SDPA tokens/s: "
+                      f"{s['attnlab'] / s['attnlab_sdpa']:.2f}x")
             if "nanogpt" in s:
                 print(f"attnlab / nanoGPT tokens/s: {s['attnlab'] / s['nanogpt']:.2f}x "
                       f"({args.clock} clock)")

@@ -167,8 +167,8 @@ def test_attention_kernel_choice():
 
     from attnlab.train.precision import sdpa_backends
 
-    # torch's choice at every precision and length; short bf16 sequences on a CPU run in fp32
-    # (attnlab.nn.fused_attention)
+    # torch's choice at every precision and length (short bf16 sequences on a CPU: see
+    # attnlab.nn.fused_attention); a named kernel is the only one SDPA may use
     assert sdpa_backends("auto") is None
     assert sdpa_backends("flash") == [SDPBackend.FLASH_ATTENTION]
     assert sdpa_backends("math") == [SDPBackend.MATH]

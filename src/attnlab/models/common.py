@@ -138,8 +138,7 @@ class Decoder(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, positions: Tensor | None = None,
-                cache: KVCache | None = None, capture: Collection[int] = (),
-                is_causal: bool = True,
+                cache: KVCache | None = None, capture: Collection[int] = (), is_causal: bool = True,
                 ) -> tuple[Tensor, dict[int, Tensor], dict[int, Tensor]]:
         """x (B, T, D), memory (B, S, D) -> (B, T, D), {layer: self weights}, {layer: cross}.
 
@@ -187,11 +186,8 @@ def key_mask(valid: Tensor | None) -> Tensor | None:
 
 def token_loss(logits: Tensor, targets: Tensor, pad_id: int | None = None,
                label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
-    """Cross-entropy over tokens; targets equal to ``IGNORE_INDEX`` or ``pad_id`` do not count.
-
-    logits (..., V), targets (...). ``reduction="sum"`` lets the training loop normalise by the
-    token count of several micro-batches.
-    """
+    """Cross-entropy of logits (..., V) for targets (...); ``IGNORE_INDEX`` and ``pad_id``
+    targets do not count. ``reduction="sum"``: the loop normalises over several micro-batches."""
     targets = targets.reshape(-1)
     if pad_id is not None:
         targets = targets.masked_fill(targets == pad_id, IGNORE_INDEX)
@@ -204,10 +200,8 @@ def init_weights(model: nn.Module, cfg: ModelConfig, n_layers: int) -> None:
     """GPT-2 style init: N(0, init_std) weights, zero biases, the projections that write into
     the residual stream (attention ``out_proj``, FFN ``w2``) scaled by 1/sqrt(2L) unless
     ``init_residual_scale`` is off; embeddings N(0, D^-1/2) when they are multiplied by sqrt(D).
-
-    The 1/sqrt(2L) scaling keeps deep stacks stable (GPT-2); for the 4-layer, 128-wide
-    char-level model of ``configs/shakespeare_char_cpu.toml`` plain N(0, 0.06) without it ends
-    2000 steps ~0.14 lower in val loss (the sweep is in benchmarks/README.md)."""
+    (1/sqrt(2L) keeps deep stacks stable; the small char model of ``shakespeare_char_cpu`` ends
+    ~0.14 lower without it, at N(0, 0.06): benchmarks/README.md.)"""
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
             std = cfg.init_std

@@ -34,9 +34,8 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         if config.family != "encoder_decoder":
-            raise ValueError(
-                f"Transformer needs family='encoder_decoder', got family={config.family!r}"
-            )
+            raise ValueError(f"Transformer needs family='encoder_decoder', "
+                             f"got family={config.family!r}")
         self.config = config
         self.src_emb = Embeddings(config.vocab_size, config)
         self.tgt_emb = Embeddings(config.tgt_vocab, config)

@@ -9,6 +9,7 @@ Masks are bool, ``True`` = may attend; a query row with nothing to attend gives 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -20,7 +21,7 @@ from .dtypes import LOW_PRECISION, upcast
 from .masks import as_4d, causal_mask
 from .positional import RotaryEmbedding, padded_positions
 
-# Longest sequence for which low-precision attention on a CPU runs in fp32 (fused_attention).
+# Longest sequence for which low-precision attention on a CPU avoids SDPA (fused_attention).
 SHORT_CPU_SEQ = 128
 
 
@@ -73,19 +74,38 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         is_causal = False
     if q.device.type == "cpu" and q.dtype in LOW_PRECISION and t == s <= SHORT_CPU_SEQ:
         # bf16/fp16 on a CPU, whole short sequences (training, evaluation, a prompt): torch's
-        # math kernel upcasts them to fp32 itself but is 3-4x slower than the flash one, whose
-        # low-precision backward is itself several times slower than its fp32 one at these
-        # lengths (benchmarks/README.md). Same fp32 arithmetic as the math kernel, fastest
-        # kernel. (One-token decoding steps, t < s, keep the low-precision cache as it is.)
-        # Autocast is off inside: it would cast the fp32 inputs back down.
+        # kernels are slow here (math upcasts; flash's low-precision backward is several times
+        # its fp32 one; benchmarks/README.md). Unmasked, with torch's kernel choice left open:
+        # two bmm in this dtype; else fp32 flash, autocast off (it would cast the inputs back).
+        own = torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+        if mask is None and own:
+            return _short_attention(q, k, v, dropout_p, is_causal)
         with torch.autocast("cpu", enabled=False):
-            out = F.scaled_dot_product_attention(
-                q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=dropout_p,
-                is_causal=is_causal)
+            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                                 dropout_p=dropout_p, is_causal=is_causal)
         return out.to(q.dtype)  # (B, H, T, Dh)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
     )
+
+
+@functools.lru_cache(maxsize=16)
+def _score_bias(t: int, dtype: torch.dtype, is_causal: bool) -> Tensor:
+    """(T, T): 0, and -inf above the diagonal if causal (made outside inference mode: the
+    cached tensor serves training too)."""
+    with torch.inference_mode(False):
+        return torch.zeros(t, t, dtype=dtype).masked_fill(~causal_mask(t) & is_causal, -math.inf)
+
+
+def _short_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float,
+                     is_causal: bool) -> Tensor:
+    """:func:`fused_attention` of unmasked (B, H, T, Dh) in their own dtype, as two bmm."""
+    b, h, t, dh = q.shape
+    q, k, v = (x.reshape(b * h, t, -1) for x in (q, k, v))
+    scores = torch.baddbmm(_score_bias(t, q.dtype, is_causal), q, k.transpose(1, 2),
+                           alpha=1 / math.sqrt(dh))  # (B*H, T, T)
+    weights = F.dropout(torch.softmax(scores, dim=-1), dropout_p, training=dropout_p > 0)
+    return (weights @ v).view(b, h, t, -1)  # (B, H, T, Dh)
 
 
 class KVCache:

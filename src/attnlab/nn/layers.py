@@ -36,8 +36,7 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        # F.layer_norm computes exactly the formula above in one fused kernel; the written-out
-        # version is `reference` below, tested equal.
+        # the formula above in one fused kernel; written out: `reference` below, tested equal
         return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
 
     def reference(self, x: Tensor) -> Tensor:
@@ -136,18 +135,9 @@ class EncoderLayer(_Block):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """One encoder layer.
-
-        Args:
-            x: the residual stream. mask: bool, True = may attend. positions: for rope.
-            need_weights: also return the attention weights (the written-out path).
-
-        Shape:
-            x (B, S, D); mask broadcastable to (B, H, S, S); positions (S,) or (B, S).
-
-        Returns:
-            the new residual stream (B, S, D) and the weights (B, H, S, S) or None.
-        """
+        """Residual stream x (B, S, D) -> (B, S, D), and the attention weights (B, H, S, S) if
+        ``need_weights`` (the written-out path) else None. ``mask``: bool, True = may attend,
+        broadcastable to (B, H, S, S); ``positions`` (S,) or (B, S), for rope."""
         h = self.norm1(x) if self.pre_norm else x
         attn = self.self_attn(h, mask=mask, positions=positions, need_weights=need_weights)
         x = self.residual(x, attn.output, self.norm1)
@@ -176,22 +166,13 @@ class DecoderLayer(_Block):
                 memory_mask: Tensor | None = None, is_causal: bool = True,
                 positions: Tensor | None = None, cache: KVCache | None = None, layer: int = 0,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """One decoder layer.
+        """Residual stream x (B, T, D) -> (B, T, D), and if ``need_weights`` (the written-out
+        path) the self- and cross-attention weights (B, H, T, T_total), (B, H, T, S), else None.
 
-        Args:
-            x: the residual stream. memory: the encoder output (needed iff ``cross``).
-            self_mask, memory_mask: bool, True = may attend (added to the causal mask).
-            is_causal: mask later target positions (language models, translation).
-            positions: for rope. cache: keys/values of earlier steps; ``layer``: its index.
-            need_weights: also return the attention weights (the written-out path).
-
-        Shape:
-            x (B, T, D); memory (B, S, D); self_mask broadcastable to (B, H, T, T_total);
-            memory_mask to (B, H, T, S); positions (T,) or (B, T).
-
-        Returns:
-            the residual stream (B, T, D) and, if asked, the self- and cross-attention weights
-            (B, H, T, T_total) and (B, H, T, S), else None.
+        ``memory`` (B, S, D): the encoder output (needed iff ``cross``). ``self_mask`` (to (B, H,
+        T, T_total)), ``memory_mask`` (to (B, H, T, S)): bool, True = may attend, added to the
+        causal mask (``is_causal``: later target positions hidden). ``positions`` (T,) or (B,
+        T), for rope; ``cache``: keys/values of earlier steps, ``layer`` its index.
         """
         h = self.norm1(x) if self.pre_norm else x
         attn = self.self_attn(h, mask=self_mask, is_causal=is_causal, positions=positions,

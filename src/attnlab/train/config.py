@@ -109,8 +109,8 @@ class TrainConfig:
     precision: Precision = "auto"  # auto: bf16 on CUDA; on a CPU the faster of fp32/bf16, measured
     compile: bool = False  # torch.compile the model (falls back to eager with a warning)
     threads: int = 0  # CPU threads for torch (torch.set_num_threads); 0 = torch's default
-    sdpa_backend: SdpaBackend = "auto"  # auto = torch's choice (short bf16 sequences on a CPU
-    # run in fp32 there: attnlab.nn.attention.fused_attention, benchmarks/README.md)
+    sdpa_backend: SdpaBackend = "auto"  # auto = torch's choice (short bf16 sequences on a CPU:
+    # attnlab.nn.attention.fused_attention's own two matmuls or fp32 flash; benchmarks/README.md)
     max_steps: int = 2000
     batch_size: int = 12  # sequences / sentences per optimizer micro-step, over all processes
     block_size: int = 0  # LM context; 0 = model.max_len

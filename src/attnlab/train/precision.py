@@ -50,10 +50,10 @@ def autocast(precision: str, device: torch.device,
 
 def sdpa_backends(name: str) -> list | None:
     """The attention kernels ``F.scaled_dot_product_attention`` may pick (None = torch's own
-    choice). ``auto`` is torch's choice: on a CPU under bf16, sequences up to
-    :data:`attnlab.nn.attention.SHORT_CPU_SEQ` positions are computed in fp32
-    (:func:`attnlab.nn.attention.fused_attention`), where the flash kernel is the fastest
-    (benchmarks/README.md)."""
+    choice). ``auto`` is torch's choice, except on a CPU under bf16 for sequences up to
+    :data:`attnlab.nn.attention.SHORT_CPU_SEQ` positions, where every SDPA kernel is slow
+    (:func:`attnlab.nn.attention.fused_attention`: two bf16 matrix products without a mask,
+    fp32 flash with one; benchmarks/README.md). A named kernel is used as named."""
     from torch.nn.attention import SDPBackend
 
     if name == "auto":
