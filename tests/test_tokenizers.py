@@ -100,6 +100,10 @@ def test_bpe_whitespace_pre_tokenizer() -> None:
     tok = BPETokenizer.train(CORPUS, vocab_size=80, pre_tokenizer="whitespace")
     assert tok.decode(tok.encode("the lazy fox , said")) == "the lazy fox , said"
     assert tok.encode("Ω") == [tok.unk_id]
+    # plot labels: a word's last piece carries the space marker, never the "</w>" suffix
+    labels = tok.token_strings(tok.encode("the lazy fox , said"))
+    assert "".join(labels) == "the␣lazy␣fox␣,␣said␣" and not any("</w>" in t for t in labels)
+    assert tok.token_strings([tok.unk_id, tok.pad_id]) == ["<unk>", "<pad>"]
 
 
 def test_bpe_bad_arguments() -> None:

@@ -285,6 +285,12 @@ class BPETokenizer(_HFTokenizer):
         hf.train_from_iterator(texts, trainer=trainer)
         return cls(hf, {r: t for r, t in _ROLE_NAMES.items() if t in specials}, byte_level)
 
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        # whitespace BPE marks a word's last piece with "</w>", where decoding puts a space:
+        # shown as the space marker of the others ("fox</w>" -> "fox␣")
+        return [t[:-4] + "␣" if t.endswith("</w>") and not self._byte_level else t
+                for t in super().token_strings(ids)]
+
 
 def _package_file(package: str, relpath: str, pip_name: str) -> Path:
     """Path of a data file inside an installed package, without importing the package."""
