@@ -155,6 +155,25 @@ def test_resume_continues_the_logged_losses(text, tmp_path, capsys):
     assert len(a) == 4
 
 
+def test_resume_drops_a_log_row_cut_after_the_checkpoint(text, tmp_path):
+    # a kill or a full disk cut the row of step 3 (after last/ was saved at step 2) mid-number
+    run = tmp_path / "b"
+    assert main(lm_args(text, run, 2, "--set", "train.decay_steps=4",
+                        "--set", "train.log_every=1")) == 0
+    with (run / "metrics.csv").open("a", encoding="utf-8") as f:
+        f.write("3,2.9e")  # no newline: the write never finished
+    with pytest.raises(ValueError, match="line 4"):  # as it is, the log does not parse
+        read_metrics(run / "metrics.csv")
+    assert main(["train", "--out", str(run), "--resume", "--set", "train.max_steps=4"]) == 0
+    rows = read_metrics(run / "metrics.csv")
+    assert [r["step"] for r in rows if r["train_loss"] is not None] == [1, 2, 3, 4]
+    a = tmp_path / "a"
+    assert main(lm_args(text, a, 4, "--set", "train.decay_steps=4",
+                        "--set", "train.log_every=1")) == 0
+    assert [r["train_loss"] for r in read_metrics(a / "metrics.csv")] == \
+        [r["train_loss"] for r in rows]
+
+
 def digest(folder):
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}

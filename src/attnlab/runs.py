@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import io
 import json
 import os
 import shutil
@@ -229,13 +230,17 @@ def load_weights(model: nn.Module, path: Path) -> None:
 
 
 # ---- metrics.csv ---------------------------------------------------------------------------------
-def read_metrics(path: str | Path) -> list[dict[str, int | float | None]]:
+def read_metrics(path: str | Path, complete: bool = False) -> list[dict[str, int | float | None]]:
     """The rows of a metrics log: one dict per row in header order, ``step`` as int, other
     cells as floats, empty cells as None. A header without ``step``, an empty step cell or a
-    cell that is not a number raises ``ValueError`` naming the line and column."""
+    cell that is not a number raises ``ValueError`` naming the line and column. ``complete``:
+    leave out a last line without its newline (a row cut by a kill or a full disk)."""
     path = Path(path)
     with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
+        text = f.read()
+        if complete and not text.endswith("\n"):
+            text = text[:text.rfind("\n") + 1]
+        reader = csv.reader(io.StringIO(text))
         header = [h.strip() for h in next(reader, [])]
         if "step" not in header:
             raise ValueError(f"{path} must have a header with 'step'; got header {header}")

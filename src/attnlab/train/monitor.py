@@ -58,7 +58,7 @@ class Monitor:
 
     def _start_csv(self, path: Path, start: int) -> None:
         """A fresh header, or on resume the rows up to ``start`` (written atomically)."""
-        rows = read_metrics(path) if start > 0 and path.is_file() else []
+        rows = read_metrics(path, complete=True) if start > 0 and path.is_file() else []
         kept = [r for r in rows if tuple(r) == self.columns and r["step"] <= start]
         buf = io.StringIO()
         w = csv.writer(buf)
