@@ -315,7 +315,12 @@ EXPECT = {
 }
 
 
-@pytest.mark.parametrize("row", ROW_IDS)
+NEEDS_NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(),
+                                   reason="asks for CUDA where there is none: this machine has it")
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, marks=NEEDS_NO_CUDA) if "cuda_on_cpu" in r else r
+                                 for r in ROW_IDS])
 def test_bad_input_is_one_line_exit_2_nothing_changed(row, env, capsys):
     argv = _rows(env)[row]
     base = env["base"]

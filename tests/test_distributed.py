@@ -21,7 +21,8 @@ def command(text, out):
     return ["train", "--set", "data.name=text", "--set", f"data.path={text}",
             "--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.n_layers=1",
             "--set", "model.max_len=16", "--set", "model.dropout=0.0",
-            "--set", "train.precision=fp32", "--set", "train.progress=false",
+            "--set", "train.precision=fp32", "--set", "train.device='cpu'",
+            "--set", "train.progress=false",
             "--set", "train.tensorboard=false", "--set", "train.batch_size=6",
             "--set", "train.grad_accum=2", "--set", "train.max_steps=3",
             "--set", "train.log_every=1", "--set", "train.eval_every=0",
@@ -48,7 +49,7 @@ def test_two_processes_equal_one_process_on_the_same_global_batch(tmp_path):
     text.write_text(TEXT)
     run(command(text, tmp_path / "one"), 1, tmp_path)
     ddp = run(command(text, tmp_path / "two"), 2, tmp_path)
-    assert "2 processes" in ddp.stderr
+    assert "2 processes (DDP, gloo)" in ddp.stderr
     # the second process keeps quiet (its lines repeated the first's); errors would still show
     assert ddp.stderr.count("training a decoder-only model") == 1, ddp.stderr[-3000:]
     one = read_metrics(tmp_path / "one" / "metrics.csv")
@@ -65,6 +66,28 @@ def test_two_processes_equal_one_process_on_the_same_global_batch(tmp_path):
     # only rank 0 wrote: the run dirs hold the same files
     assert sorted(p.name for p in (tmp_path / "one").iterdir()) == \
         sorted(p.name for p in (tmp_path / "two").iterdir())
+
+
+@pytest.mark.slow
+def test_one_process_under_torchrun_goes_through_ddp_and_trains_the_same(tmp_path):
+    """As in nanoGPT, torchrun with one process joins a process group and wraps the model in
+    DDP (the path of K processes, and of one GPU with nccl); it trains what a plain process
+    trains."""
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    plain = run(command(text, tmp_path / "one"), 1, tmp_path)
+    script = tmp_path / "attnlab_main.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ATTNLAB_CACHE_DIR": str(tmp_path / "cache")}
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node=1", str(script), *command(text, tmp_path / "ddp")],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "1 process (DDP, gloo)" in ddp.stderr, ddp.stderr[-3000:]
+    assert "DDP" not in plain.stderr
+    one = read_metrics(tmp_path / "one" / "metrics.csv")
+    two = read_metrics(tmp_path / "ddp" / "metrics.csv")
+    assert [r["train_loss"] for r in one] == pytest.approx([r["train_loss"] for r in two],
+                                                            abs=1e-6)
 
 
 @pytest.mark.slow

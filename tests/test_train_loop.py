@@ -27,8 +27,9 @@ PAIRS = [(f"ein {w} hund {i}", f"a {w} dog {i}") for i, w in
 SENTENCES = [(f"a {'good' if i % 2 else 'bad'} movie number {i}", i % 2) for i in range(60)]
 
 TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "dropout": 0.1, "norm": "pre"}
-TRAIN = {"precision": "fp32", "progress": False, "tensorboard": False, "log_every": 1,
-         "warmup_steps": 2, "lr": 3e-3, "seed": 3}
+# the training loop on a CPU (tests/test_cuda.py has the device's own tests)
+TRAIN = {"device": "cpu", "precision": "fp32", "progress": False, "tensorboard": False,
+         "log_every": 1, "warmup_steps": 2, "lr": 3e-3, "seed": 3}
 
 
 def lm_dict(tmp_path, **train) -> dict:
@@ -397,6 +398,19 @@ def test_resolve_device_is_the_one_check_of_a_device_name():
             resolve_device("cuda", flag="--device")
 
 
+def test_more_torchrun_processes_than_gpus_is_one_line(monkeypatch):
+    from attnlab.train.distributed import DistInfo
+    from attnlab.train.loop import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("auto", DistInfo(0, 2, 0, True)) == torch.device("cuda:0")
+    with pytest.raises(ValueError, match=r"train.device 'auto': torchrun started process 1 of "
+                       r"this machine, which has 1 CUDA device\(s\); allowed: "
+                       r"--nproc_per_node <= 1, or train.device='cpu'"):
+        resolve_device("auto", DistInfo(1, 2, 1, True))
+
+
 def test_the_synthetic_validation_set_does_not_depend_on_the_batch_size(tmp_path):
     def rows(size):
         rc = RunConfig.from_dict({"model": {**TINY, "max_len": 16},
@@ -468,7 +482,7 @@ def test_a_resumed_auto_run_that_trained_in_fp16_elsewhere_measures_again_on_a_c
         manifest = tmp_path / "run" / which / "manifest.json"
         manifest.write_text(json.dumps({**json.loads(manifest.read_text()),
                                         "precision": "fp16"}))
-    assert evaluate_run(tmp_path / "run", checkpoint="best")["precision"] == "fp32"
+    assert evaluate_run(tmp_path / "run", checkpoint="best", device="cpu")["precision"] == "fp32"
     bounded = []
     monkeypatch.setattr(precision, "bound_kernel_caches", lambda *a: bounded.append(1))
     monkeypatch.setattr(loop, "fastest", lambda *a, **k: "bf16")

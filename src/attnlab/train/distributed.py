@@ -1,10 +1,12 @@
 """Data-parallel training under ``torchrun``: process group set-up, batch sharding, reductions.
 
 The same ``attnlab train`` command runs as one process or as K under
-``torchrun --nproc_per_node=K``; ``WORLD_SIZE`` in the environment switches DDP on (gloo on
-CPU, nccl on CUDA). Every process draws the same global micro-batch from the same seeded
-generator and keeps its own rows (:func:`shard`), so K processes train exactly the model one
-process would train on the whole batch. Only rank 0 writes files.
+``torchrun --nproc_per_node=K``; torchrun's ``RANK`` and ``WORLD_SIZE`` in the environment
+switch DDP on (gloo on CPU, nccl on CUDA), for K = 1 too, as in nanoGPT: one process under
+torchrun goes through the process group and DDP, the path K processes take. Every process
+draws the same global micro-batch from the same seeded generator and keeps its own rows
+(:func:`shard`), so K processes train exactly the model one process would train on the whole
+batch. Only rank 0 writes files.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    launched: bool = False  # started by torchrun (one process included)
 
     @property
     def enabled(self) -> bool:
-        return self.world_size > 1
+        return self.world_size > 1 or self.launched
 
     @property
     def is_main(self) -> bool:
@@ -38,7 +41,8 @@ class DistInfo:
 def env_info() -> DistInfo:
     """Rank and world size from torchrun's environment variables."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    return DistInfo(int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0")))
+    return DistInfo(int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0")),
+                    launched="RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
 def init_distributed(device_type: str) -> DistInfo:
@@ -50,6 +54,14 @@ def init_distributed(device_type: str) -> DistInfo:
             torch.cuda.set_device(info.local_rank)
         dist.init_process_group(backend=backend)
     return info
+
+
+def describe(info: DistInfo) -> str:
+    """", K processes (DDP, backend)" for the start-of-run line; "" without torchrun."""
+    if not info.enabled:
+        return ""
+    backend = dist.get_backend() if dist.is_initialized() else "no process group"
+    return f", {info.world_size} process{'es' * (info.world_size > 1)} (DDP, {backend})"
 
 
 def cleanup() -> None:

@@ -41,6 +41,7 @@ def resolve_device(name: str, info: DistInfo | None = None,
     ``auto`` = CUDA (this process's GPU under torchrun), else MPS, else CPU. A name that is no
     device, or a device this machine does not have, raises ``ValueError`` naming the allowed
     ones."""
+    asked = name
     if name == "auto":
         if torch.cuda.is_available():
             name = "cuda"
@@ -69,6 +70,11 @@ def resolve_device(name: str, info: DistInfo | None = None,
         raise ValueError(f"{flag} {name!r} but MPS is not available here; allowed: "
                          f"{', '.join(allowed)}")
     if name == "cuda" and info is not None and info.enabled:
+        if info.local_rank >= torch.cuda.device_count():  # torchrun: one GPU per process
+            raise ValueError(f"{flag} {asked!r}: torchrun started process {info.local_rank} of "
+                             f"this machine, which has {torch.cuda.device_count()} CUDA "
+                             f"device(s); allowed: --nproc_per_node <= "
+                             f"{torch.cuda.device_count()}, or {flag}='cpu'")
         return torch.device(f"cuda:{info.local_rank}")
     return dev
 
@@ -202,7 +208,8 @@ class Trainer:
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over ``grad_accum`` micro-batches; (mean loss, targets)."""
-        micro = [tuple(t.to(self.device, non_blocking=True)
+        pin = self.device.type == "cuda"  # a pinned copy is asynchronous: the GPU keeps busy
+        micro = [tuple((t.pin_memory() if pin else t).to(self.device, non_blocking=True)
                        for t in shard(self.task.next_batch(), self.info))
                  for _ in range(self.cfg.grad_accum)]
         loss, n = self.accumulate(micro)

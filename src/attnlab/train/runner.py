@@ -22,7 +22,7 @@ from ..runs import RunDir, RunError, load_run
 from ..tasks import build_task, task_class
 from ..tokenizers import Tokenizer
 from .config import RunConfig
-from .distributed import DistInfo, cleanup, init_distributed
+from .distributed import DistInfo, cleanup, describe, env_info, init_distributed
 from .finetune import (
     check_covers,
     init_config,
@@ -142,7 +142,7 @@ def train_run(rc: RunConfig, run_dir: str | Path, resume: bool = False) -> RunOu
 
     A call that fails before it wrote a file leaves no new folder behind."""
     run = RunDir(run_dir)
-    info = init_distributed(resolve_device(rc.train.device).type)
+    info = init_distributed(resolve_device(rc.train.device, env_info()).type)
     created = _first_missing(run.path) if info.is_main else None
     try:
         return _train_run(rc, run, resume, info)
@@ -193,7 +193,7 @@ def _train_run(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> RunO
     log.info("training %s model (%.2fM parameters) on %s, %s, %s%s",
              FAMILY_WORDS.get(resolved.model.family, resolved.model.family),
              n_params / 1e6, trainer.device, trainer.precision, resolved.data.name,
-             f", {info.world_size} processes" if info.enabled else "")
+             describe(info))
     if info.is_main:
         for warning in schedule_warnings(resolved.train):
             log.warning("%s", warning)
