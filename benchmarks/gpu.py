@@ -15,8 +15,10 @@ On one device, in one run:
    scratch copy ``benchmarks/.peers/nanogpt`` that ``run_all.py`` prepares; its iteration
    times are read from its log, the first iterations dropped as warm-up);
 2. sampling: greedy decoding of a GPT-2-small-shaped model (V = 50257) against HF
-   ``generate`` with the same weights, batch 1 and 32;
-3. ``pytest`` on the device (the CUDA-only tests run there).
+   ``generate`` with the same weights, fp32 and bf16, batch 1 and 32;
+3. ``pytest`` on the device: the whole suite, ``tests/test_cuda.py``'s device tests included
+   (flash attention, fp16 with a GradScaler, nccl with one process), in parallel where
+   pytest-xdist is installed.
 
 Prints one table naming the device. ``--tiny`` shrinks every shape (for CPU smoke runs; the
 same code paths, flash attention included, except ``torch.compile``). nanoGPT's scratch copy
@@ -97,18 +99,39 @@ def char_data(args) -> torch.Tensor:
     return torch.tensor([stoi[c] for c in text[: int(0.9 * len(text))]], dtype=torch.long)
 
 
-def train_attnlab(args, device: torch.device) -> dict:
+def attnlab_model(s: dict) -> torch.nn.Module:
     from attnlab import ModelConfig, build_model
 
-    s = shapes(args)
-    data = char_data(args)
-    vocab = 65
-    cfg = ModelConfig(family="decoder", vocab_size=vocab, d_model=s["d"], n_heads=s["heads"],
+    cfg = ModelConfig(family="decoder", vocab_size=65, d_model=s["d"], n_heads=s["heads"],
                       n_layers=s["layers"], max_len=s["block"], dropout=0.0, norm="pre",
                       ffn="gelu", pos="learned", bias=False, scale_embeddings=False,
                       tie_embeddings=True, pad_id=None)
+    return build_model(cfg)
+
+
+def nanogpt_model(s: dict, args) -> torch.nn.Module:
+    """nanoGPT's own GPT class (model.py of the scratch copy, unmodified), as its train.py
+    builds it for this data: the same shapes, no bias, no dropout."""
+    import importlib.util
+
+    from run_all import nanogpt_copy
+
+    path = nanogpt_copy(args.nanogpt, input_txt(args)) / "model.py"
+    spec = importlib.util.spec_from_file_location("nanogpt_model", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cfg = mod.GPTConfig(block_size=s["block"], vocab_size=65, n_layer=s["layers"],
+                        n_head=s["heads"], n_embd=s["d"], dropout=0.0, bias=False)
+    return mod.GPT(cfg)
+
+
+def train_attnlab(args, device: torch.device, which: str = "attnlab") -> dict:
+    """Tokens/s of ``which`` model (attnlab's DecoderLM, or nanoGPT's GPT class) in this
+    script's loop: nanoGPT's train.py step (micro-batches, clipping, fused AdamW)."""
+    s = shapes(args)
+    data = char_data(args)
     torch.manual_seed(0)
-    model = build_model(cfg).to(device)
+    model = (attnlab_model(s) if which == "attnlab" else nanogpt_model(s, args)).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95),
                             fused=device.type == "cuda")
@@ -122,28 +145,33 @@ def train_attnlab(args, device: torch.device) -> dict:
         ix = torch.randint(len(data) - s["block"] - 1, (s["batch"],), generator=gen)
         x = torch.stack([data[i:i + s["block"]] for i in ix])
         y = torch.stack([data[i + 1:i + 1 + s["block"]] for i in ix])
+        if device.type == "cuda":  # as nanoGPT: pinned, so the copies do not wait for the GPU
+            x, y = x.pin_memory(), y.pin_memory()
         return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
-    def context():
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        stack = contextlib.ExitStack()
-        if device.type == "cuda":
-            stack.enter_context(torch.autocast("cuda", dtype=torch.bfloat16))
-        # flash only: an error here, rather than a silent fallback, if the model's attention
-        # call does not qualify (CPU has a flash kernel too, so the smoke run checks this)
-        stack.enter_context(sdpa_kernel([SDPBackend.FLASH_ATTENTION]))
-        return stack
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" \
+            else contextlib.nullcontext()
 
     def step():
         for _ in range(s["accum"]):
             x, y = batch()
-            with context():
+            with autocast():
                 _, loss = fwd(x, y)
             (loss / s["accum"]).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    # Flash only, checked once, eagerly: an error here, rather than a silent fallback, if the
+    # model's attention call does not qualify (CPU has a flash kernel too, so the smoke run
+    # checks it). The timed steps leave the choice to torch, which takes flash first where it
+    # qualifies, as nanoGPT's train.py does: entering sdpa_kernel around every compiled
+    # forward made the step ~5% slower on an H200 (benchmarks/README.md).
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with torch.no_grad(), autocast(), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        model(*batch())
 
     for _ in range(args.warmup):
         step()
@@ -185,7 +213,10 @@ def train_nanogpt(args, device: torch.device) -> dict:
     return {"tokens_s": s["batch"] * s["block"] * s["accum"] / per_iter, "ms": 1000 * per_iter}
 
 
-def sampling(args, device: torch.device) -> list[tuple[int, float, float, bool]]:
+def sampling(args, device: torch.device) -> list[tuple[str, int, float, float, bool]]:
+    """Greedy tokens/s of attnlab and HF ``generate`` on the same weights, fp32 and bf16
+    weights, batch 1 and 32: (dtype, batch, HF, attnlab, same tokens)."""
+    import copy
     import logging
 
     from sample_speed import gpt2_like, hf_greedy, interleaved, ours_greedy, rates
@@ -197,23 +228,34 @@ def sampling(args, device: torch.device) -> list[tuple[int, float, float, bool]]
     model = gpt2_like(layers, d, heads, 1024).to(device)
     hf = gpt2_to_hf(model).to(device)
     n, out = args.sample_tokens, []
-    for batch in (1, 32):
-        prompt = torch.randint(0, 50257, (batch, 16),
-                               generator=torch.Generator().manual_seed(batch)).to(device)
-        # both return token lists, so each timed call ends after the device has finished
-        res = interleaved({"hf": hf_greedy(hf, prompt, n),
-                           "ours": ours_greedy(model, prompt, n)}, args.repeat)
-        rate = rates(res, batch * n)
-        out.append((batch, rate["hf"], rate["ours"], res["hf"][1] == res["ours"][1]))
+    for dtype in ("fp32", "bf16"):
+        if dtype == "bf16":
+            model, hf = (copy.deepcopy(m).to(torch.bfloat16) for m in (model, hf))
+        for batch in (1, 32):
+            prompt = torch.randint(0, 50257, (batch, 16),
+                                   generator=torch.Generator().manual_seed(batch)).to(device)
+            # both return token lists, so each timed call ends after the device has finished
+            res = interleaved({"hf": hf_greedy(hf, prompt, n),
+                               "ours": ours_greedy(model, prompt, n)}, args.repeat)
+            rate = rates(res, batch * n)
+            out.append((dtype, batch, rate["hf"], rate["ours"], res["hf"][1] == res["ours"][1]))
     return out
 
 
-def run_pytest(device: torch.device) -> str:
+def run_pytest(device: torch.device, workers: int) -> str:
+    """The whole suite (tests/test_cuda.py's device tests run where CUDA is), in ``workers``
+    processes when pytest-xdist is installed; the summary line and every failure's line."""
+    import importlib.util
+
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:warnings"],
-                         cwd=ROOT, capture_output=True, text=True, env=env)
-    tail = [line for line in out.stdout.strip().splitlines() if line.strip()]
-    return tail[-1] if tail else f"pytest exited {out.returncode}"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "-p", "no:cacheprovider"]
+    if workers > 1 and importlib.util.find_spec("xdist") is not None:
+        cmd += ["-n", str(workers)]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    lines = [line for line in out.stdout.strip().splitlines() if line.strip()]
+    failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    summary = lines[-1] if lines else f"pytest exited {out.returncode}"
+    return "\n".join([summary, *failed])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -230,8 +272,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--sample-tokens", type=int, default=128)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: train, nanogpt, "
-                   "sample, pytest")
+    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+                   help="pytest processes (pytest-xdist), for the test part")
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: train, "
+                   "nanogpt-model (nanoGPT's GPT class in this script's loop), nanogpt (its "
+                   "train.py), sample, pytest")
     args = p.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     device = torch.device(args.device)
@@ -241,27 +286,59 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     peak = peak_flops(device)
+    print(f"device: {device_name(device)}; torch {torch.__version__}"
+          f"{'; tiny shapes' if args.tiny else ''}", flush=True)
     rows = []
+
+    def show(name, peer, us, ratio):  # each row as soon as it is measured, and in the table
+        rows.append((name, peer, us, ratio))
+        print(f"  {name}: {peer} | {us} | {'-' if ratio is None else f'{ratio:.2f}x'}",
+              flush=True)
+
     ours = None
     if "train" not in skip:
-        ours = train_attnlab(args, device)
-        mfu = f"{100 * ours['tokens_s'] * ours['flops_per_token'] / peak:.1f}%" if peak else "-"
-        rows.append(("training tokens/s (MFU)", "-", f"{ours['tokens_s']:,.0f} ({mfu})", None))
+        try:
+            ours = train_attnlab(args, device)
+            mfu = f"{100 * ours['tokens_s'] * ours['flops_per_token'] / peak:.1f}%" \
+                if peak else "-"
+            ours["cell"] = f"{ours['tokens_s']:,.0f} ({mfu})"
+            show("training tokens/s (MFU)", "-", ours["cell"], None)
+            ours["row"] = rows[-1]
+            print(f"  attnlab: {ours['ms']:.1f} ms/iteration, {ours['params']:,} parameters",
+                  flush=True)
+        except Exception as exc:  # report, do not hide the other parts
+            show("training, attnlab", f"failed: {exc!r}"[:300], "-", None)
+    if "nanogpt-model" not in skip:  # the peer's model in this loop: the models alone
+        try:
+            nm = train_attnlab(args, device, which="nanogpt")
+            print(f"  nanoGPT's GPT class in this script's loop: {nm['ms']:.1f} ms/iteration",
+                  flush=True)
+            show("training tokens/s, both models in one loop", f"{nm['tokens_s']:,.0f} "
+                 "(nanoGPT's GPT)", f"{ours['tokens_s']:,.0f}" if ours else "-",
+                 ours["tokens_s"] / nm["tokens_s"] if ours else None)
+        except Exception as exc:
+            show("nanoGPT's model in this loop", f"failed: {exc!r}"[:300], "-", None)
     if "nanogpt" not in skip:
         try:
             ng = train_nanogpt(args, device)
             fpt = ours["flops_per_token"] if ours else None
             mfu = f"{100 * ng['tokens_s'] * fpt / peak:.1f}%" if (peak and fpt) else "-"
-            ratio = ours["tokens_s"] / ng["tokens_s"] if ours else None
-            rows[-1:] = [("training tokens/s (MFU)", f"{ng['tokens_s']:,.0f} ({mfu})",
-                          rows[-1][2] if ours else "-", ratio)]
-        except Exception as exc:  # report, do not hide the other parts
-            rows.append(("training vs nanoGPT", f"skipped: {exc}", "-", None))
+            print(f"  nanoGPT: {ng['ms']:.1f} ms/iteration", flush=True)
+            if ours:
+                rows.remove(ours["row"])  # the attnlab row, now with its peer
+            show("training tokens/s (MFU)", f"{ng['tokens_s']:,.0f} ({mfu}) (nanoGPT)",
+                 ours["cell"] if ours else "-",
+                 ours["tokens_s"] / ng["tokens_s"] if ours else None)
+        except Exception as exc:
+            show("training vs nanoGPT", f"failed: {exc!r}"[:300], "-", None)
     if "sample" not in skip:
-        for batch, hf, us, same in sampling(args, device):
-            rows.append((f"greedy sampling tokens/s, batch {batch}"
-                         f"{'' if same else ' (tokens differ)'}", f"{hf:,.0f} (HF generate)",
-                         f"{us:,.0f}", us / hf))
+        try:
+            for dtype, batch, hf, us, same in sampling(args, device):
+                show(f"greedy sampling tokens/s, {dtype}, batch {batch}"
+                     f"{'' if same else ' (tokens differ)'}", f"{hf:,.0f} (HF generate)",
+                     f"{us:,.0f}", us / hf)
+        except Exception as exc:
+            show("sampling", f"failed: {exc!r}"[:300], "-", None)
     print(f"\ndevice: {device_name(device)}; torch {torch.__version__}"
           f"{'; tiny shapes' if args.tiny else ''}")
     print("| measure | peer | attnlab | ratio |")
@@ -269,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, peer, us, ratio in rows:
         print(f"| {name} | {peer} | {us} | {'-' if ratio is None else f'{ratio:.2f}x'} |")
     if "pytest" not in skip:
-        print(f"\npytest on {device.type}: {run_pytest(device)}")
+        print(f"\npytest on {device.type}: {run_pytest(device, args.workers)}", flush=True)
 
 
 if __name__ == "__main__":
