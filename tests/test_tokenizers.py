@@ -332,3 +332,26 @@ def test_every_kind_exports_to_transformers(kind, tmp_path) -> None:
     assert (ref.pad_token_id, ref.model_max_length) == (tok.pad_id, 64)
     assert ref.mask_token_id == tok.mask_id
     assert load_hf_tokenizer(tmp_path).encode(text) == ids
+
+
+def test_whitespace_bpe_gives_each_character_the_same_id_in_every_process(tmp_path) -> None:
+    """HF's trainer numbers a whitespace BPE's alphabet (characters, with and without "</w>")
+    in its hash maps' order, which is new in each process: the same recipe gave another
+    embedding row to each character. Now specials, then the sorted alphabet, then the merges
+    in merge order. (Merges tied in count at the vocabulary's end are still chosen by the
+    trainer, which breaks ties in that order.)"""
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom attnlab.tokenizers import BPETokenizer\n"
+            "corpus = [f'the quick brown fox {i} jumps over the lazy dog; zebra quartz {i*7}'"
+            " for i in range(50)]\n"
+            "tok = BPETokenizer.train(corpus, vocab_size=120, pre_tokenizer='whitespace')\n"
+            "v = json.loads(tok.to_dict()['hf_json'])['model']['vocab']\n"
+            "print(json.dumps({t: i for t, i in v.items() if len(t.replace('</w>', '')) == 1 "
+            "or i < 4}))\n")
+    runs = [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                      text=True, check=True).stdout) for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2]
+    alphabet = sorted(t for t, i in runs[0].items() if i >= 4)
+    assert [runs[0][t] for t in alphabet] == list(range(4, 4 + len(alphabet)))

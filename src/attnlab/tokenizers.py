@@ -283,6 +283,8 @@ class BPETokenizer(_HFTokenizer):
                 special_tokens=specials, end_of_word_suffix="</w>",
                 show_progress=False)
         hf.train_from_iterator(texts, trainer=trainer)
+        if not byte_level:
+            hf = _stable_ids(hf, len(specials))
         return cls(hf, {r: t for r, t in _ROLE_NAMES.items() if t in specials}, byte_level)
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
@@ -290,6 +292,24 @@ class BPETokenizer(_HFTokenizer):
         # shown as the space marker of the others ("fox</w>" -> "fox␣")
         return [t[:-4] + "␣" if t.endswith("</w>") and not self._byte_level else t
                 for t in super().token_strings(ids)]
+
+
+def _stable_ids(hf: HFTokenizer, n_special: int) -> HFTokenizer:
+    """The same BPE with ids that depend only on the texts: the trainer numbers the alphabet of
+    a whitespace BPE (characters, with and without "</w>") in hash order, which differs from
+    process to process, so the same recipe gave another embedding row to each character. Here:
+    specials, the alphabet sorted, then each merge's result in merge order."""
+    spec = json.loads(hf.to_str())
+    vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
+    merged = list(dict.fromkeys("".join(m.split(" ") if isinstance(m, str) else m)
+                                for m in merges))
+    specials = sorted((t for t, i in vocab.items() if i < n_special), key=vocab.__getitem__)
+    alphabet = sorted(set(vocab) - set(specials) - set(merged))
+    order = [*specials, *alphabet, *merged]
+    if sorted(order) != sorted(vocab):  # not the layout this was written for: keep the trainer's
+        return hf
+    spec["model"]["vocab"] = {t: i for i, t in enumerate(order)}
+    return HFTokenizer.from_str(json.dumps(spec))
 
 
 def _package_file(package: str, relpath: str, pip_name: str) -> Path:
