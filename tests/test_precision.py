@@ -83,6 +83,18 @@ def test_probe_key_depends_on_the_model_the_batch_and_the_attention_kernels():
     assert a != prec.probe_key({"d_model": 64}, [(4, 16)], "math")
 
 
+def test_probe_key_tells_cpus_of_one_name_apart_by_their_bf16_units(monkeypatch):
+    """A VM's "AMD EPYC" names generations with and without avx512_bf16 (and Intel names
+    don't always say AMX): the measured answer of one must not be reused on the other."""
+    monkeypatch.setattr(prec, "cpu_model", lambda: "AMD EPYC")
+    monkeypatch.setattr(prec, "cpu_features", lambda: ["avx512_bf16", "avx512f", "avx2"])
+    with_bf16 = prec.probe_key({"d_model": 64}, [(4, 16)])
+    monkeypatch.setattr(prec, "cpu_features", lambda: ["avx512f", "avx2"])
+    assert prec.probe_key({"d_model": 64}, [(4, 16)]) != with_bf16
+    monkeypatch.undo()
+    assert set(prec.cpu_features()) <= set(prec.BF16_FLAGS)
+
+
 def test_processes_measure_unless_all_have_an_answer_and_then_take_the_same():
     """``reduce`` sums over processes; here it adds another process's cache state."""
     def other(state):  # the other process's votes: [fp32, bf16, miss]

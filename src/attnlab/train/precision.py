@@ -86,6 +86,21 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# the CPU flags that decide how fast bf16 runs: one model name ("AMD EPYC" in a VM) covers
+# generations with and without them, so the probe's answer is keyed on them too
+BF16_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512_fp16", "avx512f", "avx2")
+
+
+def cpu_features() -> list[str]:
+    """Which of :data:`BF16_FLAGS` this CPU has (``/proc/cpuinfo``; empty where unreadable)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in BF16_FLAGS if f in have]
+    return []
+
+
 def cache_file() -> Path:
     root = os.environ.get("ATTNLAB_CACHE_DIR") or Path.home() / ".cache" / "attnlab"
     return Path(root) / "precision.json"
@@ -110,11 +125,13 @@ def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
 
 def probe_key(model_config: dict[str, Any], batch_shapes: list[tuple[int, ...]],
               sdpa_backend: str = "auto", processes: int = 1) -> str:
-    """What the measured answer depends on: machine, torch, threads, model, (global) batch
-    shape, the attention kernels and the number of processes sharing the batch."""
+    """What the measured answer depends on: machine (model name and bf16-relevant flags),
+    torch, threads, model, (global) batch shape, the attention kernels and the number of
+    processes sharing the batch."""
     extra = [processes] if processes != 1 else []  # (one process: the keys of earlier caches)
-    text = json.dumps([cpu_model(), torch.__version__, torch.get_num_threads(), model_config,
-                       batch_shapes, sdpa_backend, *extra], sort_keys=True)
+    text = json.dumps([cpu_model(), cpu_features(), torch.__version__,
+                       torch.get_num_threads(), model_config, batch_shapes, sdpa_backend,
+                       *extra], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
