@@ -13,7 +13,8 @@ On one device, in one run:
    bf16 peak), against nanoGPT's own
    ``train.py`` with its default GPT-2 configuration on the same data (run unmodified from the
    scratch copy ``benchmarks/.peers/nanogpt`` that ``run_all.py`` prepares; its iteration
-   times are read from its log, the first iterations dropped as warm-up);
+   times are read from its log, the first iterations dropped as warm-up), and nanoGPT's
+   ``GPT`` class from the same copy in this script's loop (the two models alone, one loop);
 2. sampling: greedy decoding of a GPT-2-small-shaped model (V = 50257) against HF
    ``generate`` with the same weights, fp32 and bf16, batch 1 and 32;
 3. ``pytest`` on the device: the whole suite, ``tests/test_cuda.py``'s device tests included
