@@ -77,13 +77,18 @@ def bound_kernel_caches(capacity: int = 64) -> None:
         os.environ.setdefault(name, str(capacity))
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows."""
+def _cpuinfo(field: str) -> str | None:
+    """The value of ``field`` on the first line of ``/proc/cpuinfo`` that has it, or None."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(field):
                 return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 # the CPU flags that decide how fast bf16 runs: one model name ("AMD EPYC" in a VM) covers
@@ -93,12 +98,8 @@ BF16_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512_fp16", "avx512f", "
 
 def cpu_features() -> list[str]:
     """Which of :data:`BF16_FLAGS` this CPU has (``/proc/cpuinfo``; empty where unreadable)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                return [f for f in BF16_FLAGS if f in have]
-    return []
+    have = set((_cpuinfo("flags") or "").split())
+    return [f for f in BF16_FLAGS if f in have]
 
 
 def cache_file() -> Path:
