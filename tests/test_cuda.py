@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 from attnlab import ModelConfig, build_model
 from attnlab.decoding.lm import generate
 from attnlab.nn.attention import fused_attention, reference_attention
-from attnlab.nn.masks import padding_mask
-from attnlab.runs import read_metrics
+from attnlab.nn.masks import causal_mask, padding_mask
+from attnlab.runs import RunDir, read_metrics
 from attnlab.train import RunConfig, resolve_precision, train_run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -71,8 +71,6 @@ def test_the_gpu_kernels_equal_the_written_out_attention(dtype, case):
     got = torch.autograd.grad(out, (q, k, v), grad)
     ref_in = [x.detach().double().requires_grad_() for x in (q, k, v)]
     if causal:
-        from attnlab.nn.masks import causal_mask
-
         full = causal_mask(t, 128, device="cuda")
         mask = full if mask is None else mask & full
     ref = reference_attention(*ref_in, mask).output
@@ -105,9 +103,11 @@ def test_reduced_precision_training_on_the_gpu_learns(tmp_path, precision):
     assert losses[precision] < 0.8 * read_metrics(tmp_path / "fp32" / "metrics.csv")[0][
         "train_loss"]
     assert losses[precision] == pytest.approx(losses["fp32"], rel=0.1)
-    if precision == "fp16":
-        state = load_file(tmp_path / "fp16" / "last" / "model.safetensors")
-        assert all(t.dtype == torch.float32 for t in state.values())  # master weights
+    scaler = RunDir(tmp_path / precision).load_state("last")["scaler"]
+    if precision == "fp16":  # the loss scale goes into the checkpoint, for an exact resume
+        assert float(scaler["scale"]) > 0 and scaler["_growth_tracker"] >= 0
+    else:  # bf16 needs no loss scaling: the scaler is off
+        assert not scaler
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
