@@ -126,7 +126,7 @@ def nanogpt_model(s: dict, args) -> torch.nn.Module:
     return mod.GPT(cfg)
 
 
-def train_attnlab(args, device: torch.device, which: str = "attnlab") -> dict:
+def train_in_loop(args, device: torch.device, which: str = "attnlab") -> dict:
     """Tokens/s of ``which`` model (attnlab's DecoderLM, or nanoGPT's GPT class) in this
     script's loop: nanoGPT's train.py step (micro-batches, clipping, fused AdamW)."""
     s = shapes(args)
@@ -167,8 +167,9 @@ def train_attnlab(args, device: torch.device, which: str = "attnlab") -> dict:
     # Flash only, checked once, eagerly: an error here, rather than a silent fallback, if the
     # model's attention call does not qualify (CPU has a flash kernel too, so the smoke run
     # checks it). The timed steps leave the choice to torch, which takes flash first where it
-    # qualifies, as nanoGPT's train.py does: entering sdpa_kernel around every compiled
-    # forward made the step ~5% slower on an H200 (benchmarks/README.md).
+    # qualifies, as nanoGPT's train.py does: with sdpa_kernel entered around every compiled
+    # forward, two H200 runs measured 0.95x / 0.94x nanoGPT, without it 1.00x
+    # (benchmarks/README.md).
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with torch.no_grad(), autocast(), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
@@ -299,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     ours = None
     if "train" not in skip:
         try:
-            ours = train_attnlab(args, device)
+            ours = train_in_loop(args, device)
             mfu = f"{100 * ours['tokens_s'] * ours['flops_per_token'] / peak:.1f}%" \
                 if peak else "-"
             ours["cell"] = f"{ours['tokens_s']:,.0f} ({mfu})"
@@ -311,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
             show("training, attnlab", f"failed: {exc!r}"[:300], "-", None)
     if "nanogpt-model" not in skip:  # the peer's model in this loop: the models alone
         try:
-            nm = train_attnlab(args, device, which="nanogpt")
+            nm = train_in_loop(args, device, which="nanogpt")
             print(f"  nanoGPT's GPT class in this script's loop: {nm['ms']:.1f} ms/iteration",
                   flush=True)
             show("training tokens/s, both models in one loop", f"{nm['tokens_s']:,.0f} "
