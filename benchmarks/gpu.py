@@ -15,6 +15,9 @@ On one device, in one run:
    scratch copy ``benchmarks/.peers/nanogpt`` that ``run_all.py`` prepares; its iteration
    times are read from its log, the first iterations dropped as warm-up), and nanoGPT's
    ``GPT`` class from the same copy in this script's loop (the two models alone, one loop);
+   and ``attnlab train`` itself (the CLI's Trainer and data pipeline, in a subprocess, the
+   same model, data, batch and settings; tokens/s from its metrics log) against the same
+   ``train.py``;
 2. sampling: greedy decoding of a GPT-2-small-shaped model (V = 50257) against HF
    ``generate`` with the same weights, fp32 and bf16, batch 1 and 32;
 3. ``pytest`` on the device: the whole suite, ``tests/test_cuda.py``'s device tests included
@@ -192,6 +195,45 @@ def train_in_loop(args, device: torch.device, which: str = "attnlab") -> dict:
             "flops_per_token": flops_per_token, "params": n_params}
 
 
+def train_trainer(args, device: torch.device) -> dict:
+    """Tokens/s of ``attnlab train`` itself (the CLI, its Trainer and data pipeline, in a
+    subprocess) on the same model, data and batch shape: what a user gets, read from the
+    run's metrics log (one row per iteration; the first ``warmup`` rows dropped)."""
+    import tempfile
+
+    from attnlab.runs import read_metrics
+
+    s = shapes(args)
+    compiled = args.compile and not args.tiny
+    sets = {"model.family": '"decoder"', "model.n_layers": s["layers"],
+            "model.n_heads": s["heads"], "model.d_model": s["d"], "model.d_ff": 4 * s["d"],
+            "model.max_len": s["block"], "model.dropout": 0.0, "model.bias": "false",
+            "model.ffn": '"gelu"', "model.norm": '"pre"', "model.pos": '"learned"',
+            "model.scale_embeddings": "false", "model.tie_embeddings": "true",
+            "data.path": f'"{input_txt(args)}"', "data.tokenizer": '"char"',
+            "train.device": f'"{device}"', "train.compile": str(compiled).lower(),
+            "train.precision": '"bf16"' if device.type == "cuda" else '"fp32"',
+            "train.batch_size": s["batch"], "train.grad_accum": s["accum"],
+            "train.block_size": s["block"], "train.lr": 6e-4, "train.beta2": 0.95,
+            "train.max_steps": args.warmup + args.iters, "train.eval_every": 0,
+            "train.eval_batches": 1, "train.final_eval_batches": 1, "train.log_every": 1,
+            "train.progress": "false", "train.tensorboard": "false"}
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "attnlab", "train", "shakespeare_char", "--out",
+               str(Path(tmp) / "run")]
+        for key, value in sets.items():
+            cmd += ["--set", f"{key}={value}"]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])))
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if out.returncode != 0:
+            raise RuntimeError(f"attnlab train failed: {out.stderr.strip().splitlines()[-3:]}")
+        rows = read_metrics(Path(tmp) / "run" / "metrics.csv")
+    rates = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")][args.warmup:]
+    tokens_s = statistics.median(rates)
+    return {"tokens_s": tokens_s, "ms": 1000 * s["batch"] * s["block"] * s["accum"] / tokens_s}
+
+
 def train_nanogpt(args, device: torch.device) -> dict:
     from run_all import nanogpt_copy
 
@@ -277,6 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
                    help="pytest processes (pytest-xdist), for the test part")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: train, "
+                   "trainer (`attnlab train` itself, ratio to this script's loop), "
                    "nanogpt-model (nanoGPT's GPT class in this script's loop), nanogpt (its "
                    "train.py), sample, pytest")
     args = p.parse_args(argv)
@@ -297,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {name}: {peer} | {us} | {'-' if ratio is None else f'{ratio:.2f}x'}",
               flush=True)
 
-    ours = None
+    ours = ng = None
     if "train" not in skip:
         try:
             ours = train_in_loop(args, device)
@@ -333,6 +376,18 @@ def main(argv: list[str] | None = None) -> None:
                  ours["tokens_s"] / ng["tokens_s"] if ours else None)
         except Exception as exc:
             show("training vs nanoGPT", f"failed: {exc!r}"[:300], "-", None)
+    if "trainer" not in skip:  # the product's own training path, against nanoGPT's train.py
+        try:
+            tr = train_trainer(args, device)
+            vs_loop = f", {tr['tokens_s'] / ours['tokens_s']:.2f}x this script's loop" \
+                if ours else ""
+            print(f"  attnlab train (its Trainer): {tr['ms']:.1f} ms/iteration{vs_loop}",
+                  flush=True)
+            show("training tokens/s, `attnlab train` itself",
+                 f"{ng['tokens_s']:,.0f} (nanoGPT)" if ng else "-", f"{tr['tokens_s']:,.0f}",
+                 tr["tokens_s"] / ng["tokens_s"] if ng else None)
+        except Exception as exc:
+            show("`attnlab train`", f"failed: {exc!r}"[:300], "-", None)
     if "sample" not in skip:
         try:
             for dtype, batch, hf, us, same in sampling(args, device):
