@@ -3,7 +3,7 @@
     python benchmarks/sample_speed.py                 # the figures in benchmarks/README.md
     python benchmarks/sample_speed.py --quick         # a smaller, faster run
     python benchmarks/sample_speed.py --layers 4 --d-model 192 --heads 4 --vocab 65 \
-        --max-len 256 --skip-cache --no-bf16         # configs/shakespeare_char's shape
+        --max-len 256 --skip-cache --no-bf16 --ffn gelu  # configs/shakespeare_char's shape
     python benchmarks/sample_speed.py --only roofline --layers 12 --d-model 768 --heads 12 \
         --quality-run runs/lm --quality-text input.txt   # GPT-2 small; quality on a trained run
 
@@ -30,8 +30,8 @@
 All figures come from this one run on this machine; each rate of (b)-(c) is the median of
 ``--repeat`` interleaved rounds, each ratio the median (and range) of the per-round ratios;
 (a) times one run of each mode (full recomputation of 1024 tokens takes minutes). The model is
-GPT-2 shaped (pre-norm, learned positions, tanh-GELU, tied embeddings, vocabulary 50257 by
-default) with random weights: speed does not depend on the values.
+GPT-2 shaped (pre-norm, learned positions, tanh-GELU unless ``--ffn``, tied embeddings,
+vocabulary 50257 by default) with random weights: speed does not depend on the values.
 """
 
 from __future__ import annotations
@@ -50,11 +50,11 @@ from attnlab.decoding import generate, inference_layout
 
 
 def gpt2_like(layers: int, d_model: int, heads: int, max_len: int, vocab: int = 50257,
-              seed: int = 0) -> DecoderLM:
+              seed: int = 0, ffn: str = "gelu_tanh") -> DecoderLM:
     torch.manual_seed(seed)
     cfg = ModelConfig(family="decoder", vocab_size=vocab, d_model=d_model, n_heads=heads,
                       n_layers=layers, max_len=max_len, dropout=0.0, norm="pre",
-                      ffn="gelu_tanh", pos="learned", scale_embeddings=False, final_norm=True,
+                      ffn=ffn, pos="learned", scale_embeddings=False, final_norm=True,
                       pad_id=None)
     return DecoderLM(cfg).eval()
 
@@ -328,6 +328,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--d-model", type=int, default=384)
     p.add_argument("--heads", type=int, default=6)
     p.add_argument("--max-len", type=int, default=1280)
+    p.add_argument("--ffn", default="gelu_tanh", choices=["gelu_tanh", "gelu", "relu"],
+                   help="the feed-forward activation (GPT-2's tanh GELU by default; the "
+                   "shipped recipes train the exact one, 'gelu'); HF's model gets the same")
     p.add_argument("--vocab", type=int, default=50257,
                    help="vocabulary size (65 = the Tiny Shakespeare char recipes)")
     p.add_argument("--prompt-len", type=int, default=16)
@@ -367,10 +370,12 @@ def main(argv: list[str] | None = None) -> None:
     if "quality" in sections and not (args.quality_run and args.quality_text):
         p.error("section quality needs --quality-run RUN_DIR and --quality-text FILE")
     torch.set_num_threads(args.threads)
-    model = gpt2_like(args.layers, args.d_model, args.heads, args.max_len, args.vocab)
+    model = gpt2_like(args.layers, args.d_model, args.heads, args.max_len, args.vocab,
+                      ffn=args.ffn)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {args.layers} layers, d_model {args.d_model}, {args.heads} heads, "
-          f"vocab {args.vocab}, max_len {args.max_len}, {n_params / 1e6:.1f}M parameters; torch "
+          f"vocab {args.vocab}, max_len {args.max_len}, {args.ffn} feed-forward, "
+          f"{n_params / 1e6:.1f}M parameters; torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads")
     if "cache" in sections:
         section_cache(model, args)

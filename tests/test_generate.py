@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from _runs import char_tokenizer, tiny_classifier, tiny_lm
+from _runs import char_tokenizer, tiny_classifier, tiny_lm, tiny_seq2seq
 from attnlab.data.batching import pad
 from attnlab.decoding import (
     FINISHED,
     PackedLinear,
     Sampler,
     TextStream,
+    decoding_kernels,
     filter_logits,
     generate,
     generate_text,
@@ -23,6 +26,7 @@ from attnlab.decoding import (
     window_keep,
 )
 from attnlab.decoding.quant import check_inference_dtype
+from attnlab.decoding.translate import translate
 
 PROMPTS = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [20], [1, 2, 3, 4]]
 
@@ -299,6 +303,51 @@ def test_inference_layout_changes_memory_order_only():
     torch.testing.assert_close(model.head.weight, weight, rtol=0, atol=0)
     torch.testing.assert_close(last_logits(model, PROMPTS), logits, atol=1e-5, rtol=1e-5)
     assert generate(model, PROMPTS, 12, temperature=0) == before
+
+
+def _onednn_during_forwards(model) -> list[bool]:
+    """torch's oneDNN switch as each forward of ``model`` starts (a pre-hook records it)."""
+    seen: list[bool] = []
+    model.register_forward_pre_hook(lambda *_: seen.append(torch.backends.mkldnn.enabled))
+    return seen
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no "
+                    "oneDNN (mkldnn), so there is nothing to switch")
+def test_decoding_steps_run_without_onednn_on_fp32_cpu_models_only():
+    """`decoding_kernels`: oneDNN off during each step of an fp32 model on a CPU (its exact
+    GELU has a fixed cost of microseconds a call), on again between the steps (the caller's
+    code) and after; unchanged for bf16 parameters, whose matrix products need it. The
+    tokens are those of greedy decoding by full forwards with oneDNN on."""
+    assert torch.backends.mkldnn.enabled
+    model = tiny_lm(ffn="gelu")
+    seen = _onednn_during_forwards(model)
+    steps = stream(model, PROMPTS[:2], 6, temperature=0)
+    for _ in steps:
+        assert torch.backends.mkldnn.enabled  # between steps: the caller's setting
+    assert seen and not any(seen)
+    assert torch.backends.mkldnn.enabled
+    rows = [list(p) for p in PROMPTS]
+    for _ in range(8):
+        nxt = last_logits(model, rows).argmax(-1).tolist()  # oneDNN on
+        rows = [r + [t] for r, t in zip(rows, nxt)]
+    assert generate(model, PROMPTS, 8, temperature=0) == [r[len(p):] for r, p in
+                                                           zip(rows, PROMPTS)]
+
+    bf16 = tiny_lm(ffn="gelu").to(torch.bfloat16)
+    assert decoding_kernels(bf16) is nullcontext
+    seen = _onednn_during_forwards(bf16)
+    generate(bf16, PROMPTS[:1], 3, temperature=0)
+    assert seen and all(seen)
+
+    seq2seq = tiny_seq2seq(ffn="gelu")
+    seen = []
+    seq2seq.decoder.register_forward_pre_hook(
+        lambda *_: seen.append(torch.backends.mkldnn.enabled))
+    for beam in (1, 3):
+        translate(seq2seq, [[3, 4, 5, 6]], beam=beam, max_len=5, bos_id=1, eos_id=2, pad_id=0)
+        assert seen and not any(seen) and torch.backends.mkldnn.enabled
+        seen.clear()
 
 
 def test_text_stream_holds_back_what_may_become_a_stop_string():

@@ -19,6 +19,7 @@ of the package are the functions; import from the modules of the same names with
 from .classify import Classification, classify, classify_texts
 from .lm import (
     FINISHED,
+    decoding_kernels,
     generate,
     generate_text,
     inference_layout,
@@ -49,6 +50,7 @@ __all__ = [
     "classify_texts",
     "cut_at_stop",
     "decode_limit",
+    "decoding_kernels",
     "filter_logits",
     "generate",
     "generate_text",
