@@ -317,8 +317,8 @@ def _onednn_during_forwards(model) -> list[bool]:
 def test_decoding_steps_run_without_onednn_on_fp32_cpu_models_only():
     """`decoding_kernels`: oneDNN off during each step of an fp32 model on a CPU (its exact
     GELU has a fixed cost of microseconds a call), on again between the steps (the caller's
-    code) and after; unchanged for bf16 parameters, whose matrix products need it. The
-    tokens are those of greedy decoding by full forwards with oneDNN on."""
+    code) and after; unchanged for bf16 parameters at steps of several rows. The tokens are
+    those of greedy decoding by full forwards with oneDNN on."""
     assert torch.backends.mkldnn.enabled
     model = tiny_lm(ffn="gelu")
     seen = _onednn_during_forwards(model)
@@ -335,10 +335,7 @@ def test_decoding_steps_run_without_onednn_on_fp32_cpu_models_only():
                                                            zip(rows, PROMPTS)]
 
     bf16 = tiny_lm(ffn="gelu").to(torch.bfloat16)
-    assert decoding_kernels(bf16) is nullcontext
-    seen = _onednn_during_forwards(bf16)
-    generate(bf16, PROMPTS[:1], 3, temperature=0)
-    assert seen and all(seen)
+    assert decoding_kernels(bf16) is nullcontext  # steps of any size: oneDNN's products
 
     seq2seq = tiny_seq2seq(ffn="gelu")
     seen = []
@@ -348,6 +345,59 @@ def test_decoding_steps_run_without_onednn_on_fp32_cpu_models_only():
         translate(seq2seq, [[3, 4, 5, 6]], beam=beam, max_len=5, bos_id=1, eos_id=2, pad_id=0)
         assert seen and not any(seen) and torch.backends.mkldnn.enabled
         seen.clear()
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no "
+                    "oneDNN (mkldnn), so there is nothing to choose")
+@pytest.mark.parametrize("faster", ["onednn", "native"])
+def test_low_precision_one_row_steps_take_the_kernels_measured_faster(faster, monkeypatch):
+    """bf16 weights, one row: the prompt (several tokens) runs with oneDNN, each one-token
+    step with what the probe measured faster here, asked once per generation and answered
+    from its cache after that; the tokens are the same either way (up to rounding: compared
+    on a model where no logit is near a tie)."""
+    from attnlab import probe
+
+    asked = []
+
+    def fake_fastest(step, key, candidates, **kw):
+        for c in candidates:
+            step(c)  # the probe's step runs with either setting
+        asked.append((key, kw["field"]))
+        return faster
+
+    monkeypatch.setattr("attnlab.decoding.lm.fastest", fake_fastest)
+    model = tiny_lm(ffn="gelu").to(torch.bfloat16)
+    seen = _onednn_during_forwards(model)
+    out = generate(model, PROMPTS[:1], 5, temperature=0)
+    assert len(asked) == 1 and asked[0][1] == "kernels"
+    assert seen[0] and seen[1:] == [faster == "onednn"] * 4  # the prompt, then 4 one-row steps
+    assert torch.backends.mkldnn.enabled
+    two_rows = generate(model, PROMPTS[:2], 5, temperature=0)  # no one-row step: not asked
+    assert len(asked) == 1 and two_rows[0] == out[0]
+    # the probe's key names the machine and the weights' shapes, dtypes and memory order
+    monkeypatch.undo()
+    key = asked[0][0]
+    assert key == probe.machine_key(
+        "decoding kernels, one row", ["torch.bfloat16"],
+        sorted((m.out_features, m.in_features, str(m.weight.dtype), m.weight.stride())
+               for m in model.modules() if isinstance(m, torch.nn.Linear)))
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no "
+                    "oneDNN (mkldnn), so there is nothing to choose")
+def test_the_one_row_kernel_probe_measures_once_and_caches_its_answer(monkeypatch, tmp_path):
+    from attnlab import probe
+
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))  # this test's answers only
+    model = tiny_lm().to(torch.bfloat16)
+    first = decoding_kernels(model, 1)
+    entries = [e for e in probe._read_cache(probe.cache_file()).values() if "kernels" in e]
+    assert len(entries) == 1 and entries[0]["kernels"] in ("onednn", "native")
+    assert set(entries[0]["ms"]) == {"onednn", "native"}
+    assert first is (nullcontext if entries[0]["kernels"] == "onednn" else type(
+        decoding_kernels(tiny_lm(), 1)()))  # the fp32 model's class: oneDNN off
+    monkeypatch.setattr(probe, "_write_cache", lambda *a: pytest.fail("measured again"))
+    assert decoding_kernels(model, 1) is first  # answered from the cache
 
 
 def test_text_stream_holds_back_what_may_become_a_stop_string():

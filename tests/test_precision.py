@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from attnlab import DecoderLM, ModelConfig
+from attnlab import DecoderLM, ModelConfig, probe
 from attnlab.train import precision as prec
 
 
@@ -63,16 +63,16 @@ def test_fastest_is_cached_per_key():
     assert len(calls) == n  # answered from the cache: no new measurement
     flipped = make_step(clock, {"fp32": 3.0, "bf16": 1.0}, calls)
     assert prec.fastest(flipped, "b", clock=clock) == "bf16"  # another key measures again
-    assert prec.cache_file().is_file()
+    assert probe.cache_file().is_file()
 
 
 def test_a_damaged_cache_is_measured_again():
-    prec.cache_file().parent.mkdir(parents=True)
-    prec.cache_file().write_text("{not json")
+    probe.cache_file().parent.mkdir(parents=True)
+    probe.cache_file().write_text("{not json")
     clock, calls = FakeClock(), []
     assert prec.fastest(make_step(clock, {"fp32": 2.0, "bf16": 1.0}, calls), "k",
                         clock=clock) == "bf16"  # measured (not a default)
-    assert calls and prec._read_cache(prec.cache_file())["k"]["precision"] == "bf16"
+    assert calls and probe._read_cache(probe.cache_file())["k"]["precision"] == "bf16"
 
 
 def test_probe_key_depends_on_the_model_the_batch_and_the_attention_kernels():
@@ -86,13 +86,13 @@ def test_probe_key_depends_on_the_model_the_batch_and_the_attention_kernels():
 def test_probe_key_tells_cpus_of_one_name_apart_by_their_bf16_units(monkeypatch):
     """A VM's "AMD EPYC" names generations with and without avx512_bf16 (and Intel names
     don't always say AMX): the measured answer of one must not be reused on the other."""
-    monkeypatch.setattr(prec, "cpu_model", lambda: "AMD EPYC")
-    monkeypatch.setattr(prec, "cpu_features", lambda: ["avx512_bf16", "avx512f", "avx2"])
+    monkeypatch.setattr(probe, "cpu_model", lambda: "AMD EPYC")
+    monkeypatch.setattr(probe, "cpu_features", lambda: ["avx512_bf16", "avx512f", "avx2"])
     with_bf16 = prec.probe_key({"d_model": 64}, [(4, 16)])
-    monkeypatch.setattr(prec, "cpu_features", lambda: ["avx512f", "avx2"])
+    monkeypatch.setattr(probe, "cpu_features", lambda: ["avx512f", "avx2"])
     assert prec.probe_key({"d_model": 64}, [(4, 16)]) != with_bf16
     monkeypatch.undo()
-    assert set(prec.cpu_features()) <= set(prec.BF16_FLAGS)
+    assert set(probe.cpu_features()) <= set(probe.BF16_FLAGS)
 
 
 def test_processes_measure_unless_all_have_an_answer_and_then_take_the_same():
@@ -102,11 +102,11 @@ def test_processes_measure_unless_all_have_an_answer_and_then_take_the_same():
 
     clock = FakeClock()
     step = make_step(clock, {"fp32": 1.0, "bf16": 2.0}, calls := [])
-    prec._write_cache(prec.cache_file(), "k", {"precision": "bf16"})  # this one has an answer
+    probe._write_cache(probe.cache_file(), "k", {"precision": "bf16"})  # this one has an answer
     assert prec.fastest(step, "k", clock=clock, reduce=other([0, 0, 1])) == "fp32"
     assert calls  # the other one had none: both measured
     calls.clear()
-    prec._write_cache(prec.cache_file(), "k", {"precision": "bf16"})
+    probe._write_cache(probe.cache_file(), "k", {"precision": "bf16"})
     assert prec.fastest(step, "k", clock=clock, reduce=other([0, 1, 0])) == "bf16"
     assert prec.fastest(step, "k", clock=clock, reduce=other([1, 0, 0])) == "fp32"  # a tie
     assert not calls

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from ..data.batching import pad
 from ..nn.attention import padded_positions
+from ..probe import fastest, machine_key
 from .sampling import Sampler, make_generator
 from .stream import StopChecker, TextStream, cut_at_stop, decode_after
 
@@ -92,21 +93,48 @@ class _OneDNNOff:
         torch.backends.mkldnn.enabled = self.was
 
 
-def decoding_kernels(model: nn.Module) -> type[AbstractContextManager]:
+def decoding_kernels(model: nn.Module, rows: int | None = None) -> type[AbstractContextManager]:
     """The context (a class: enter a new one per step) that decoding steps of ``model`` run
-    in, for speed; it changes no result.
+    in, for speed: the same results up to float rounding. ``rows``: the token rows of every
+    step it serves (1: one token of one sequence), None for any.
 
-    On a CPU with no low-precision parameter, oneDNN is off (torch uses its own kernels): its
-    exact GELU costs ~5 us a call whatever the size, ~5x torch's own kernel at one token's
-    width (768 values: 5.6 vs 1.1 us; AMD EPYC), while the fp32 matrix products (MKL), FBGEMM's
-    fp16 / int8 ones and the attention kernel do not use oneDNN. bf16 / fp16 parameters need
-    its matrix products, and other devices do not have it: nothing changes there.
+    On a CPU it turns oneDNN off (torch runs its own kernels):
+
+    * fp32 parameters: always. oneDNN's exact GELU costs ~5 us a call whatever the size (768
+      values: 4.7 vs 1.1 us, AMD EPYC; 7.1 vs 2.0 us, an Intel Xeon), while the fp32 matrix
+      products (MKL), FBGEMM's fp16 / int8 ones and the attention kernel do not use oneDNN.
+    * bf16 / fp16 parameters, steps of one row, where that is measured faster on this machine
+      (:func:`attnlab.probe.fastest`, once, cached): torch's own matrix-vector product of
+      low-precision weights streamed them at 20-27 GB/s against oneDNN's 12-17 on an AMD EPYC
+      (avx512_bf16, no AMX), but 6-7 against 6-9 on an Intel Xeon with AMX. Its products of
+      several rows are far slower (8 rows: ~8x), so they keep oneDNN.
+
+    Elsewhere (other devices, torch without oneDNN) nothing changes.
     """
     params = list(model.parameters())
-    if (not params or params[0].device.type != "cpu" or not torch.backends.mkldnn.is_available()
-            or any(q.dtype in (torch.float16, torch.bfloat16) for q in params)):
+    if not params or params[0].device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return nullcontext
-    return _OneDNNOff
+    low = sorted({str(p.dtype) for p in params if p.dtype in (torch.float16, torch.bfloat16)})
+    if not low:
+        return _OneDNNOff
+    if rows != 1:
+        return nullcontext
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        return nullcontext
+    inputs = [torch.randn(1, 1, m.in_features, dtype=m.weight.dtype) for m in linears]
+
+    def step(kernels: str) -> None:  # the matrix products of one token
+        with torch.inference_mode(), (_OneDNNOff() if kernels == "native" else nullcontext()):
+            for m, x in zip(linears, inputs):
+                m(x)
+
+    key = machine_key("decoding kernels, one row", low,
+                      sorted((m.out_features, m.in_features, str(m.weight.dtype),
+                              m.weight.stride()) for m in linears))
+    best = fastest(step, key, ("onednn", "native"), field="kernels",
+                   what="decoding kernels (one row, low-precision weights)")
+    return _OneDNNOff if best == "native" else nullcontext
 
 
 def _prompt_list(prompts) -> list[list[int]]:
@@ -153,6 +181,7 @@ def _token_steps(model: nn.Module, ids: Tensor, lengths: list[int], max_new_toke
     first = [p - n for n in lengths]  # host-side: no sync to know each row's window
     start, end, cached = min(first), p, 0  # the window is [start, end); `cached` in the cache
     cache = model.new_cache(b, min(max_len, p + max_new_tokens)) if use_cache else None
+    kernels = {}  # decoding_kernels of steps of one row (True) and of more (False)
     moved, pad = True, None  # (a host-to-device copy of `first` only when it changes)
     for _ in range(max_new_tokens):
         if end - start > max_len:  # some row's next forward would need too many positions:
@@ -171,8 +200,12 @@ def _token_steps(model: nn.Module, ids: Tensor, lengths: list[int], max_new_toke
         # Without a cache, padded rows need explicit positions (with one, the cache has them).
         positions = (padded_positions(0, end - start, pad, ids.device)
                      if padded and cache is None else None)
-        logits, _ = model(feed, mask=window, positions=positions, cache=cache,
-                          last_only=True)  # (B, 1, V)
+        one_row = feed.numel() == 1
+        if one_row not in kernels:
+            kernels[one_row] = decoding_kernels(model, 1 if one_row else None)
+        with kernels[one_row]():
+            logits, _ = model(feed, mask=window, positions=positions, cache=cache,
+                              last_only=True)  # (B, 1, V)
         nxt = sampler(logits[:, -1], generator)  # (B,)
         if end == size:  # full: move the window [start, end) to the front of the buffer
             tokens[:, :end - start] = tokens[:, start:end].clone()
@@ -230,9 +263,8 @@ def _stream_rows(model: nn.Module, rows: list[list[int]], max_new_tokens: int, s
     # Each step runs in inference mode, but not the consumer's code between steps; a caller
     # already in inference mode (`generate`) saves entering it again at every step.
     step_mode = nullcontext if torch.is_inference_mode_enabled() else torch.inference_mode
-    kernels = decoding_kernels(model)
     while True:
-        with step_mode(), kernels():
+        with step_mode():
             nxt = next(steps, None)
             if nxt is None:
                 return

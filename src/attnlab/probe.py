@@ -1,0 +1,121 @@
+"""Choices measured on the machine that runs them, once, and cached.
+
+A CPU flag says whether an instruction set exists, not how much it pays: which of a few ways
+to run something is fastest is measured where it runs (:func:`fastest`: each way timed a few
+times, alternately) and the answer kept per key, a key naming the machine (:func:`machine_key`:
+CPU model and its bf16-relevant flags, torch, threads) and what was measured. The answers live
+in ``$ATTNLAB_CACHE_DIR`` or ``~/.cache/attnlab`` (file ``precision.json``). Users: training's
+``precision = "auto"`` (:mod:`attnlab.train.precision`) and the kernels of low-precision
+decoding (:func:`attnlab.decoding.decoding_kernels`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def _cpuinfo(field: str) -> str | None:
+    """The value of ``field`` on the first line of ``/proc/cpuinfo`` that has it, or None."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+# the CPU flags that decide how fast bf16 runs: one model name ("AMD EPYC" in a VM) covers
+# generations with and without them, so a measured answer is keyed on them too
+BF16_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512_fp16", "avx512f", "avx2")
+
+
+def cpu_features() -> list[str]:
+    """Which of :data:`BF16_FLAGS` this CPU has (``/proc/cpuinfo``; empty where unreadable)."""
+    have = set((_cpuinfo("flags") or "").split())
+    return [f for f in BF16_FLAGS if f in have]
+
+
+def machine_key(*parts: Any) -> str:
+    """A key for an answer measured here about ``parts`` (JSON values): the machine (CPU model
+    and :func:`cpu_features`), torch's version and thread count, then ``parts``."""
+    text = json.dumps([cpu_model(), cpu_features(), torch.__version__, torch.get_num_threads(),
+                       *parts], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def cache_file() -> Path:
+    root = os.environ.get("ATTNLAB_CACHE_DIR") or Path.home() / ".cache" / "attnlab"
+    return Path(root) / "precision.json"
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}  # no cache yet, or a damaged one: measure again
+
+
+def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):  # a read-only home only costs a probe next time
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {**_read_cache(path), key: entry}
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+
+
+def fastest(step: Callable[[str], None], key: str, candidates: Sequence[str], *,
+            field: str, what: str, rounds: int = 5,
+            clock: Callable[[], float] = time.perf_counter,
+            reduce: Callable[[list[float]], list[float]] = lambda t: t) -> str:
+    """The one of ``candidates`` whose ``step(candidate)`` takes least time, cached under
+    ``key`` (the entry's ``field``; ``what`` names it in the log line).
+
+    One untimed warm-up call each, then ``rounds`` timed calls each, alternating (so a change
+    in machine load falls on all); each candidate's time is its fastest call, since on a
+    shared machine the slow calls measure the other jobs, not the candidate (a sum let one
+    descheduled call pick the slower one); ``reduce`` combines those over processes
+    (distributed training must agree: every process measures unless every one has a cached
+    answer, and then they take the same one, the most common)."""
+    path = cache_file()
+    hit = _read_cache(path).get(key)
+    hit = hit.get(field) if isinstance(hit, dict) else None
+    votes = reduce([float(hit == c) for c in candidates] + [float(hit not in candidates)])
+    if votes[-1] == 0:  # no process misses
+        return candidates[max(range(len(candidates)), key=lambda i: (votes[i], -i))]
+    for c in candidates:
+        step(c)
+    best_s = [math.inf] * len(candidates)
+    for r in range(rounds):
+        order = range(len(candidates)) if r % 2 == 0 else reversed(range(len(candidates)))
+        for i in order:
+            t0 = clock()
+            step(candidates[i])
+            best_s[i] = min(best_s[i], clock() - t0)
+    best_s = reduce(best_s)
+    best = candidates[min(range(len(candidates)), key=best_s.__getitem__)]
+    ms = {c: round(1000 * t, 2) for c, t in zip(candidates, best_s)}
+    log.info("%s: %s (fastest of %d rounds, ms: %s; cached in %s)", what, best, rounds,
+             ", ".join(f"{c} {v}" for c, v in ms.items()), path)
+    _write_cache(path, key, {field: best, "ms": ms, "cpu": cpu_model(),
+                             "torch": torch.__version__})
+    return best
