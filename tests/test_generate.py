@@ -232,6 +232,14 @@ def test_filter_logits_top_k_and_top_p():
     assert abs(counts[0] / 4000 - 0.5 / 0.8) < 0.03  # renormalised over the top 2
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_greedy_on_low_precision_logits_is_their_argmax_ties_included(dtype):
+    logits = torch.randn(4, 300).to(dtype)
+    logits[1, [7, 200]] = logits[1].max() + 1  # a tie: the first index wins
+    assert torch.equal(Sampler(0.0)(logits), logits.argmax(-1))
+    assert Sampler(0.0)(logits)[1] == 7
+
+
 def test_a_tiny_temperature_samples_the_argmax_instead_of_failing():
     logits = torch.tensor([[2.0, 9.0, -1.0, 8.5], [0.0, -3.0, 4.0, float("-inf")]])
     for t in (1e-39, 1e-300, 1e-6):

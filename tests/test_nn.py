@@ -129,6 +129,22 @@ def test_low_precision_cpu_attention_with_a_mask_is_computed_in_fp32(kind):
     assert all(x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad).all() for x in (q, k, v))
 
 
+@pytest.mark.parametrize("s, masked", [(40, False), (300, False), (300, True)])
+def test_low_precision_cpu_attention_of_one_query_is_computed_in_fp32(s, masked):
+    # One bf16 query against s cached keys (a decoding step; s beyond the short-sequence
+    # limit too): fp32 flash on the upcast inputs, rounded once (torch's bf16 kernel is ~4x
+    # slower there), so it equals torch's fp32 SDPA on the same inputs and the float64
+    # reference up to that rounding.
+    q, k, v = (x.bfloat16() for x in _qkv(t=1, s=s))
+    mask = torch.rand(1, s) > 0.3 if masked else None
+    out = fused_attention(q, k, v, mask, is_causal=True)
+    assert out.dtype == torch.bfloat16
+    m = F.scaled_dot_product_attention(*(x.float() for x in (q, k, v)), attn_mask=as_4d(mask))
+    assert torch.equal(out, m.bfloat16())
+    ref, _ = reference_attention(*(x.double() for x in (q, k, v)), mask, is_causal=True)
+    torch.testing.assert_close(out.double(), ref, atol=8e-3, rtol=8e-3)
+
+
 @pytest.mark.parametrize("is_causal", [True, False])
 @pytest.mark.parametrize("autocast", [True, False])
 def test_low_precision_cpu_attention_without_a_mask_is_two_matmuls_in_bf16(is_causal, autocast):

@@ -72,13 +72,16 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         causal = causal_mask(t, s, device=q.device)  # (T, S)
         mask = causal if mask is None else mask & causal
         is_causal = False
-    if q.device.type == "cpu" and q.dtype in LOW_PRECISION and t == s <= SHORT_CPU_SEQ:
-        # bf16/fp16 on a CPU, whole short sequences (training, evaluation, a prompt): torch's
-        # kernels are slow here (math upcasts; flash's low-precision backward is several times
-        # its fp32 one; benchmarks/README.md). Unmasked, with torch's kernel choice left open:
-        # two bmm in this dtype; else fp32 flash, autocast off (it would cast the inputs back).
+    if q.device.type == "cpu" and q.dtype in LOW_PRECISION and (t == s <= SHORT_CPU_SEQ
+                                                                or t == 1):
+        # bf16/fp16 on a CPU, whole short sequences (training, evaluation, a prompt) or one
+        # query (a decoding step): torch's kernels are slow here (math upcasts; flash's
+        # low-precision backward is several times its fp32 one; its bf16 forward of one query
+        # ~4x fp32 flash on the upcast inputs at 64-1024 keys; benchmarks/README.md). Whole
+        # sequences, unmasked, with torch's kernel choice left open: two bmm in this dtype;
+        # else fp32 flash, autocast off (it would cast the inputs back).
         own = torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
-        if mask is None and own:
+        if mask is None and own and t == s:
             return _short_attention(q, k, v, dropout_p, is_causal)
         with torch.autocast("cpu", enabled=False):
             out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
