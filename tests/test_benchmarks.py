@@ -46,10 +46,11 @@ def test_sample_speed_every_section(tmp_path, capsys):
     roofline, quality = out.split("(c) Roofline")[1].split("(d) Quality")
     roof = {r[0]: r for r in table_rows(roofline, "") if r[0] in ("fp32", "bf16", "fp16", "int8")}
     assert set(roof) == {"fp32", "bf16", "fp16", "int8"}
-    assert all(r[4].endswith("%") and r[5].endswith("%") for r in roof.values())
+    assert all(r[5].endswith("%") and r[6].endswith("%") for r in roof.values())
     # issue 13's roofline counts half the copy bandwidth: twice the share (up to rounding)
-    assert all(abs(int(r[5][:-1]) - 2 * int(r[4][:-1])) <= 1 for r in roof.values())
-    assert roof["int8"][6] == "-"  # HF has no int8 path
+    assert all(abs(int(r[6][:-1]) - 2 * int(r[5][:-1])) <= 1 for r in roof.values())
+    assert all(float(r[2].split(", ")[0]) > 0 for r in roof.values())  # copy GB/s, per row
+    assert roof["int8"][7] == "-"  # HF has no int8 path
     qual = {r[0]: r for r in table_rows(quality, "") if r[0] in roof}
     assert set(qual) == set(roof) and qual["fp32"][2] == "100.00%"
     assert "| 8 | " in out and "yes" in out  # section (a): same tokens with and without cache
