@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from contextlib import nullcontext
 
 import pytest
@@ -313,6 +314,9 @@ def test_inference_layout_changes_memory_order_only():
     assert generate(model, PROMPTS, 12, temperature=0) == before
 
 
+X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
 def _onednn_during_forwards(model) -> list[bool]:
     """torch's oneDNN switch as each forward of ``model`` starts (a pre-hook records it)."""
     seen: list[bool] = []
@@ -333,7 +337,7 @@ def test_decoding_steps_run_without_onednn_on_fp32_cpu_models_only():
     steps = stream(model, PROMPTS[:2], 6, temperature=0)
     for _ in steps:
         assert torch.backends.mkldnn.enabled  # between steps: the caller's setting
-    assert seen and not any(seen)
+    assert seen and not any(seen) if X86 else all(seen)  # (ARM: fp32 products may use it)
     assert torch.backends.mkldnn.enabled
     rows = [list(p) for p in PROMPTS]
     for _ in range(8):
@@ -351,7 +355,8 @@ def test_decoding_steps_run_without_onednn_on_fp32_cpu_models_only():
         lambda *_: seen.append(torch.backends.mkldnn.enabled))
     for beam in (1, 3):
         translate(seq2seq, [[3, 4, 5, 6]], beam=beam, max_len=5, bos_id=1, eos_id=2, pad_id=0)
-        assert seen and not any(seen) and torch.backends.mkldnn.enabled
+        assert seen and (not any(seen) if X86 else all(seen))
+        assert torch.backends.mkldnn.enabled
         seen.clear()
 
 
@@ -402,8 +407,9 @@ def test_the_one_row_kernel_probe_measures_once_and_caches_its_answer(monkeypatc
     entries = [e for e in probe._read_cache(probe.cache_file()).values() if "kernels" in e]
     assert len(entries) == 1 and entries[0]["kernels"] in ("onednn", "native")
     assert set(entries[0]["ms"]) == {"onednn", "native"}
-    assert first is (nullcontext if entries[0]["kernels"] == "onednn" else type(
-        decoding_kernels(tiny_lm(), 1)()))  # the fp32 model's class: oneDNN off
+    from attnlab.decoding.lm import _OneDNNOff
+
+    assert first is (nullcontext if entries[0]["kernels"] == "onednn" else _OneDNNOff)
     monkeypatch.setattr(probe, "_write_cache", lambda *a: pytest.fail("measured again"))
     assert decoding_kernels(model, 1) is first  # answered from the cache
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+import platform
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
@@ -98,11 +99,13 @@ def decoding_kernels(model: nn.Module, rows: int | None = None) -> type[Abstract
     in, for speed: the same results up to float rounding. ``rows``: the token rows of every
     step it serves (1: one token of one sequence), None for any.
 
-    On a CPU it turns oneDNN off (torch runs its own kernels):
+    On a CPU it turns oneDNN off (torch runs its own kernels; the switch is process-wide, on
+    again after each step):
 
-    * fp32 parameters: always. oneDNN's exact GELU costs ~5 us a call whatever the size (768
-      values: 4.7 vs 1.1 us, AMD EPYC; 7.1 vs 2.0 us, an Intel Xeon), while the fp32 matrix
-      products (MKL), FBGEMM's fp16 / int8 ones and the attention kernel do not use oneDNN.
+    * fp32 parameters, x86 CPUs: always. oneDNN's exact GELU costs ~5 us a call whatever the
+      size (768 values: 4.7 vs 1.1 us, AMD EPYC; 7.1 vs 2.0 us, an Intel Xeon), while the fp32
+      matrix products (MKL), FBGEMM's fp16 / int8 ones and the attention kernel do not use
+      oneDNN there (on ARM, torch's fp32 matrix products may: left alone).
     * bf16 / fp16 parameters, steps of one row, where that is measured faster on this machine
       (:func:`attnlab.probe.fastest`, once, cached): torch's own matrix-vector product of
       low-precision weights streamed them at 20-27 GB/s against oneDNN's 12-17 on an AMD EPYC
@@ -116,7 +119,8 @@ def decoding_kernels(model: nn.Module, rows: int | None = None) -> type[Abstract
         return nullcontext
     low = sorted({str(p.dtype) for p in params if p.dtype in (torch.float16, torch.bfloat16)})
     if not low:
-        return _OneDNNOff
+        x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+        return _OneDNNOff if x86 else nullcontext
     if rows != 1:
         return nullcontext
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
