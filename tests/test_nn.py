@@ -157,18 +157,18 @@ def test_the_one_query_attention_probe_measures_once_per_machine(monkeypatch, tm
     from attnlab import probe
 
     monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))
-    attention.one_query_in_fp32.cache_clear()
+    probe.one_query_in_fp32.cache_clear()
     try:
-        answer = attention.one_query_in_fp32(torch.bfloat16)
+        answer = probe.one_query_in_fp32(torch.bfloat16)
         entry = probe._read_cache(probe.cache_file())[
             probe.machine_key("one-query attention", str(torch.bfloat16))]
         assert entry["kernels"] == ("fp32" if answer else "own dtype")
         assert set(entry["ms"]) == {"fp32", "own dtype"}
-        attention.one_query_in_fp32.cache_clear()  # a new process: answered from the file
+        probe.one_query_in_fp32.cache_clear()  # a new process: answered from the file
         monkeypatch.setattr(probe, "_write_cache", lambda *a: pytest.fail("measured again"))
-        assert attention.one_query_in_fp32(torch.bfloat16) is answer
+        assert probe.one_query_in_fp32(torch.bfloat16) is answer
     finally:
-        attention.one_query_in_fp32.cache_clear()
+        probe.one_query_in_fp32.cache_clear()
 
 
 @pytest.mark.parametrize("is_causal", [True, False])

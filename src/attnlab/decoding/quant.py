@@ -12,7 +12,7 @@ limit; whether a given mode actually gets there depends on the kernel behind it.
   natural choice on a GPU or a CPU with AMX. On a CPU, one-row decoding steps take the
   matrix-vector product and attention kernels measured faster on the machine (oneDNN's or
   torch's own; :func:`attnlab.decoding.decoding_kernels`,
-  :func:`attnlab.nn.attention.one_query_in_fp32`): on an AMD EPYC without AMX that made
+  :func:`attnlab.probe.one_query_in_fp32`): on an AMD EPYC without AMX that made
   batch-1 decoding 1.6x faster than oneDNN's path (``benchmarks/README.md``).
 * ``"fp16"``: on CPU, the weights of every ``nn.Linear`` stored in float16 and multiplied by
   FBGEMM's fp16-weight kernel (``torch.ops.quantized.linear_dynamic_fp16``: fp32

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..probe import one_query_in_fp32
 from .dtypes import LOW_PRECISION, upcast
 from .masks import as_4d, causal_mask
 from .positional import RotaryEmbedding, padded_positions
@@ -75,11 +76,11 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     if q.device.type == "cpu" and q.dtype in LOW_PRECISION and (
             t == s <= SHORT_CPU_SEQ or (t == 1 and one_query_in_fp32(q.dtype))):
         # bf16/fp16 on a CPU, whole short sequences (training, evaluation, a prompt) or, where
-        # measured faster, one query (a decoding step): torch's kernels are slow here (math
-        # upcasts; flash's low-precision backward is several times its fp32 one; see
-        # one_query_in_fp32; benchmarks/README.md). Whole sequences, unmasked, with torch's
-        # kernel choice left open: two bmm in this dtype; else fp32 flash, autocast off (it
-        # would cast the inputs back).
+        # measured faster, one query (a decoding step; probe.one_query_in_fp32): torch's
+        # kernels are slow here (math upcasts; flash's low-precision backward is several times
+        # its fp32 one; benchmarks/README.md). Whole sequences, unmasked, with torch's kernel
+        # choice left open: two bmm in this dtype; else fp32 flash, autocast off (it would cast
+        # the inputs back).
         own = torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
         if mask is None and own and t == s:
             return _short_attention(q, k, v, dropout_p, is_causal)
@@ -90,33 +91,6 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
     )
-
-
-@functools.cache
-def one_query_in_fp32(dtype: torch.dtype) -> bool:
-    """Whether one query in ``dtype`` (bf16 / fp16: a decoding step) attends faster on this
-    CPU through fp32 flash on upcast inputs than through torch's kernel in its own dtype.
-
-    It depends on the CPU: torch's bf16 kernel took ~4x fp32 flash's time at 64-1024 keys on
-    an AMD EPYC without AMX, ~1/3-1/5 of it on an Intel Xeon with AMX. So it is measured,
-    once per machine (:func:`attnlab.probe.fastest`, cached; a few hundred microseconds).
-    """
-    from ..probe import fastest, machine_key
-
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 8, n, 64, generator=gen).to(dtype) for n in (1, 256, 256))
-
-    def step(kind: str) -> None:
-        with torch.inference_mode(), torch.autocast("cpu", enabled=False):
-            for _ in range(8):
-                if kind == "fp32":
-                    F.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(dtype)
-                else:
-                    F.scaled_dot_product_attention(q, k, v)
-
-    key = machine_key("one-query attention", str(dtype))
-    return fastest(step, key, ("own dtype", "fp32"), field="kernels",
-                   what=f"one-query {dtype} attention") == "fp32"
 
 
 @functools.lru_cache(maxsize=16)
