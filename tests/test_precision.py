@@ -144,4 +144,4 @@ def test_bf16_autocast_stays_close_to_fp32():
         low, loss_low = model(ids, ids)
     assert low.dtype == torch.bfloat16
     assert torch.allclose(low.float(), ref, atol=0.05, rtol=0.05)
-    assert abs(float(loss_low) - float(loss_ref)) < 0.01 * float(loss_ref)
+    assert abs(loss_low.item() - loss_ref.item()) < 0.01 * loss_ref.item()
