@@ -28,6 +28,7 @@ A part whose inputs are missing prints ``skipped: <why>`` in its row instead of 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -202,7 +203,7 @@ def part_hf_sample(args) -> list[dict]:
 
     from sample_speed import gpt2_like, hf_greedy, interleaved, ours_greedy, rates
 
-    from attnlab.decoding import inference_layout
+    from attnlab.decoding import inference_layout, layout_pays
     from attnlab.interop import gpt2_to_hf
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -210,11 +211,13 @@ def part_hf_sample(args) -> list[dict]:
     torch.set_num_threads(1)
     try:
         shape = (1, 32, 2, 64) if args.smoke else (4, 192, 4, 256)  # layers, D, H, max_len
-        model = gpt2_like(*shape, vocab=65)
-        hf = gpt2_to_hf(model)
-        inference_layout(model)  # after the copy to HF: HF gets the weights as trained
+        base = gpt2_like(*shape, vocab=65)
+        hf = gpt2_to_hf(base)  # HF gets the weights as trained
         n, out = args.sample_tokens, []
         for batch in (1, 8):
+            # the layout `attnlab sample` takes for this many rows (measured, cached)
+            pays = layout_pays(base, batch)
+            model = inference_layout(copy.deepcopy(base)) if pays else base
             prompt = torch.randint(0, 65, (batch, 16),
                                    generator=torch.Generator().manual_seed(batch))
             res = interleaved({"hf": hf_greedy(hf, prompt, n),
@@ -226,7 +229,8 @@ def part_hf_sample(args) -> list[dict]:
                            f"{rate['hf']:,.0f} (HF generate)", f"{rate['ours']:,.0f}",
                            rate["ours"] / rate["hf"],
                            f"1 thread, {n} new tokens, median of {args.sample_repeat} "
-                           f"rounds, same tokens: {'yes' if same else 'NO'}"))
+                           f"rounds, same tokens: {'yes' if same else 'NO'}; weights "
+                           f"{'column-major' if pays else 'row-major'} (layout_pays)"))
         return out
     finally:
         torch.set_num_threads(threads)

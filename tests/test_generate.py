@@ -414,6 +414,34 @@ def test_the_one_row_kernel_probe_measures_once_and_caches_its_answer(monkeypatc
     assert decoding_kernels(model, 1) is first  # answered from the cache
 
 
+def test_layout_pays_is_measured_per_row_count_once_and_cached(monkeypatch, tmp_path):
+    from attnlab import probe
+    from attnlab.decoding import layout_pays
+
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))
+    model = tiny_lm(tie_embeddings=True)
+    answers = {rows: layout_pays(model, rows) for rows in (1, 8)}
+    entries = [e for e in probe._read_cache(probe.cache_file()).values() if "layout" in e]
+    assert len(entries) == 2  # one answer per row count
+    assert all(set(e["ms"]) == {"row-major", "column-major"} for e in entries)
+    assert model.head.weight.stride() == (32, 1)  # the probe copies, the model is untouched
+    monkeypatch.setattr(probe, "_write_cache", lambda *a: pytest.fail("measured again"))
+    assert {rows: layout_pays(model, rows) for rows in (1, 8)} == answers
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_the_cli_takes_the_layout_where_it_pays(pays, monkeypatch):
+    from attnlab.cli.use import _fast_layout
+
+    asked = []
+    monkeypatch.setattr("attnlab.decoding.layout_pays",
+                        lambda model, rows: asked.append(rows) or pays)
+    model = tiny_lm(tie_embeddings=True)
+    _fast_layout(model, 3)
+    assert asked == [3]
+    assert model.head.weight.stride() == ((1, 40) if pays else (32, 1))
+
+
 def test_text_stream_holds_back_what_may_become_a_stop_string():
     tok = char_tokenizer()
     stream_ = TextStream(tok, ["fox", "zz"])
