@@ -326,9 +326,10 @@ def generate(model: nn.Module, prompts, max_new_tokens: int = 100, *,
     """Continue each prompt with up to ``max_new_tokens`` new tokens.
 
     Args:
-        model: a :class:`~attnlab.models.DecoderLM` in eval mode. On CPU, decoding is faster
-            after :func:`inference_layout` (1.5x for a GPT-2-sized vocabulary), which the
-            caller applies (``attnlab.runs.load_run`` returns the layout training saved).
+        model: a :class:`~attnlab.models.DecoderLM` in eval mode. On CPU, decoding is often
+            faster after :func:`inference_layout` (1.5x for a GPT-2-sized vocabulary at batch
+            1), which the caller applies where :func:`layout_pays` (``attnlab.runs.load_run``
+            returns the layout training saved).
         prompts: one prompt (a list of ids or a (T,) tensor) or several (a list of lists or a
             (B, T) tensor); prompts may have different lengths (they are left-padded).
         temperature: 0 = greedy (argmax); > 0 samples from softmax(logits / temperature).
