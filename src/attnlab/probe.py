@@ -5,9 +5,10 @@ to run something is fastest is measured where it runs (:func:`fastest`: each way
 times, alternately) and the answer kept per key, a key naming the machine (:func:`machine_key`:
 CPU model and its bf16-relevant flags, torch, threads) and what was measured. The answers live
 in ``$ATTNLAB_CACHE_DIR`` or ``~/.cache/attnlab`` (file ``precision.json``). Users: training's
-``precision = "auto"`` (:mod:`attnlab.train.precision`), the kernels of low-precision
-decoding (:func:`attnlab.decoding.decoding_kernels`) and of one low-precision query's
-attention on a CPU (:func:`one_query_in_fp32`, for :func:`attnlab.nn.fused_attention`).
+``precision = "auto"`` (:mod:`attnlab.train.precision`); for decoding on a CPU, the weights'
+memory order (:func:`attnlab.decoding.layout_pays`), the kernels of low-precision weights
+(:func:`attnlab.decoding.decoding_kernels`) and of one low-precision query's attention
+(:func:`one_query_in_fp32`, for :func:`attnlab.nn.fused_attention`).
 """
 
 from __future__ import annotations
