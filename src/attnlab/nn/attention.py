@@ -143,10 +143,11 @@ class KVCache:
         end = self.length + k.size(2)
         if end > self.max_len:
             raise ValueError(f"KV cache is full: {end} positions > max_len {self.max_len}")
-        self.k[layer][:, :, self.length:end] = k
-        self.v[layer][:, :, self.length:end] = v
+        kc, vc = self.k[layer], self.v[layer]  # (narrow: fewer ops than indexing, per step)
+        kc.narrow(2, self.length, k.size(2)).copy_(k)
+        vc.narrow(2, self.length, v.size(2)).copy_(v)
         # (B, H, S, Dh), in the model's dtype if kept in another (e.g. bf16 to halve the cache)
-        return self.k[layer][:, :, :end].to(k.dtype), self.v[layer][:, :, :end].to(v.dtype)
+        return kc.narrow(2, 0, end).to(k.dtype), vc.narrow(2, 0, end).to(v.dtype)
 
     def advance(self, t: int) -> None:
         self.length += t
