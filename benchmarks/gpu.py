@@ -201,7 +201,7 @@ def train_trainer(args, device: torch.device) -> dict:
     run's metrics log (one row per iteration; the first ``warmup`` rows dropped)."""
     import tempfile
 
-    from attnlab.runs import read_metrics
+    from attnlab.runs import RunDir
 
     s = shapes(args)
     compiled = args.compile and not args.tiny
@@ -228,7 +228,7 @@ def train_trainer(args, device: torch.device) -> dict:
         out = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if out.returncode != 0:
             raise RuntimeError(f"attnlab train failed: {out.stderr.strip().splitlines()[-3:]}")
-        rows = read_metrics(Path(tmp) / "run" / "metrics.csv")
+        rows = RunDir(Path(tmp) / "run").read_metrics()
     rates = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")][args.warmup:]
     tokens_s = statistics.median(rates)
     return {"tokens_s": tokens_s, "ms": 1000 * s["batch"] * s["block"] * s["accum"] / tokens_s}
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
                    help="pytest processes (pytest-xdist), for the test part")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: train, "
-                   "trainer (`attnlab train` itself, ratio to this script's loop), "
+                   "trainer (`attnlab train` itself, against nanoGPT's train.py), "
                    "nanogpt-model (nanoGPT's GPT class in this script's loop), nanogpt (its "
                    "train.py), sample, pytest")
     args = p.parse_args(argv)

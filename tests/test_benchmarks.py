@@ -91,6 +91,8 @@ def test_gpu_script_runs_on_cpu_with_tiny_shapes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "device: CPU" in out
     assert re.search(r"\| training tokens/s \(MFU\) \| - \| [\d,]+ \(-\) \|", out)
+    # `attnlab train` itself (its peer, nanoGPT's train.py, skipped here)
+    assert re.search(r"\| training tokens/s, `attnlab train` itself \| - \| [\d,]+ \|", out)
     assert len(table_rows(out, "greedy sampling tokens/s")) == 4  # fp32 and bf16, batch 1, 32
     fp32 = table_rows(out, "greedy sampling tokens/s, fp32")
     assert len(fp32) == 2 and not any("tokens differ" in row[0] for row in fp32)
