@@ -121,3 +121,38 @@ class Task:
     def eval_batch_size(self) -> int:
         t = self.rc.train
         return t.eval_batch_size or t.batch_size
+
+
+class EpochTask(Task):
+    """A task that trains through epochs of a resumable batch iterator over its data
+    (classification, translation): built on first use by ``_make_train_batches``, a new epoch
+    started when one ends, and its position (epoch, batch) the task's training state."""
+
+    def __init__(self, rc: RunConfig):
+        super().__init__(rc)
+        self._batches = None  # the iterator (the data's _EpochBatches), made on first use
+        self._iter = None
+
+    def _make_train_batches(self):
+        raise NotImplementedError
+
+    def _train_batches(self):
+        if self._batches is None:
+            self._batches = self._make_train_batches()
+        return self._batches
+
+    def next_batch(self) -> tuple[Tensor, ...]:
+        if self._iter is None:
+            self._iter = iter(self._train_batches())
+        try:
+            return next(self._iter)
+        except StopIteration:  # the epoch is over: the next one
+            self._iter = iter(self._train_batches())
+            return next(self._iter)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batches": self._train_batches().state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._train_batches().load_state_dict(state["batches"])
+        self._iter = None

@@ -22,13 +22,13 @@ from ..decoding.classify import cls_id
 from ..metrics import accuracy, f1, macro_f1
 from ..models.common import IGNORE_INDEX
 from ..tokenizers import Tokenizer
-from .base import Amp, Task, data_file, resolve_model, train_tokenizer
+from .base import Amp, EpochTask, data_file, resolve_model, train_tokenizer
 
 if TYPE_CHECKING:  # annotations only: the training config imports the task table
     from ..train.config import RunConfig
 
 
-class ClassifyTask(Task):
+class ClassifyTask(EpochTask):
     """Sentence classification: cross-entropy over the classes; accuracy and F1."""
 
     family = "encoder"
@@ -56,8 +56,6 @@ class ClassifyTask(Task):
         self.model_config = resolve_model(rc, vocab_size=tok.vocab_size, pad_id=tok.pad_id,
                                           n_classes=n_classes, head=self.head)
         self.max_len = min(d.max_len or self.model_config.max_len, self.model_config.max_len)
-        self._batches: ClassificationBatches | None = None
-        self._iter = None
 
     def _read(self, path: Path) -> list[tuple[str, int]]:
         return read_labelled_tsv(path, num_labels=self.n_classes)
@@ -97,27 +95,8 @@ class ClassifyTask(Task):
                                      self.rc.train.seed, shuffle, bucket=self.rc.data.bucket,
                                      end_id=tok.eos_id)
 
-    def _train_batches(self) -> ClassificationBatches:
-        if self._batches is None:
-            self._batches = self.batches("train", self.rc.train.batch_size, True)
-        return self._batches
-
-    def next_batch(self) -> tuple[Tensor, Tensor]:
-        if self._iter is None:
-            self._iter = iter(self._train_batches())
-        try:
-            return next(self._iter)
-        except StopIteration:
-            self._iter = iter(self._train_batches())
-            return next(self._iter)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"batches": self._train_batches().state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._batches = self.batches("train", self.rc.train.batch_size, True)
-        self._batches.load_state_dict(state["batches"])
-        self._iter = None
+    def _make_train_batches(self) -> ClassificationBatches:
+        return self.batches("train", self.rc.train.batch_size, True)
 
     def loss_sum(self, model: nn.Module, batch, label_smoothing: float = 0.0) -> Tensor:
         ids, labels = batch

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -21,7 +21,7 @@ from ..decoding import translate_texts
 from ..metrics import bleu
 from ..models import token_loss
 from ..tokenizers import Tokenizer
-from .base import Amp, Task, data_file, resolve_model, train_tokenizer
+from .base import Amp, EpochTask, Task, data_file, resolve_model, train_tokenizer
 
 if TYPE_CHECKING:  # annotations only: the training config imports the task table
     from ..train.config import RunConfig
@@ -49,7 +49,7 @@ class Seq2SeqTask(Task):
         return total / max(n, 1.0)
 
 
-class TranslationTask(Seq2SeqTask):
+class TranslationTask(Seq2SeqTask, EpochTask):
     """Parallel text (Multi30k de->en): one joint BPE vocabulary, shared embeddings."""
 
     kind = "translation"
@@ -77,8 +77,6 @@ class TranslationTask(Seq2SeqTask):
         if tok.pad_id is None or tok.bos_id is None or tok.eos_id is None:
             raise ConfigError("translation needs a tokenizer with <pad>, <bos> and <eos>")
         self.model_config = resolve_model(rc, vocab_size=tok.vocab_size, pad_id=tok.pad_id)
-        self._batches: Seq2SeqBatches | None = None
-        self._iter = None
 
     def pairs(self, name: str) -> list[tuple[str, str]]:
         if name not in self._pairs:
@@ -108,37 +106,18 @@ class TranslationTask(Seq2SeqTask):
         self._train_batches()
         self.encode("val")
 
-    def _train_batches(self) -> Seq2SeqBatches:
-        if self._batches is None:
-            limit = min(self.rc.data.max_len or self.model_config.max_len,
-                        self.model_config.max_len)
-            pairs = self.encode("train")
-            kept = [(s, t) for s, t in pairs if len(s) <= limit and len(t) <= limit]
-            if len(kept) < len(pairs):
-                log.info("dropped %d of %d training pairs longer than %d tokens",
-                         len(pairs) - len(kept), len(pairs), limit)
-            if not kept:
-                raise ConfigError(f"every training pair is longer than {limit} tokens; raise "
-                                  "model.max_len (or data.max_len)")
-            self._batches = Seq2SeqBatches(kept, self.rc.train.max_tokens, self.tokenizer.pad_id,
-                                           self.rc.train.seed)
-        return self._batches
-
-    def next_batch(self) -> tuple[Tensor, Tensor, Tensor]:
-        if self._iter is None:
-            self._iter = iter(self._train_batches())
-        try:
-            return next(self._iter)
-        except StopIteration:
-            self._iter = iter(self._train_batches())
-            return next(self._iter)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"batches": self._train_batches().state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._train_batches().load_state_dict(state["batches"])
-        self._iter = None
+    def _make_train_batches(self) -> Seq2SeqBatches:
+        limit = min(self.rc.data.max_len or self.model_config.max_len, self.model_config.max_len)
+        pairs = self.encode("train")
+        kept = [(s, t) for s, t in pairs if len(s) <= limit and len(t) <= limit]
+        if len(kept) < len(pairs):
+            log.info("dropped %d of %d training pairs longer than %d tokens",
+                     len(pairs) - len(kept), len(pairs), limit)
+        if not kept:
+            raise ConfigError(f"every training pair is longer than {limit} tokens; raise "
+                              "model.max_len (or data.max_len)")
+        return Seq2SeqBatches(kept, self.rc.train.max_tokens, self.tokenizer.pad_id,
+                              self.rc.train.seed)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
