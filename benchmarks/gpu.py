@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import statistics
@@ -103,14 +104,19 @@ def char_data(args) -> torch.Tensor:
     return torch.tensor([stoi[c] for c in text[: int(0.9 * len(text))]], dtype=torch.long)
 
 
+def model_fields(s: dict) -> dict:
+    """The attnlab model of every training part, every field the recipe `attnlab train` starts
+    from might set (nanoGPT's GPT-2 settings; vocabulary 65 and no pad id: the char data's,
+    which `attnlab train` derives itself)."""
+    return dict(family="decoder", d_model=s["d"], n_heads=s["heads"], n_layers=s["layers"],
+                d_ff=4 * s["d"], max_len=s["block"], dropout=0.0, norm="pre", ffn="gelu",
+                pos="learned", bias=False, scale_embeddings=False, tie_embeddings=True)
+
+
 def attnlab_model(s: dict) -> torch.nn.Module:
     from attnlab import ModelConfig, build_model
 
-    cfg = ModelConfig(family="decoder", vocab_size=65, d_model=s["d"], n_heads=s["heads"],
-                      n_layers=s["layers"], max_len=s["block"], dropout=0.0, norm="pre",
-                      ffn="gelu", pos="learned", bias=False, scale_embeddings=False,
-                      tie_embeddings=True, pad_id=None)
-    return build_model(cfg)
+    return build_model(ModelConfig(**model_fields(s), vocab_size=65, pad_id=None))
 
 
 def nanogpt_model(s: dict, args) -> torch.nn.Module:
@@ -195,6 +201,26 @@ def train_in_loop(args, device: torch.device, which: str = "attnlab") -> dict:
             "flops_per_token": flops_per_token, "params": n_params}
 
 
+TRAINER_RECIPE = "shakespeare_char"  # the recipe the trainer part starts from
+
+
+def trainer_overrides(args, device: torch.device) -> list[str]:
+    """The ``--set`` values that make :data:`TRAINER_RECIPE` train this script's model, data,
+    batch and settings."""
+    s = shapes(args)
+    sets = {**{f"model.{k}": json.dumps(v) for k, v in model_fields(s).items()},
+            "data.path": json.dumps(str(input_txt(args))), "data.tokenizer": '"char"',
+            "train.device": f'"{device}"',
+            "train.compile": json.dumps(args.compile and not args.tiny),
+            "train.precision": '"bf16"' if device.type == "cuda" else '"fp32"',
+            "train.batch_size": s["batch"], "train.grad_accum": s["accum"],
+            "train.block_size": s["block"], "train.lr": 6e-4, "train.beta2": 0.95,
+            "train.max_steps": args.warmup + args.iters, "train.eval_every": 0,
+            "train.eval_batches": 1, "train.final_eval_batches": 1, "train.log_every": 1,
+            "train.progress": "false", "train.tensorboard": "false"}
+    return [f"{key}={value}" for key, value in sets.items()]
+
+
 def train_trainer(args, device: torch.device) -> dict:
     """Tokens/s of ``attnlab train`` itself (the CLI, its Trainer and data pipeline, in a
     subprocess) on the same model, data and batch shape: what a user gets, read from the
@@ -204,25 +230,11 @@ def train_trainer(args, device: torch.device) -> dict:
     from attnlab.runs import RunDir
 
     s = shapes(args)
-    compiled = args.compile and not args.tiny
-    sets = {"model.family": '"decoder"', "model.n_layers": s["layers"],
-            "model.n_heads": s["heads"], "model.d_model": s["d"], "model.d_ff": 4 * s["d"],
-            "model.max_len": s["block"], "model.dropout": 0.0, "model.bias": "false",
-            "model.ffn": '"gelu"', "model.norm": '"pre"', "model.pos": '"learned"',
-            "model.scale_embeddings": "false", "model.tie_embeddings": "true",
-            "data.path": f'"{input_txt(args)}"', "data.tokenizer": '"char"',
-            "train.device": f'"{device}"', "train.compile": str(compiled).lower(),
-            "train.precision": '"bf16"' if device.type == "cuda" else '"fp32"',
-            "train.batch_size": s["batch"], "train.grad_accum": s["accum"],
-            "train.block_size": s["block"], "train.lr": 6e-4, "train.beta2": 0.95,
-            "train.max_steps": args.warmup + args.iters, "train.eval_every": 0,
-            "train.eval_batches": 1, "train.final_eval_batches": 1, "train.log_every": 1,
-            "train.progress": "false", "train.tensorboard": "false"}
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "attnlab", "train", "shakespeare_char", "--out",
+        cmd = [sys.executable, "-m", "attnlab", "train", TRAINER_RECIPE, "--out",
                str(Path(tmp) / "run")]
-        for key, value in sets.items():
-            cmd += ["--set", f"{key}={value}"]
+        for override in trainer_overrides(args, device):
+            cmd += ["--set", override]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])))
         out = subprocess.run(cmd, capture_output=True, text=True, env=env)

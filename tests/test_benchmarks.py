@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from _runs import TEXT, lm_run
 
@@ -97,6 +99,26 @@ def test_gpu_script_runs_on_cpu_with_tiny_shapes(tmp_path, capsys):
     fp32 = table_rows(out, "greedy sampling tokens/s, fp32")
     assert len(fp32) == 2 and not any("tokens differ" in row[0] for row in fp32)
     assert "failed" not in out
+
+
+def test_gpu_trainer_part_trains_the_model_of_the_loop(tmp_path):
+    """The `attnlab train` part starts from a recipe with its own model settings (d_ff 768,
+    ...): its overrides must give the very model gpu.py's loop times (a d_ff left out once
+    trained a 64-wide model with a 768-wide feed-forward)."""
+    from attnlab.train import load_config
+
+    gpu = script("gpu")
+    (tmp_path / "tinyshakespeare").mkdir()
+    (tmp_path / "tinyshakespeare" / "input.txt").write_text(TEXT)
+    for tiny in (True, False):
+        args = argparse.Namespace(tiny=tiny, accum=4, compile=True, warmup=1, iters=2,
+                                  data_dir=tmp_path)
+        rc = load_config(gpu.ROOT / "configs" / f"{gpu.TRAINER_RECIPE}.toml",
+                         gpu.trainer_overrides(args, torch.device("cpu")))
+        loop = gpu.attnlab_model(gpu.shapes(args)).config
+        assert rc.model.replace(vocab_size=65, pad_id=None) == loop
+        assert rc.train.batch_size * rc.train.grad_accum * rc.train.block_size == (
+            gpu.shapes(args)["batch"] * gpu.shapes(args)["accum"] * gpu.shapes(args)["block"])
 
 
 def test_attention_memory_runs(capsys):
