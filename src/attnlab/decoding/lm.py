@@ -84,6 +84,16 @@ def inference_layout(model: nn.Module) -> nn.Module:
     return model
 
 
+def _matrix_products(model: nn.Module, rows: int):
+    """What the probes below time, one pass over a decoding step's matrix products: the
+    model's ``nn.Linear`` layers, a random input of ``rows`` token rows for each, and their
+    shapes and dtypes (for the probe's key)."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    inputs = [torch.randn(rows, 1, m.in_features, dtype=m.weight.dtype) for m in linears]
+    shapes = sorted((m.out_features, m.in_features, str(m.weight.dtype)) for m in linears)
+    return linears, inputs, shapes
+
+
 def layout_pays(model: nn.Module, rows: int = 1) -> bool:
     """Whether :func:`inference_layout` makes the matrix products of a decoding step of
     ``rows`` token rows faster on this machine (CPU): one pass over the model's linear layers
@@ -92,22 +102,20 @@ def layout_pays(model: nn.Module, rows: int = 1) -> bool:
     the probe). On an AMD EPYC the column-major layout won for a 4 x 192 char model at 1 row
     (163 vs 170 us a pass; 0.389 vs 0.406 ms a generated token) and lost at 8 rows (516 vs
     471 us; 0.934 vs 0.898 ms), and won at both for the 6 x 384 GPT-2 shape (V 50257)."""
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    linears, inputs, shapes = _matrix_products(model, rows)
     if not linears or linears[0].weight.device.type != "cpu":
         return False
     with torch.no_grad():
         row = [m.weight.contiguous() for m in linears]
         col = [w.t().contiguous().t() if m.out_features > m.in_features else w
                for m, w in zip(linears, row)]
-        inputs = [torch.randn(rows, 1, m.in_features, dtype=m.weight.dtype) for m in linears]
 
     def step(layout: str) -> None:
         with torch.inference_mode():
             for m, w, x in zip(linears, col if layout == "column-major" else row, inputs):
                 F.linear(x, w, m.bias)
 
-    key = machine_key("inference layout", rows,
-                      sorted((m.out_features, m.in_features, str(m.weight.dtype)) for m in linears))
+    key = machine_key("inference layout", rows, shapes)
     return fastest(step, key, ("row-major", "column-major"), field="layout",
                    what=f"inference layout ({rows} rows)") == "column-major"
 
@@ -152,17 +160,16 @@ def decoding_kernels(model: nn.Module, rows: int | None = None) -> type[Abstract
         return _OneDNNOff if x86 else nullcontext
     if rows != 1:
         return nullcontext
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    linears, inputs, _ = _matrix_products(model, 1)
     if not linears:
         return nullcontext
-    inputs = [torch.randn(1, 1, m.in_features, dtype=m.weight.dtype) for m in linears]
 
     def step(kernels: str) -> None:  # the matrix products of one token
         with torch.inference_mode(), (_OneDNNOff() if kernels == "native" else nullcontext()):
             for m, x in zip(linears, inputs):
                 m(x)
 
-    key = machine_key("decoding kernels, one row", low,
+    key = machine_key("decoding kernels, one row", low,  # the memory order counts here
                       sorted((m.out_features, m.in_features, str(m.weight.dtype),
                               m.weight.stride()) for m in linears))
     best = fastest(step, key, ("onednn", "native"), field="kernels",
