@@ -17,6 +17,7 @@ from attnlab.decoding import (
     Sampler,
     TextStream,
     decoding_kernels,
+    direct_attributes,
     filter_logits,
     generate,
     generate_text,
@@ -322,6 +323,59 @@ def _onednn_during_forwards(model) -> list[bool]:
     seen: list[bool] = []
     model.register_forward_pre_hook(lambda *_: seen.append(torch.backends.mkldnn.enabled))
     return seen
+
+
+def _direct_entries(model) -> dict:
+    """Parameters and submodules found in their module's own ``__dict__``, by qualified name."""
+    return {f"{prefix}.{name}": module.__dict__[name]
+            for prefix, module in model.named_modules()
+            for name in (*module._parameters, *module._modules) if name in module.__dict__}
+
+
+def test_decoding_finds_parameters_and_submodules_directly_and_leaves_no_trace():
+    """`direct_attributes`: during generation and translation (greedy and beam), every
+    parameter and submodule is in its module's ``__dict__`` (the same objects: no
+    ``nn.Module.__getattr__`` per lookup); nothing is left after, also when a step fails or a
+    stream is closed early; nested uses remove only what they added; an assignment inside is
+    seen. The tokens are those of the same model outside it (full forwards, no cache)."""
+    model = tiny_lm()
+    named = dict(model.named_parameters(remove_duplicate=False))
+    seen = []
+    model.decoder.layers[0].register_forward_pre_hook(
+        lambda *_: seen.append(_direct_entries(model)))
+    out = generate(model, PROMPTS, 5, temperature=0)
+    assert seen and all(len(s) == len(seen[0]) for s in seen)
+    inside = seen[0]
+    assert set(named) <= set(inside) and all(inside[k] is named[k] for k in named)
+    assert inside["decoder.layers"] is model.decoder.layers
+    assert _direct_entries(model) == {}
+    assert out == generate(model, PROMPTS, 5, temperature=0, use_cache=False)
+
+    steps = stream(model, PROMPTS[:1], 10, temperature=0)
+    next(steps)
+    assert _direct_entries(model)  # held while the stream is open
+    steps.close()
+    assert _direct_entries(model) == {}
+
+    with direct_attributes(model):
+        with direct_attributes(model):
+            pass
+        assert _direct_entries(model)  # the inner use added nothing, so removed nothing
+        norm = model.decoder.norm
+        norm.weight = torch.nn.Parameter(torch.full_like(norm.weight, 2.0))
+        assert norm.weight is norm._parameters["weight"]  # torch's __setattr__ dropped the copy
+        with pytest.raises(RuntimeError, match="boom"):
+            with direct_attributes(model):
+                raise RuntimeError("boom")
+    assert _direct_entries(model) == {}
+
+    seq2seq = tiny_seq2seq()
+    seen.clear()
+    seq2seq.decoder.register_forward_pre_hook(lambda *_: seen.append(_direct_entries(seq2seq)))
+    for beam in (1, 3):
+        translate(seq2seq, [[3, 4, 5, 6]], beam=beam, max_len=5, bos_id=1, eos_id=2, pad_id=0)
+        assert seen and all(seen) and _direct_entries(seq2seq) == {}
+        seen.clear()
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no "

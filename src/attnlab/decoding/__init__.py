@@ -20,6 +20,7 @@ from .classify import Classification, classify, classify_texts
 from .lm import (
     FINISHED,
     decoding_kernels,
+    direct_attributes,
     generate,
     generate_text,
     inference_layout,
@@ -52,6 +53,7 @@ __all__ = [
     "cut_at_stop",
     "decode_limit",
     "decoding_kernels",
+    "direct_attributes",
     "filter_logits",
     "generate",
     "generate_text",

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from ..data.batching import pad
-from .lm import decoding_kernels
+from .lm import decoding_kernels, direct_attributes
 
 if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
@@ -254,7 +254,7 @@ def translate(model: nn.Module, src: Tensor | Sequence[Sequence[int]], *, beam: 
     ids, mask = _source_batch(src, pad, device)
     mask = src_mask if src_mask is not None else mask
     n = _limits(model, max_len, ids.size(0))
-    with decoding_kernels(model)():
+    with decoding_kernels(model)(), direct_attributes(model):
         if beam == 1:
             return greedy_search(model, ids, mask, max_len=n, bos_id=bos_id, eos_id=eos_id)
         return beam_search(model, ids, mask, beam=beam, length_penalty=length_penalty,

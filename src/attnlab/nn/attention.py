@@ -146,8 +146,9 @@ class KVCache:
         kc, vc = self.k[layer], self.v[layer]  # (narrow: fewer ops than indexing, per step)
         kc.narrow(2, self.length, k.size(2)).copy_(k)
         vc.narrow(2, self.length, v.size(2)).copy_(v)
-        # (B, H, S, Dh), in the model's dtype if kept in another (e.g. bf16 to halve the cache)
-        return kc.narrow(2, 0, end).to(k.dtype), vc.narrow(2, 0, end).to(v.dtype)
+        kc, vc = kc.narrow(2, 0, end), vc.narrow(2, 0, end)  # (B, H, S, Dh)
+        # in the model's dtype if kept in another (e.g. bf16 to halve the cache)
+        return (kc, vc) if kc.dtype == k.dtype else (kc.to(k.dtype), vc.to(v.dtype))
 
     def advance(self, t: int) -> None:
         self.length += t
