@@ -185,7 +185,7 @@ def direct_attributes(model: nn.Module) -> Iterator[None]:
     keeps parameters and submodules in dicts of its own, which ordinary attribute lookup
     misses, so each ``self.weight`` or ``self.norm1`` falls through to ``nn.Module.__getattr__``
     (a Python function, ~0.4 us a call): a token of the 4 x 192 char model made ~100 such
-    lookups, ~10% of its time (AMD EPYC: 407 -> 343 us a token with this; benchmarks/
+    lookups, ~15% of its time (AMD EPYC: 407 -> 343 us a token with this; benchmarks/
     README.md). For the duration, each entry is also put in its module's ``__dict__``, where
     lookup finds it first; the entries added are removed after (nested uses add nothing).
 
