@@ -369,6 +369,17 @@ def test_decoding_finds_parameters_and_submodules_directly_and_leaves_no_trace()
                 raise RuntimeError("boom")
     assert _direct_entries(model) == {}
 
+    class Shadowed(torch.nn.Module):  # a class attribute hides the submodule (torch's lookup)
+        extra = None
+
+        def __init__(self):
+            super().__init__()
+            self.extra = torch.nn.Linear(2, 2)
+
+    odd = Shadowed()
+    with direct_attributes(odd):
+        assert odd.extra is None  # as outside: nothing put in front of the class attribute
+
     seq2seq = tiny_seq2seq()
     seen.clear()
     seq2seq.decoder.register_forward_pre_hook(lambda *_: seen.append(_direct_entries(seq2seq)))

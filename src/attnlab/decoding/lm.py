@@ -192,13 +192,14 @@ def direct_attributes(model: nn.Module) -> Iterator[None]:
     Nothing changes but the speed: the entries are the same objects; assigning a parameter or
     submodule inside is seen (``nn.Module.__setattr__`` drops the entry); only setting one to
     None or deleting one inside is not, until the end. Buffers are not copied (assigning one
-    does not drop an entry).
+    does not drop an entry), nor names that the module's class also has (lookup finds the
+    class's first, today, and must go on doing so).
     """
     added = []
     for module in model.modules():
-        own = module.__dict__
+        own, cls = module.__dict__, type(module)
         for name, value in (*module._parameters.items(), *module._modules.items()):
-            if name not in own:
+            if name not in own and not hasattr(cls, name):  # (a class attribute wins today)
                 own[name] = value
                 added.append((own, name))
     try:
