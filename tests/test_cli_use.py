@@ -205,6 +205,29 @@ def test_classify_and_translate_read_a_pipe(runs, capsys, monkeypatch, tmp_path,
         assert out == expected and out.splitlines()[1] == ""
 
 
+def test_inputs_longer_than_max_len_are_read_in_part_and_say_so(runs, capsys, tmp_path,
+                                                                 caplog):
+    """A text longer than max_len is cut to it (as in training) with one warning (the CLI
+    logs warnings to stderr); shorter ones give none."""
+    long = tmp_path / "long.txt"
+    long.write_text("the fox " * 40 + "\nto be\n")
+
+    def warnings_of(*argv) -> list[str]:
+        caplog.clear()
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 0 and len(out.splitlines()) == len(argv[-1].read_text().splitlines()), err
+        return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+    for command, run in (("translate", runs["mt"]), ("classify", runs["cls"])):
+        (line,) = warnings_of(command, run, "--input", long)
+        assert line.startswith("1 of 2 ") and "tokens (max_len): only their first" in line
+        (line,) = warnings_of(command, run, "--batch-size", 1, "--input", long)
+        assert line.startswith("1 of 1 ")  # only the long one's batch
+    short = tmp_path / "short.txt"
+    short.write_text("to be\n")
+    assert warnings_of("classify", runs["cls"], "--input", short) == []
+
+
 def test_input_that_is_a_folder_is_one_line(runs, capsys, tmp_path):
     code, out, err = run_cli(capsys, "classify", runs["cls"], "--input", tmp_path)
     assert code == 2 and out == "" and "is a folder" in err

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
+from .data.synthetic import SYNTHETIC_NAMES
 from .models import build_model
 from .state_tree import flatten, unflatten
 from .tokenizers import Tokenizer, load_tokenizer
@@ -286,8 +287,8 @@ class RunDir:
     def read_config(self) -> dict[str, Any]:
         """The run config as a dict; clear errors for a missing folder or a broken file."""
         if not self.path.is_dir():
-            raise RunError(f"run dir {self.path} does not exist (give the --out folder of a "
-                           "training)")
+            what = "is a file, not a run dir" if self.path.exists() else "does not exist"
+            raise RunError(f"run dir {self.path} {what} (give the --out folder of a training)")
         if not self.config_file.is_file():
             raise RunError(f"{self.path} is not an attnlab run dir: it has no "
                            f"{self.config_file.name}")
@@ -306,8 +307,17 @@ class RunDir:
         return self.tokenizer_file.is_file()
 
     def load_tokenizer(self) -> Tokenizer | None:
-        """The run's tokenizer, or None when it has none (synthetic tasks)."""
-        return load_tokenizer(self.tokenizer_file) if self.has_tokenizer() else None
+        """The run's tokenizer, or None when its task has none (the synthetic tasks: ids in,
+        ids out); a text task's run without one is incomplete (an error that says so)."""
+        if self.has_tokenizer():
+            return load_tokenizer(self.tokenizer_file)
+        name = self.read_config().get("data", {}).get("name")
+        if name is not None and name not in SYNTHETIC_NAMES:
+            raise RunError(f"{self.path} has no {self.tokenizer_file.name}, which a run of "
+                           f"data.name={name!r} needs (only the synthetic tasks "
+                           f"{', '.join(SYNTHETIC_NAMES)} have none): the run dir is "
+                           "incomplete; copy the file from where the run was trained")
+        return None
 
     def save_tokenizer(self, tokenizer: Tokenizer) -> None:
         tokenizer.save(self.tokenizer_file)
@@ -327,8 +337,13 @@ class RunDir:
         order = {"best": ["best", "last"], "last": ["last", "best"]}.get(which)
         if order is None:
             path = Path(which)
+            if path.name == STATE_TENSORS:
+                raise RunError(f"checkpoint {which} is a training-state file (optimizer moments, "
+                               f"not weights): give the {MODEL_FILE} beside it")
             if path.is_file():
                 return path
+            if path.suffix == ".safetensors":
+                raise RunError(f"checkpoint file {which} does not exist")
             raise RunError(f"checkpoint {which!r} is not 'best', 'last' or a .safetensors file")
         for name in order:
             folder = self.checkpoint_dir(name)

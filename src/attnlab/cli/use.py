@@ -121,17 +121,22 @@ def _fast_layout(model, rows: int) -> None:
 def _read_lines(path: str | None) -> list[str]:
     """The lines of ``path``: a file, a pipe (``/dev/stdin``, ``<(cmd)``), or stdin for None/-."""
     if path is None or path == "-":
-        return [line.rstrip("\r\n") for line in sys.stdin]
-    file = Path(path)
-    if not file.exists():
-        raise UserError(f"input file {path} does not exist")
-    if file.is_dir():
-        raise UserError(f"input {path} is a folder: give a text file, one item per line")
+        if not hasattr(sys.stdin, "buffer"):  # a text stream put in its place (tests, notebooks)
+            return sys.stdin.read().splitlines()
+        data, name = sys.stdin.buffer.read(), "standard input"
+    else:
+        file = Path(path)
+        if not file.exists():
+            raise UserError(f"input file {path} does not exist")
+        if file.is_dir():
+            raise UserError(f"input {path} is a folder: give a text file, one item per line")
+        with open(file, "rb") as f:  # open(): pipes have no size to read ahead
+            data, name = f.read(), f"input file {path}"
     try:
-        with open(file, encoding="utf-8") as f:  # open(): pipes have no size to read ahead
-            return f.read().splitlines()
+        return data.decode("utf-8").splitlines()
     except UnicodeDecodeError as e:
-        raise UserError(f"input file {path} is not UTF-8 text ({e.reason})") from None
+        line = data[:e.start].count(b"\n") + 1
+        raise UserError(f"{name} is not UTF-8 text: line {line} ({e.reason})") from None
 
 
 def _print_aligned(lines: list[str], batch_size: int, run_batch) -> None:
@@ -155,22 +160,26 @@ def _print_aligned(lines: list[str], batch_size: int, run_batch) -> None:
 def cmd_sample(args: argparse.Namespace) -> int:
     from ..decoding import Sampler, stream_text
 
+    if args.max_new_tokens < 0:
+        raise UserError(f"--max-new-tokens {args.max_new_tokens} is not allowed: >= 0")
+    if args.num_samples < 1:
+        raise UserError(f"--num-samples {args.num_samples} is not allowed: >= 1")
+    if args.top_k is not None and args.top_k < 1:
+        raise UserError(f"--top-k {args.top_k} is not allowed: >= 1 (leave it out to sample "
+                        "from every token)")
     Sampler(args.temperature, args.top_k, args.top_p)  # validate before loading anything
-    prompts = list(args.prompt)
+    # each prompt with where it came from, for the messages about it
+    prompts = [(p, f"--prompt {p!r}") for p in args.prompt]
     if args.prompt_file is not None:
-        prompts += [line for line in _read_lines(args.prompt_file) if line.strip()]
+        prompts += [(line, f"line {i + 1} of --prompt-file {args.prompt_file}")
+                    for i, line in enumerate(_read_lines(args.prompt_file)) if line.strip()]
         if not prompts:
             raise UserError(f"--prompt-file {args.prompt_file} has no prompt: give one per line")
     if not prompts:
         raise UserError("no prompt: give the text to continue with --prompt (repeatable) or "
                         "--prompt-file")
-    if not all(prompts):
+    if not all(p for p, _ in prompts):
         raise UserError("a prompt is empty: give some text to continue with --prompt")
-    if args.max_new_tokens < 0 or args.num_samples < 1:
-        raise UserError("--max-new-tokens must be >= 0 and --num-samples >= 1")
-    if args.top_k is not None and args.top_k < 1:
-        raise UserError(f"--top-k {args.top_k} is not allowed: >= 1 (leave it out to sample "
-                        "from every token)")
     if any(not s for s in args.stop):
         raise UserError('--stop "" is empty: a stop string needs at least one character')
     from ..decoding.quant import check_inference_dtype, to_inference_dtype
@@ -178,10 +187,15 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     check_inference_dtype(args.dtype, resolve_device(args.device, flag="--device"), "--dtype")
     run = _load(args, "decoder")
-    for prompt in prompts:  # unknown characters: a clear error before any output
-        if not run.tokenizer.encode(prompt):
-            raise UserError(f"the prompt {prompt!r} is no token for this run's tokenizer (it "
-                            "drops whitespace): give some text to continue")
+    for prompt, where in prompts:  # unknown characters: a clear error before any output
+        try:
+            ids = run.tokenizer.encode(prompt)
+        except ValueError as e:
+            raise UserError(f"{where}: {e}") from None
+        if not ids:
+            raise UserError(f"{where} is no token for this run's tokenizer (it drops "
+                            "whitespace): give some text to continue")
+    prompts = [p for p, _ in prompts]
     if args.dtype == "fp32":  # the column-major layout helps fp32 only
         # one prompt streams one sample at a time; several are sampled together
         _fast_layout(run.model, 1 if len(prompts) == 1 else len(prompts) * args.num_samples)
@@ -230,8 +244,9 @@ def _sample_batch(run, prompts: list[str], args: argparse.Namespace, gen) -> int
 def cmd_translate(args: argparse.Namespace) -> int:
     from ..decoding import translate_texts
 
-    if args.beam < 1 or args.batch_size < 1:
-        raise UserError("--beam and --batch-size must be >= 1")
+    for flag, value in (("--beam", args.beam), ("--batch-size", args.batch_size)):
+        if value < 1:
+            raise UserError(f"{flag} {value} is not allowed: >= 1")
     if not math.isfinite(args.length_penalty):
         raise UserError(f"--length-penalty {args.length_penalty} is not allowed: a finite number "
                         "(0 = none, 0.6 as in GNMT)")
@@ -249,7 +264,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
     from ..decoding import classify_texts
 
     if args.batch_size < 1:
-        raise UserError("--batch-size must be >= 1")
+        raise UserError(f"--batch-size {args.batch_size} is not allowed: >= 1")
     from ..runs import RunDir
 
     why = RunDir(args.run_dir).untrained_head(args.checkpoint)

@@ -15,12 +15,15 @@ Iterating yields the rest of the current epoch, then moves on to the next epoch:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
 from attnlab.data.errors import DataError
+
+log = logging.getLogger(__name__)
 
 
 def pad(seqs: Sequence[Sequence[int]], pad_id: int | None, *,
@@ -70,6 +73,16 @@ def truncate(ids: Sequence[int], max_len: int | None, end_id: int | None = None)
     if end_id is not None and ids[-1] == end_id and max_len > 1:
         return ids[:max_len - 1] + [end_id]
     return ids[:max_len]
+
+
+def warn_if_cut(lengths: Sequence[int], limit: int, what: str) -> None:
+    """One warning when some of the inputs of ``lengths`` tokens are longer than ``limit``
+    (they are then cut to it, as in training): the user sees that part of a text was not
+    read. ``what``: the inputs, plural ("sentences")."""
+    n = sum(length > limit for length in lengths)
+    if n:
+        log.warning("%d of %d %s have more than %d tokens (max_len): only their first %d are "
+                    "read", n, len(lengths), what, limit, limit)
 
 
 def _epoch_generator(seed: int, epoch: int) -> torch.Generator:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..data.batching import pad, truncate, with_cls
+from ..data.batching import pad, truncate, warn_if_cut, with_cls
 
 if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
@@ -102,6 +102,7 @@ def classify_texts(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str],
         if not text.strip():
             raise ValueError(f"text {i + 1} is empty")
         seqs.append(encoder_input(tokenizer, cfg, text))
+    warn_if_cut([len(s) for s in seqs], limit, "texts")
     out: list[tuple[str, float]] = []
     for start in range(0, len(seqs), batch_size):
         result = classify(model, [truncate(s, limit, tokenizer.eos_id)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from ..data.batching import pad
+from ..data.batching import pad, warn_if_cut
 from .lm import decoding_kernels, direct_attributes
 
 if TYPE_CHECKING:
@@ -301,7 +301,9 @@ def translate_texts(model: nn.Module, texts: Sequence[str], src_tokenizer: Token
     for i, text in enumerate(texts):
         if not text.strip():
             raise ValueError(f"sentence {i + 1} is empty")
-        ids.append(src_tokenizer.encode(text.strip(), add_special)[:cap])
+        ids.append(src_tokenizer.encode(text.strip(), add_special))
+    warn_if_cut([len(s) for s in ids], cap, "sentences")
+    ids = [s[:cap] for s in ids]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out = [""] * len(ids)
     for start in range(0, len(order), batch_size):
