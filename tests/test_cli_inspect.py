@@ -1,7 +1,9 @@
 """`attnlab info` and `attnlab viz` end to end on tiny run dirs made here."""
 
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,8 +56,9 @@ def test_info_on_run_and_config(runs, tmp_path, capsys):
 def test_viz_attention_png_and_html_for_each_family(runs, tmp_path):
     for family, run in runs.items():
         png, html = tmp_path / f"{family}.png", tmp_path / f"{family}.html"
-        assert main(["viz", "attention", str(run), "--text", "the lazy fox", "--target",
-                     "the dog", "--out", str(png), "--html", str(html), "--layer", "1"]) == 0
+        target = ["--target", "the dog"] if family == "encoder_decoder" else []
+        assert main(["viz", "attention", str(run), "--text", "the lazy fox", *target,
+                     "--out", str(png), "--html", str(html), "--layer", "1"]) == 0
         pngs = list(tmp_path.glob(f"{family}*.png"))
         assert pngs and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
         page = html.read_text()
@@ -294,3 +297,91 @@ def test_info_refuses_a_length_the_model_cannot_read(runs, capsys):
     err = capsys.readouterr().err
     assert "--length 41 is more than the model's max_len=40" in err and err.count("\n") == 1
     assert main(["info", str(runs["decoder"]), "--length", "40"]) == 0
+
+
+def _one_line_exit_2(code, capsys, *wanted):
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert all(w in err for w in wanted), err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-len", "100000000", "--d-model", "4096"],
+     "--max-len 100000000 x --d-model 4096 = 409,600,000,000 values is too many to plot: "
+     "allowed max_len x d_model up to 4,194,304"),
+    (["--max-len", "0"], "--max-len 0 is not allowed: give a number >= 1"),
+    (["--max-len", "-5"], "--max-len -5 is not allowed"),
+    (["--d-model", "0"], "--d-model 0 is not allowed: give an even number >= 2"),
+    (["--d-model", "-4"], "--d-model -4 is not allowed"),
+    (["--d-model", "7"], "--d-model 7 is not allowed"),
+])
+def test_viz_positions_refuses_sizes_it_cannot_plot(tmp_path, capsys, argv, message):
+    """--max-len 100000000 --d-model 4096 died allocating 1.6 TB (a traceback, exit 1)."""
+    out = tmp_path / "p.png"
+    _one_line_exit_2(main(["viz", "positions", *argv, "--out", str(out)]), capsys, message)
+    assert not out.exists()
+
+
+def test_viz_positions_refuses_a_run_dir_with_table_sizes(runs, tmp_path, capsys):
+    """`viz positions RUN --d-model 64`: RUN is the optional run_dir positional, so the run's
+    learned table was plotted and --d-model silently ignored."""
+    out = tmp_path / "p.png"
+    for flag in ("--d-model", "--max-len"):
+        code = main(["viz", "positions", str(runs["decoder"]), flag, "64", "--out", str(out)])
+        _one_line_exit_2(code, capsys, "give either a run dir or --d-model/--max-len")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder"])
+def test_viz_target_is_refused_outside_encoder_decoder(runs, tmp_path, capsys, family):
+    out = tmp_path / "v.png"
+    code = main(["viz", "attention", str(runs[family]), "--text", "the fox", "--target", "x",
+                 "--out", str(out)])
+    _one_line_exit_2(code, capsys, f"--target is for encoder-decoder runs; {runs[family]} is "
+                                   f"a {family} run")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("bad", ["html_folder", "out_folder", "out_suffix", "html_unwritable"])
+def test_viz_checks_every_output_before_writing_any(runs, tmp_path, capsys, bad):
+    """--html pointing at a folder: the PNG was written (and printed), then the HTML failed."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    png, html = tmp_path / "v.png", tmp_path / "v.html"
+    paths = {"html_folder": (png, folder), "out_folder": (folder, html),
+             "out_suffix": (tmp_path / "v.txt", html),
+             "html_unwritable": (png, folder / "v.html")}[bad]
+    wanted = {"html_folder": f"--html {folder} is a folder: give a file path",
+              "out_folder": f"--out {folder} is a folder: give a file path",
+              "out_suffix": f"--out {str(tmp_path / 'v.txt')!r} must end in a supported image",
+              "html_unwritable": f"cannot write {folder / 'v.html'} (Permission denied)"}[bad]
+    if bad == "html_unwritable":  # (root can write anywhere: pretend it cannot)
+        real = os.access
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(os, "access", lambda p, mode: Path(p) != folder and real(p, mode))
+            code = main(["viz", "attention", str(runs["decoder"]), "--text", "the fox",
+                         "--out", str(paths[0]), "--html", str(paths[1])])
+    else:
+        code = main(["viz", "attention", str(runs["decoder"]), "--text", "the fox",
+                     "--out", str(paths[0]), "--html", str(paths[1])])
+    _one_line_exit_2(code, capsys, wanted)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"] and not any(folder.iterdir())
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("e3.json", "{a", "e3.json is not valid JSON: Expecting property name"),
+    ("bin.json", b"\x00\xd0\xff", "bin.json is not valid JSON: 'utf-8' codec"),
+    ("bad.toml", "[model\nd_model = 8\n", "bad.toml is not valid TOML: Expected ']'"),
+    ("nothing.json", None, "nothing.json is neither a run dir, a config file nor a recipe"),
+    ("adir", "dir", "adir is not an attnlab run dir"),
+])
+def test_info_names_the_file_it_cannot_read(tmp_path, capsys, name, text, message):
+    """Invalid JSON printed only the decoder's message, without the file's name."""
+    path = tmp_path / name
+    if text == "dir":
+        path.mkdir()
+    elif isinstance(text, bytes):
+        path.write_bytes(text)
+    elif text is not None:
+        path.write_text(text)
+    _one_line_exit_2(main(["info", str(path)]), capsys, message)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import os
 import tomllib
 from pathlib import Path
 
@@ -12,6 +14,10 @@ from ..config import ModelConfig
 from .common import UserError
 
 log = logging.getLogger("attnlab")
+
+# `viz positions`: the largest sinusoidal table drawn (max_len x d_model values). A heatmap is
+# ~1,300 x 500 pixels, so a larger one shows nothing more, and takes gigabytes to draw.
+MAX_TABLE_VALUES = 2048 * 2048
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,11 +46,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--html", default=None, help="self-contained HTML explorer")
     a.add_argument("--checkpoint", default="best", help="best, last or a .safetensors path")
     a.set_defaults(func=cmd_viz_attention)
-    pos = vs.add_parser("positions", help="sinusoidal table, or a run's learned positions")
-    pos.add_argument("run_dir", nargs="?", default=None)
-    pos.add_argument("--d-model", type=int, default=128)
-    pos.add_argument("--max-len", type=int, default=100)
-    pos.add_argument("--out", required=True)
+    pos = vs.add_parser("positions", help="sinusoidal table, or a run's learned positions",
+                        description="Plot the sinusoidal position table (--d-model, --max-len) "
+                                    "or, given a run dir, the run's learned position embeddings.")
+    pos.add_argument("run_dir", nargs="?", default=None,
+                     help="a run with learned positions (then no --d-model/--max-len)")
+    size = f"max_len x d_model at most {MAX_TABLE_VALUES:,}"
+    pos.add_argument("--d-model", type=int, default=None,
+                     help=f"sinusoidal table: dimensions, even, >= 2 (default 128; {size})")
+    pos.add_argument("--max-len", type=int, default=None,
+                     help=f"sinusoidal table: positions, >= 1 (default 100; {size})")
+    pos.add_argument("--out", required=True, help="PNG (or .svg/.pdf) to write")
     pos.set_defaults(func=cmd_viz_positions)
 
 
@@ -64,15 +76,14 @@ def _config_from(target: Path) -> tuple[ModelConfig, str | None]:
         except FileNotFoundError as e:
             raise UserError(f"{target} is neither a run dir, a config file nor a recipe name "
                             f"({str(e).split('(', 1)[-1].rstrip(')')})") from None
-    if target.suffix == ".json":
-        data = json.loads(target.read_text())
-    elif target.suffix == ".toml":
-        try:
-            data = tomllib.loads(target.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise UserError(f"{target} is not valid TOML: {e}") from e
-    else:
+    if target.suffix not in (".json", ".toml"):
         raise UserError(f"{target}: expected a run dir, a .toml or a .json config")
+    kind = target.suffix[1:].upper()
+    try:
+        text = target.read_text(encoding="utf-8")
+        data = json.loads(text) if kind == "JSON" else tomllib.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+        raise UserError(f"{target} is not valid {kind}: {e}") from None
     if isinstance(data, dict) and ("data" in data or "train" in data):  # a training recipe:
         return _recipe_model(data)  # resolved as training does
     model = data.get("model", data) if isinstance(data, dict) else data
@@ -240,27 +251,40 @@ def _target_ids(run, src: list[int], target: str | None) -> list[int]:
     return [tok.bos_id, *out, tok.eos_id]
 
 
-def _check_out_path(path: str, flag: str) -> None:
-    """Refuse, before anything is computed or written, an output path under a file."""
-    for parent in Path(path).parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise UserError(f"{flag} {path}: {parent} is a file, not a folder; choose a "
-                                "path in a folder (missing folders are created)")
-            return
+def _check_out_path(path: str, flag: str, example: str) -> None:
+    """Refuse, before anything is computed or written, an output path that cannot be written:
+    a folder, a path under a file, or a place this user cannot write to."""
+    out = Path(path)
+    if out.is_dir():
+        raise UserError(f"{flag} {path} is a folder: give a file path, e.g. {out / example}")
+    parent = next(p for p in out.parents if p.exists())
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: {parent} is a file, not a folder; choose a "
+                        "path in a folder (missing folders are created)")
+    if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and
+                                                     not os.access(out, os.W_OK)):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
 
 
 def cmd_viz_attention(args: argparse.Namespace) -> int:
     if not args.out and not args.html:
         raise UserError("give --out FILE.png for heatmaps and/or --html FILE.html for the "
                         "explorer")
-    for flag, path in (("--out", args.out), ("--html", args.html)):
-        if path:
-            _check_out_path(path, flag)
-    run = _load(args.run_dir, args.checkpoint)
-    views = _collect_views(run, args)
     from .. import viz
+    from ..viz._common import check_image_path
 
+    if args.out:
+        _check_out_path(args.out, "--out", "attention.png")
+        check_image_path(args.out, "--out")
+    if args.html:
+        _check_out_path(args.html, "--html", "attention.html")
+    run = _load(args.run_dir, args.checkpoint)
+    if args.target is not None and run.model.config.family != "encoder_decoder":
+        raise UserError(f"--target is for encoder-decoder runs; {args.run_dir} is a "
+                        f"{run.model.config.family} run: drop --target")
+    views = _collect_views(run, args)
+    if args.html:  # first: a page over the size limit fails before any file is written
+        print(viz.write_attention_html(args.html, views, title=f"attnlab: {args.run_dir}"))
     if args.out:
         out = Path(args.out)
         for v in views:
@@ -269,17 +293,22 @@ def cmd_viz_attention(args: argparse.Namespace) -> int:
             viz.plot_attention(v.weights, v.query_tokens, v.key_tokens, path,
                                layer_labels=v.layer_ids, head_labels=v.head_ids, title=v.name)
             print(path)
-    if args.html:
-        print(viz.write_attention_html(args.html, views, title=f"attnlab: {args.run_dir}"))
     return 0
 
 
 def cmd_viz_positions(args: argparse.Namespace) -> int:
     from .. import viz
+    from ..viz._common import check_image_path
 
+    _check_out_path(args.out, "--out", "positions.png")
+    check_image_path(args.out, "--out")
     if args.run_dir:
         from ..runs import load_run
 
+        if args.d_model is not None or args.max_len is not None:
+            raise UserError(f"--d-model and --max-len size the sinusoidal table; the learned "
+                            f"positions of {args.run_dir} have the run's size: give either a "
+                            "run dir or --d-model/--max-len, not both")
         run = load_run(args.run_dir, "best")  # (no tokenizer needed: there is no text)
         pos = getattr(run.model, "emb", None) or getattr(run.model, "tgt_emb", None)
         table = getattr(getattr(pos, "pos", None), "weight", None)
@@ -289,12 +318,19 @@ def cmd_viz_positions(args: argparse.Namespace) -> int:
                             f"plot the sinusoidal table with --d-model/--max-len instead")
         title = f"learned position embeddings of {args.run_dir}"
     else:
-        if args.d_model < 2 or args.d_model % 2 or args.max_len < 1:
-            raise UserError(f"--d-model {args.d_model} must be even and >= 2, --max-len "
-                            f"{args.max_len} positive")
+        d_model = 128 if args.d_model is None else args.d_model
+        max_len = 100 if args.max_len is None else args.max_len
+        if d_model < 2 or d_model % 2:
+            raise UserError(f"--d-model {d_model} is not allowed: give an even number >= 2")
+        if max_len < 1:
+            raise UserError(f"--max-len {max_len} is not allowed: give a number >= 1")
+        if max_len * d_model > MAX_TABLE_VALUES:
+            raise UserError(f"--max-len {max_len} x --d-model {d_model} = "
+                            f"{max_len * d_model:,} values is too many to plot: allowed "
+                            f"max_len x d_model up to {MAX_TABLE_VALUES:,} (e.g. 2048 x 2048)")
         from ..nn.positional import sinusoidal_table
 
-        table = sinusoidal_table(args.max_len, args.d_model)
-        title = f"sinusoidal positional encoding (d_model={args.d_model})"
+        table = sinusoidal_table(max_len, d_model)
+        title = f"sinusoidal positional encoding (d_model={d_model})"
     print(viz.plot_positions(table.detach(), args.out, title=title))
     return 0

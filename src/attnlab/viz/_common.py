@@ -105,8 +105,8 @@ def short_label(token: str, limit: int = MAX_LABEL_CHARS) -> str:
     return shown if len(shown) <= limit else shown[: limit - 1] + "\u2026"
 
 
-def new_figure(width: float, height: float, layout: str = "constrained") -> Figure:
-    """Create a matplotlib Figure drawn by the Agg backend (no window, no pyplot state)."""
+def _matplotlib() -> tuple[type, type]:
+    """matplotlib's Figure and Agg canvas classes (a clear ImportError when it is missing)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -114,21 +114,34 @@ def new_figure(width: float, height: float, layout: str = "constrained") -> Figu
         raise ImportError(
             "attnlab.viz plots need matplotlib; install it with: pip install attnlab[viz]"
         ) from err
-    fig = Figure(figsize=(width, height), layout=layout)
-    FigureCanvasAgg(fig)
+    return Figure, FigureCanvasAgg
+
+
+def new_figure(width: float, height: float, layout: str = "constrained") -> Figure:
+    """Create a matplotlib Figure drawn by the Agg backend (no window, no pyplot state)."""
+    figure, canvas = _matplotlib()
+    fig = figure(figsize=(width, height), layout=layout)
+    canvas(fig)
     return fig
+
+
+def check_image_path(out_path: str | Path, name: str = "out_path") -> tuple[Path, str]:
+    """``out_path`` as a Path and its image format (from the suffix); a ValueError naming
+    ``name`` and the allowed suffixes when matplotlib cannot write that format."""
+    path = Path(out_path)
+    fmt = path.suffix.lower().lstrip(".")
+    supported = _matplotlib()[1].get_supported_filetypes()
+    if fmt not in supported:
+        raise ValueError(
+            f"{name} {str(path)!r} must end in a supported image suffix "
+            f"({', '.join('.' + s for s in sorted(supported))}), got {path.suffix or 'none'!r}"
+        )
+    return path, fmt
 
 
 def save_figure(fig: Figure, out_path: str | Path, dpi: int = 110) -> Path:
     """Save ``fig`` to ``out_path`` (format from the suffix), creating parent folders."""
-    path = Path(out_path)
-    fmt = path.suffix.lower().lstrip(".")
-    supported = fig.canvas.get_supported_filetypes()
-    if fmt not in supported:
-        raise ValueError(
-            f"out_path {str(path)!r} must end in a supported image suffix "
-            f"({', '.join('.' + s for s in sorted(supported))}), got {path.suffix or 'none'!r}"
-        )
+    path, fmt = check_image_path(out_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, format=fmt)
     log.info("wrote %s", path)
