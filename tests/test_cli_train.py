@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+import _runs
 from attnlab.cli import main
 from attnlab.runs import RunDir, read_metrics
 
@@ -183,7 +184,9 @@ def digest(folder):
     "missing_file", "empty_file", "bad_label", "unknown_key", "wrong_type", "token_out_of_range",
     "other_config", "unwritable", "existing_checkpoint", "no_checkpoint_to_resume",
     "fetch_unknown", "fetch_offline", "eval_missing_run", "bad_recipe_name", "eval_unknown_chars",
-    "eval_wrong_data_count",
+    "eval_wrong_data_count", "resume_with_init_from", "resume_with_set_init_from",
+    "resume_below_checkpoint", "resume_at_checkpoint", "resume_other_family", "eval_bad_device",
+    "fetch_from_a_file",
 ])
 def test_bad_input_is_one_line_exit_2_and_leaves_checkpoints_alone(case, lm_run, text, tmp_path,
                                                                    capsys, monkeypatch):
@@ -224,6 +227,25 @@ def test_bad_input_is_one_line_exit_2_and_leaves_checkpoints_alone(case, lm_run,
         "eval_unknown_chars": (["eval", run, "--data", str(unknown)], "not in the vocabulary"),
         "eval_wrong_data_count": (["eval", run, "--data", str(text), str(text)],
                                   "takes one file, got 2 paths"),
+        "resume_with_init_from": (lm_args(text, run, 8, "--resume", "--init-from", run),
+                                  "--resume continues the run in --out from its own checkpoint"),
+        "resume_with_set_init_from": (lm_args(text, run, 8, "--resume", "--set",
+                                              f"train.init_from={run}"),
+                                      "--init-from (train.init_from) starts a new run"),
+        "resume_below_checkpoint": (lm_args(text, run, 2, "--resume"),
+                                    "train.max_steps=2 is not beyond the checkpoint's step 4: "
+                                    "nothing to train"),
+        "resume_at_checkpoint": (lm_args(text, run, 4, "--resume"),
+                                 "train.max_steps=4 is not beyond the checkpoint's step 4"),
+        "resume_other_family": (["train", "sst2", "--out", run, "--resume",
+                                 "--set", f"data.path={tsv}"],
+                                f"run dir {run} holds a decoder-only run (data.name='text'), "
+                                "which cannot be resumed with an encoder-only recipe"),
+        "eval_bad_device": (["eval", run, "--device", "cuda:99"], "--device 'cuda:99' but"),
+        "fetch_from_a_file": (["data", "fetch", "shakespeare", "--from", str(text), "--cache",
+                               str(tmp_path / "cache")],
+                              f"{text} is a file, not a folder: --from takes the folder "
+                              f"holding the shakespeare files (here {text.parent})"),
     }
     if case == "fetch_offline":
         fetch_module = importlib.import_module("attnlab.data.fetch")  # (the package exports
@@ -259,3 +281,76 @@ def test_data_fetch_copies_a_local_file(tmp_path, capsys, monkeypatch):
     assert main(args) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "cache" / "shakespeare")
     assert (tmp_path / "cache" / "shakespeare" / "input.txt").read_text() == TEXT
+
+
+def test_resume_with_a_recipe_keeps_the_run_s_own_data_file(text, tmp_path, monkeypatch):
+    """Settings the recipe and --set leave out come from the run: its data.path, not the
+    data set the recipe would download."""
+    fetch_module = importlib.import_module("attnlab.data.fetch")
+
+    def offline(url, dest, timeout):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(fetch_module, "download_url", offline)
+    recipe = tmp_path / "shakespeare_tiny.toml"
+    recipe.write_text("\n".join([
+        "[model]", "d_model = 32", "n_heads = 2", "n_layers = 1", "max_len = 16",
+        "[data]", 'name = "shakespeare"', f'cache_dir = "{tmp_path / "cache"}"',
+        "[train]", "batch_size = 4", "eval_every = 2", 'precision = "fp32"', "progress = false",
+        "tensorboard = false", ""]))
+    run = tmp_path / "run"
+    assert main(["train", str(recipe), "--set", f"data.path={text}", "--set",
+                 "train.max_steps=2", "--out", str(run)]) == 0
+    assert main(["train", str(recipe), "--out", str(run), "--resume",
+                 "--set", "train.max_steps=4"]) == 0
+    assert json.loads((run / "config.json").read_text())["data"]["path"] == str(text)
+    assert [r["step"] for r in read_metrics(run / "metrics.csv")] == [2, 4]
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("given, missing", [("src_path", "tgt_path"), ("tgt_path", "src_path"),
+                                            ("val_src_path", "val_tgt_path"),
+                                            ("val_tgt_path", "val_src_path")])
+def test_translation_refuses_one_file_of_a_pair(given, missing, text, tmp_path, capsys,
+                                                monkeypatch):
+    def offline(url, dest, timeout):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(importlib.import_module("attnlab.data.fetch"), "download_url", offline)
+    argv = ["train", "multi30k_de_en", "--set", f"data.{given}={text}",
+            "--set", f"data.cache_dir={tmp_path / 'cache'}", "--out", str(tmp_path / "mt")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"data.{given} is set but data.{missing} is not: give both (or "
+                        "neither, to use the downloaded Multi30k)"), err
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "mt").exists()
+
+
+def test_eval_of_an_imported_lm_asks_for_data(tmp_path, capsys):
+    """A run dir imported from Hugging Face names no data file: eval says to pass --data."""
+    run = _runs.lm_run(tmp_path / "imported", data={"name": "text"})
+    assert main(["eval", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith(
+        "has no val data of its own (its config has data.name='text' and no data.path); pass "
+        "the language-model data to evaluate on with --data FILE"), err
+    other = tmp_path / "other.txt"
+    other.write_text(_runs.TEXT * 4)
+    assert main(["eval", str(run), "--data", str(other)]) == 0
+    assert "ppl:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("failure", ["offline", "bad_checksum"])
+def test_a_failed_fetch_leaves_no_folder_behind(failure, tmp_path, capsys, monkeypatch):
+    fetch_module = importlib.import_module("attnlab.data.fetch")
+
+    def download(url, dest, timeout):
+        if failure == "offline":
+            raise OSError("network is unreachable")
+        dest.write_text("not the data set")
+
+    monkeypatch.setattr(fetch_module, "download_url", download)
+    assert main(["data", "fetch", "shakespeare", "--cache", str(tmp_path / "c" / "d")]) == 2
+    err = capsys.readouterr().err
+    assert ("downloading" if failure == "offline" else "checksum mismatch") in err
+    assert not (tmp_path / "c").exists()

@@ -423,7 +423,7 @@ def test_fetch_checksum_mismatch_keeps_nothing(tmp_path, monkeypatch) -> None:
     with pytest.raises(DownloadError, match="checksum mismatch .* expected sha256 "
                        f"{info.files[0].sha256}, got {hashlib.sha256(b'tampered').hexdigest()}"):
         fetch("toy", tmp_path)
-    assert list((tmp_path / "toy").iterdir()) == []
+    assert not (tmp_path / "toy").exists()  # not even the empty folder it made
 
 
 def test_failed_download_leaves_no_partial_file(tmp_path, monkeypatch) -> None:
@@ -435,7 +435,7 @@ def test_failed_download_leaves_no_partial_file(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(fetch_mod, "download_url", broken)
     with pytest.raises(DownloadError, match="failed .*--set data.path=X.*attnlab data fetch toy"):
         fetch("toy", tmp_path)
-    assert list((tmp_path / "toy").iterdir()) == []
+    assert not (tmp_path / "toy").exists()  # not even the empty folder it made
 
 
 def test_download_url_network_error_is_reported(tmp_path, monkeypatch) -> None:
@@ -446,7 +446,7 @@ def test_download_url_network_error_is_reported(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(fetch_mod.urllib.request, "urlopen", offline)
     with pytest.raises(DownloadError, match="downloading toy file input.txt from https://"):
         fetch("toy", tmp_path)
-    assert list((tmp_path / "toy").iterdir()) == []
+    assert not (tmp_path / "toy").exists()  # not even the empty folder it made
 
 
 def test_fetch_gunzips_and_unzips_with_row_check(tmp_path, monkeypatch) -> None:

@@ -115,6 +115,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ..tasks import task_class
     from ..train import load_config, sample_texts, train_run
 
+    if args.resume and (args.init_from or any(
+            o.partition("=")[0].strip() == "train.init_from" for o in args.overrides)):
+        raise UserError("--init-from (train.init_from) starts a new run from other weights, but "
+                        "--resume continues the run in --out from its own checkpoint: give one "
+                        "of them (a fine-tuned run resumes without --init-from)")
     recipe = find_recipe(args.config) if args.config else None
     stem = recipe.stem if recipe else "demo"
     out = Path(args.out) if args.out else _default_out(stem, args.resume)

@@ -36,6 +36,7 @@ sub-directory named after the data set (``tinyshakespeare/``, ``multi30k/``, ``s
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import logging
@@ -239,18 +240,30 @@ def fetch(name: str, cache_dir: str | Path | None = None, source_dir: str | Path
     info = dataset_info(name)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     root = root / info.name
+    if source_dir is not None and Path(source_dir).is_file():
+        raise DataFileNotFoundError(f"source directory {source_dir} is a file, not a folder: "
+                                    f"--from takes the folder holding the {info.name} files "
+                                    f"(here {Path(source_dir).parent})")
     if source_dir is not None and not Path(source_dir).is_dir():
         raise DataFileNotFoundError(f"source directory {source_dir} does not exist")
+    created = [p for p in (root, *root.parents) if not p.exists()]  # innermost first
     root.mkdir(parents=True, exist_ok=True)
-    for spec in info.files:
-        final = root / spec.name
-        if final.is_file():
-            try:
-                _verify(final, spec, str(final), info)
-                log.info("%s is already present and valid", final)
-                continue
-            except DownloadError as e:
-                log.warning("fetching %s again: %s", final, e)
-        _fetch_file(spec, info, final,
-                    None if source_dir is None else Path(source_dir), timeout)
+    try:
+        for spec in info.files:
+            final = root / spec.name
+            if final.is_file():
+                try:
+                    _verify(final, spec, str(final), info)
+                    log.info("%s is already present and valid", final)
+                    continue
+                except DownloadError as e:
+                    log.warning("fetching %s again: %s", final, e)
+            _fetch_file(spec, info, final,
+                        None if source_dir is None else Path(source_dir), timeout)
+    except BaseException:
+        # a failed fetch leaves no empty folder behind (one that kept a verified file stays)
+        for folder in created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
     return root

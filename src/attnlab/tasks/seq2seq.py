@@ -69,6 +69,16 @@ class TranslationTask(Seq2SeqTask, EpochTask):
 
     def __init__(self, rc: RunConfig, tokenizer: Tokenizer | None = None):
         super().__init__(rc)
+        d = rc.data
+        for src, tgt in (("src_path", "tgt_path"), ("val_src_path", "val_tgt_path"),
+                         ("test_src_path", "test_tgt_path")):
+            # one file of a pair alone would fetch (or ask for) the other side's file
+            if bool(getattr(d, src)) != bool(getattr(d, tgt)):
+                given, missing = (src, tgt) if getattr(d, src) else (tgt, src)
+                fetched = d.name == "multi30k" and not src.startswith("test_")
+                neither = " (or neither, to use the downloaded Multi30k)" if fetched else ""
+                raise ConfigError(f"data.{given} is set but data.{missing} is not: give "
+                                  f"both{neither}")
         self._pairs: dict[str, list[tuple[str, str]]] = {}
         if tokenizer is None:
             train = self.pairs("train")

@@ -21,7 +21,7 @@ from ..config import ModelConfig
 from ..runs import RunDir, RunError, load_run
 from ..tasks import build_task, task_class
 from ..tokenizers import Tokenizer
-from .config import RunConfig
+from .config import SECTIONS, RunConfig
 from .distributed import DistInfo, cleanup, describe, env_info, init_distributed
 from .finetune import (
     check_covers,
@@ -37,6 +37,9 @@ from .optim import schedule_warnings
 from .precision import autocast, resolve_precision, sdpa_backends
 
 log = logging.getLogger(__name__)
+# data.name of the runs trained on the user's own files (attnlab.tasks.TASKS): their config
+# names the files, or none at all in a run dir imported from Hugging Face
+OWN_FILES = ("text", "tsv", "parallel")
 FAMILY_WORDS = {"decoder": "a decoder-only", "encoder": "an encoder-only",
                 "encoder_decoder": "an encoder-decoder"}
 
@@ -101,6 +104,37 @@ def check_same_config(run_dir: Path, saved: dict, new: RunConfig) -> None:
                            f"{run_dir} --resume) or train into a new --out")
 
 
+def resumed_config(run: RunDir, saved: dict, rc: RunConfig) -> RunConfig:
+    """``rc`` to continue ``run`` with: every key that the recipe and ``--set`` leave out is
+    the run's own (its config.json), so a resume goes on with the data files and settings it
+    was trained with instead of the recipe's defaults (which download a data set).
+
+    Raises:
+        RunError: ``rc`` trains another model family than the run holds.
+    """
+    theirs = RunConfig.from_dict(saved)  # (a broken config.json: one line naming the key)
+    if theirs.model.family != rc.data.family:  # a merge of two families would be nonsense
+        raise RunError(f"run dir {run.path} holds {FAMILY_WORDS[theirs.model.family]} run "
+                       f"(data.name={theirs.data.name!r}), which cannot be resumed with "
+                       f"{FAMILY_WORDS[rc.data.family]} recipe "
+                       f"(data.name={rc.data.name!r}); resume it without a recipe (attnlab "
+                       f"train --out {run.path} --resume) or train into a new --out")
+    mine, merged = rc.to_dict(), {s: dict(saved.get(s) or {}) for s in SECTIONS}
+    for key in rc.explicit:
+        section, name = key.split(".", 1)
+        merged[section][name] = mine[section][name]
+    return RunConfig.from_dict(merged)
+
+
+def check_steps_left(run: RunDir, rc: RunConfig) -> None:
+    """A resume must have steps to train: one that stops at or before the checkpoint would
+    only evaluate again and rewrite the run's results."""
+    done = run.checkpoint_meta("last").get("step", 0)
+    if rc.train.max_steps <= done:
+        raise RunError(f"train.max_steps={rc.train.max_steps} is not beyond the checkpoint's "
+                       f"step {done}: nothing to train (raise max_steps above {done} to continue)")
+
+
 def _first_missing(path: Path) -> Path | None:
     """The outermost folder of ``path`` that does not exist yet (what a mkdir would create)."""
     path = path.absolute()
@@ -160,8 +194,11 @@ def _train_run(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> RunO
     tokenizer = saved = source = None
     if resume:
         saved = run.read_config()
+        rc = resumed_config(run, saved, rc)
         tokenizer = run.load_tokenizer()
         resume = not _restart_from_nothing(run)
+    if resume:
+        check_steps_left(run, rc)
     if rc.train.init_from and resume:  # the run holds the fine-tuned model: no source read
         rc = init_config(rc, ModelConfig.from_dict(saved["model"]), str(run.path))
         rc = keep_split(rc, saved, str(run.path))
@@ -258,11 +295,18 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
         raise ValueError(f"--beam must be >= 1, got {beam}")
     if data:
         rc = _eval_overrides(rc, split, data)
+    elif rc.data.name in OWN_FILES and not any(
+            getattr(rc.data, key) or getattr(rc.data, f"{split}_{key}")
+            for key in cls.eval_data_keys):  # e.g. a model imported from Hugging Face
+        files = "SRC TGT" if len(cls.eval_data_keys) == 2 else "FILE"
+        raise RunError(f"run dir {rd.path} has no {split} data of its own (its config has "
+                       f"data.name={rc.data.name!r} and no data.{cls.eval_data_keys[0]}); "
+                       f"pass the {cls.kind} data to evaluate on with --data {files}")
     tokenizer = rd.load_tokenizer()
     if tokenizer is None and cls.uses_tokenizer:
         raise RunError(f"run dir {rd.path} has no {rd.tokenizer_file.name}")
     task = build_task(rc, tokenizer)
-    dev = resolve_device(device)
+    dev = resolve_device(device, flag="--device")
     run = load_run(rd.path, checkpoint, device=str(dev))
     # "auto" means what training measured fastest and used; a checkpoint records it
     name = rc.train.precision
