@@ -240,3 +240,17 @@ def test_schedules_that_cannot_be_meant_are_refused_or_warned():
                                                "train.patience=2"]
     assert "evaluates 2 time(s)" in said[2]
     assert "evaluates 1 time(s)" in schedule_warnings(TrainConfig(max_steps=5, patience=1))[-1]
+
+
+def test_a_fine_tuning_recipe_s_shape_key_alone_says_to_leave_it_to_the_source():
+    """With train.init_from, a [model] key that does not fit the defaults on its own (n_heads
+    12 without d_model) is refused with the advice to leave the source's shape keys out; the
+    same key without init_from gets the plain message."""
+    recipe = {"model": {"n_heads": 12}, "data": {"name": "sst2"},
+              "train": {"init_from": "runs/minilm"}}
+    with pytest.raises(ConfigError, match=r"divisor of d_model=128.*with "
+                       r"train.init_from=runs/minilm, leave out the \[model\] keys"):
+        RunConfig.from_dict(recipe)
+    with pytest.raises(ConfigError, match="divisor of d_model=128") as plain:
+        RunConfig.from_dict({**recipe, "train": {}})
+    assert "init_from" not in str(plain.value)

@@ -212,7 +212,17 @@ class RunConfig:
             section = d.get(name, {})
             if not isinstance(section, dict):
                 raise ConfigError(f"config section {name!r} must be a table, got {section!r}")
-            parts[name] = _build(_CLASSES[name], section, name)
+            try:
+                parts[name] = _build(_CLASSES[name], section, name)
+            except ConfigError as e:
+                source = (d.get("train") or {}).get("init_from")
+                if name != "model" or not source:
+                    raise
+                # the recipe's [model] keys are checked on their own, before the source fills
+                # in the rest: model.n_heads = 12 alone is no divisor of the default d_model
+                raise ConfigError(f"{e} (with train.init_from={source}, leave out the [model] "
+                                  "keys of the source's shape: they come from the source)"
+                                  ) from None
             explicit.update(f"{name}.{k}" for k in section)
         return cls(**parts, explicit=frozenset(explicit))
 
