@@ -278,6 +278,9 @@ def cmd_viz_attention(args: argparse.Namespace) -> int:
         check_image_path(args.out, "--out")
     if args.html:
         _check_out_path(args.html, "--html", "attention.html")
+        if args.out and Path(args.out).resolve() == Path(args.html).resolve():
+            raise UserError(f"--out and --html are both {args.out}: give two files (the "
+                            "heatmaps would overwrite the page)")
     run = _load(args.run_dir, args.checkpoint)
     if args.target is not None and run.model.config.family != "encoder_decoder":
         raise UserError(f"--target is for encoder-decoder runs; {args.run_dir} is a "

@@ -252,6 +252,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
                         "(0 = none, 0.6 as in GNMT)")
     run = _load(args, "encoder_decoder")
     lines = _read_lines(args.input)
+    if not any(line.strip() for line in lines):  # as classify: likely a forgotten pipe
+        raise UserError("no sentence to translate: give one sentence per line")
     _fast_layout(run.model, min(args.batch_size, max(1, len(lines))) * args.beam)
     add_special = bool(run.data.get("src_add_special", False))
     _print_aligned(lines, args.batch_size, lambda texts: translate_texts(
