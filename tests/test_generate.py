@@ -658,3 +658,64 @@ def test_text_generation_draws_only_ids_its_tokenizer_has():
     assert Sampler(0, vocab=3)(torch.tensor([[0.0, 1.0, 2.0, 9.0]])).tolist() == [2]
     with pytest.raises(ValueError, match="vocab=0 is not allowed"):
         Sampler(vocab=0)
+
+
+def _bad_library_calls():
+    """(id, call, error type, what the message must say) of arguments the decoding functions
+    refuse before any work (each used to run on, give garbage, or fail deep inside torch)."""
+    from attnlab import MaskedLM, ModelConfig
+    from attnlab.decoding import classify, classify_texts, translate_texts
+
+    lm, mt = tiny_lm(), tiny_seq2seq()
+    tok = char_tokenizer(("<pad>", "<bos>", "<eos>"))
+    small = tiny_classifier(vocab_size=tok.vocab_size, n_classes=2)
+    mlm = MaskedLM(ModelConfig(family="encoder", head="mlm", vocab_size=30, d_model=16,
+                               n_heads=2, n_layers=1, max_len=16))
+    return [
+        ("max_new_tokens_float", lambda: generate(lm, [[1, 2]], 2.5), ValueError,
+         "max_new_tokens=2.5 is not allowed: an integer >= 0"),
+        ("num_samples_float", lambda: generate(lm, [[1, 2]], 2, num_samples=2.0), ValueError,
+         "num_samples=2.0 is not allowed"),
+        ("eos_outside_vocab", lambda: generate(lm, [[1, 2]], 2, eos_id=99), ValueError,
+         "eos_id=99 is not allowed: an integer in 0..39"),
+        ("eos_is_finished_marker", lambda: generate(lm, [[1, 2]], 2, eos_id=FINISHED),
+         ValueError, "eos_id=-1 is not allowed"),
+        ("stream_text_several", lambda: list(stream_text(lm, tok, ["to", "be"], 2)), TypeError,
+         "stream_text streams one prompt, a string, got list"),
+        ("beam_float", lambda: translate(mt, [[3, 4]], beam=2.5, bos_id=1, eos_id=2),
+         ValueError, "beam=2.5 is not allowed: an integer >= 1"),
+        ("bos_outside_vocab", lambda: translate(mt, [[3, 4]], bos_id=99, eos_id=2), ValueError,
+         "bos_id=99 is not allowed: an integer in 0..19"),
+        ("translate_texts_one_string", lambda: translate_texts(mt, "to be", tok), TypeError,
+         "sentences must be a list of strings, got one string"),
+        ("translate_texts_batch_0", lambda: translate_texts(mt, ["to be"], tok, batch_size=0),
+         ValueError, "batch_size=0 is not allowed"),
+        ("classify_texts_one_string", lambda: classify_texts(small, tok, "to be"), TypeError,
+         "texts must be a list of strings, got one string"),
+        ("classify_texts_batch_negative",
+         lambda: classify_texts(small, tok, ["to be"], batch_size=-1), ValueError,
+         "batch_size=-1 is not allowed"),
+        ("classify_texts_max_len_negative",
+         lambda: classify_texts(small, tok, ["to be"], max_len=-2), ValueError,
+         "max_len=-2 is not allowed"),
+        ("classify_texts_label_string",
+         lambda: classify_texts(small, tok, ["to be"], label_names="ab"), ValueError,
+         "label_names='ab' is not allowed: 2 distinct strings"),
+        ("classify_texts_label_twice",
+         lambda: classify_texts(small, tok, ["to be"], label_names=["a", "a"]), ValueError,
+         "2 distinct strings"),
+        ("classify_a_masked_lm", lambda: classify(mlm, [[4, 5, 6]]), ValueError,
+         "got head='mlm'"),
+        ("classify_a_decoder", lambda: classify(lm, [[4, 5, 6]]), ValueError,
+         "got family='decoder'"),
+        ("convert_twice", lambda: to_inference_dtype(to_inference_dtype(
+            tiny_lm().eval(), "bf16"), "fp16"), ValueError, "converted already (torch.bfloat16)"),
+    ]
+
+
+@pytest.mark.parametrize("case", [c[0] for c in _bad_library_calls()])
+def test_bad_arguments_of_the_decoding_functions_are_named(case):
+    (call, error, message), = [c[1:] for c in _bad_library_calls() if c[0] == case]
+    with pytest.raises(error) as e:
+        call()
+    assert message in str(e.value), str(e.value)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import typing
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
@@ -30,6 +31,15 @@ def check(cond: bool, name: str, value: Any, allowed: str) -> None:
     """Raise :class:`ConfigError` ``name=value is not allowed: allowed`` unless ``cond``."""
     if not cond:
         raise ConfigError(f"{name}={value!r} is not allowed: {allowed}")
+
+
+def check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is an integer (not a bool) in
+    ``low..high`` (``high`` None: no upper bound)."""
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and (
+        low <= value and (high is None or value <= high))
+    check(ok, name, value, f"an integer >= {low}" if high is None else
+          f"an integer in {low}..{high}")
 
 
 def check_literal(obj: Any, name: str, lit: Any) -> None:

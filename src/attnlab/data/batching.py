@@ -75,6 +75,15 @@ def truncate(ids: Sequence[int], max_len: int | None, end_id: int | None = None)
     return ids[:max_len]
 
 
+def check_texts(texts: Any, what: str) -> None:
+    """``texts`` must be a sequence of strings (one string alone would be read character by
+    character); ``what`` names them in the message ("sentences")."""
+    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        got = "one string" if isinstance(texts, str) else "items that are not strings"
+        raise TypeError(f"{what} must be a list of strings, got {got}; wrap a single text in "
+                        "a list")
+
+
 def warn_if_cut(lengths: Sequence[int], limit: int, what: str) -> None:
     """One warning when some of the inputs of ``lengths`` tokens are longer than ``limit``
     (they are then cut to it, as in training): the user sees that part of a text was not

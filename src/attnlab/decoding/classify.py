@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..data.batching import pad, truncate, warn_if_cut, with_cls
+from ..config import check_int
+from ..data.batching import check_texts, pad, truncate, warn_if_cut, with_cls
 
 if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
@@ -41,8 +42,10 @@ def classify(model: nn.Module, ids: Tensor | Sequence[Sequence[int]], *,
         The predicted class of each row and the (B, C) class probabilities.
     """
     cfg = model.config
-    if cfg.family != "encoder":
-        raise ValueError(f"classify needs an encoder (classifier) model, got {cfg.family!r}")
+    if cfg.family != "encoder" or cfg.head != "classify":
+        got = f"head={cfg.head!r}" if cfg.family == "encoder" else f"family={cfg.family!r}"
+        raise ValueError(f"classify needs an encoder classifier (family='encoder', "
+                         f"head='classify'), got {got}")
     pad_id = cfg.pad_id if pad_id is None else pad_id
     device = next(model.parameters()).device
     if not isinstance(ids, Tensor):
@@ -86,16 +89,24 @@ def classify_texts(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str],
         tokenizer: the tokenizer the model was trained with.
         texts: the texts (leading/trailing whitespace is dropped; none may be empty).
         label_names: the name of each class (default "0", "1", ...).
-        max_len: most tokens per text; default the model's ``max_len``.
+        max_len: most tokens per text; default (None or 0) the model's ``max_len``.
         batch_size: texts per forward pass.
     """
     cfg = model.config
-    if cfg.family != "encoder":
-        raise ValueError(f"classify needs an encoder (classifier) model, got {cfg.family!r}")
-    names = [str(i) for i in range(cfg.n_classes)] if label_names is None else list(label_names)
-    if len(names) != cfg.n_classes:
-        raise ValueError(f"{len(names)} label names given for a model of {cfg.n_classes} "
-                         "classes")
+    if cfg.family != "encoder" or cfg.head != "classify":
+        got = f"head={cfg.head!r}" if cfg.family == "encoder" else f"family={cfg.family!r}"
+        raise ValueError(f"classify needs an encoder classifier (family='encoder', "
+                         f"head='classify'), got {got}")
+    check_texts(texts, "texts")
+    check_int("batch_size", batch_size, 1)
+    if max_len is not None:  # (0 = the model's, as data.max_len = 0)
+        check_int("max_len", max_len, 0)
+    names = [str(i) for i in range(cfg.n_classes)] if label_names is None else label_names
+    if (isinstance(names, str) or len(names) != cfg.n_classes
+            or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names)):
+        raise ValueError(f"label_names={names!r} is not allowed: {cfg.n_classes} distinct "
+                         "strings, one per class of the model")
+    names = list(names)
     limit = min(max_len or cfg.max_len, cfg.max_len)
     seqs = []
     for i, text in enumerate(texts):

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import check_int
 from ..data.batching import pad
 from ..nn.attention import padded_positions
 from ..probe import fastest, machine_key
@@ -304,13 +305,13 @@ def stream(model: nn.Module, prompts, max_new_tokens: int = 100, *, temperature:
     # a tokenizer decodes the ids: only those it has may be drawn
     sampler = Sampler(temperature, top_k, top_p, None if tokenizer is None else
                       tokenizer.vocab_size)
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
-    if num_samples < 1:
-        raise ValueError(f"num_samples={num_samples} must be >= 1")
+    check_int("max_new_tokens", max_new_tokens, 0)
+    check_int("num_samples", num_samples, 1)
     if not hasattr(model, "new_cache") or getattr(model.config, "family", None) != "decoder":
         raise ValueError("generate needs a decoder-only model (family='decoder', DecoderLM)")
     vocab = model.config.vocab_size
+    if eos_id is not None:
+        check_int("eos_id", eos_id, 0, vocab - 1)
     bad = [t for p in prompt_ids for t in p if not 0 <= t < vocab]
     if bad:
         raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary 0..{vocab - 1}")
@@ -435,6 +436,9 @@ def stream_text(model: nn.Module, tokenizer: Tokenizer, prompt: str, max_new_tok
     """
     if kwargs.get("num_samples", 1) != 1:
         raise ValueError("stream_text streams one sample; call it once per sample")
+    if not isinstance(prompt, str):
+        raise TypeError(f"stream_text streams one prompt, a string, got {type(prompt).__name__}"
+                        "; for several prompts use generate_text")
     eos = tokenizer.eos_id if stop_at_eos else None
     prompt_ids = _encode_prompts(tokenizer, prompt)
     text = TextStream(tokenizer, stop, prompt_ids[0])

@@ -116,6 +116,12 @@ def to_inference_dtype(model: nn.Module, dtype: InferenceDtype) -> nn.Module:
     """
     device = next(model.parameters()).device
     check_inference_dtype(dtype, device)
+    done = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
+    if any(isinstance(m, PackedLinear) for m in model.modules()):
+        done.append("packed fp16 / int8 linear layers")
+    if done:
+        raise ValueError(f"the model is converted already ({', '.join(done)}): convert an "
+                         "fp32 model, once")
     if dtype == "fp32":
         return model
     if dtype == "bf16" or device.type != "cpu":

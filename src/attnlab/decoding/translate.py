@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from ..data.batching import pad, warn_if_cut
+from ..config import check_int
+from ..data.batching import check_texts, pad, warn_if_cut
 from .lm import decoding_kernels, direct_attributes
 
 if TYPE_CHECKING:
@@ -247,8 +248,13 @@ def translate(model: nn.Module, src: Tensor | Sequence[Sequence[int]], *, beam: 
         The target ids of each sentence, without bos and eos.
     """
     _check_model(model)
-    if beam < 1:
-        raise ValueError(f"beam={beam} must be >= 1")
+    check_int("beam", beam, 1)
+    cfg = model.config
+    for name, value, vocab in (("bos_id", bos_id, cfg.tgt_vocab_size or cfg.vocab_size),
+                               ("eos_id", eos_id, cfg.tgt_vocab_size or cfg.vocab_size),
+                               ("pad_id", pad_id, cfg.vocab_size)):
+        if value is not None or name != "pad_id":
+            check_int(name, value, 0, vocab - 1)
     pad = model.config.pad_id if pad_id is None else pad_id
     device = next(model.parameters()).device
     ids, mask = _source_batch(src, pad, device)
@@ -292,6 +298,8 @@ def translate_texts(model: nn.Module, texts: Sequence[str], src_tokenizer: Token
         One translation per input sentence, in input order.
     """
     _check_model(model)
+    check_texts(texts, "sentences")
+    check_int("batch_size", batch_size, 1)
     tgt_tokenizer = src_tokenizer if tgt_tokenizer is None else tgt_tokenizer
     bos, eos = tgt_tokenizer.bos_id, tgt_tokenizer.eos_id
     if bos is None or eos is None:
