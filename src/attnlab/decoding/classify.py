@@ -26,6 +26,14 @@ class Classification(NamedTuple):
 
 
 @torch.inference_mode()
+def _check_classifier(cfg) -> None:
+    """The model must be an encoder with a class head (not a masked LM's vocabulary head)."""
+    if cfg.family != "encoder" or cfg.head != "classify":
+        got = f"head={cfg.head!r}" if cfg.family == "encoder" else f"family={cfg.family!r}"
+        raise ValueError(f"classify needs an encoder classifier (family='encoder', "
+                         f"head='classify'), got {got}")
+
+
 def classify(model: nn.Module, ids: Tensor | Sequence[Sequence[int]], *,
              mask: Tensor | None = None, pad_id: int | None = None) -> Classification:
     """Classify a batch with an :class:`~attnlab.models.EncoderClassifier`.
@@ -42,10 +50,7 @@ def classify(model: nn.Module, ids: Tensor | Sequence[Sequence[int]], *,
         The predicted class of each row and the (B, C) class probabilities.
     """
     cfg = model.config
-    if cfg.family != "encoder" or cfg.head != "classify":
-        got = f"head={cfg.head!r}" if cfg.family == "encoder" else f"family={cfg.family!r}"
-        raise ValueError(f"classify needs an encoder classifier (family='encoder', "
-                         f"head='classify'), got {got}")
+    _check_classifier(cfg)
     pad_id = cfg.pad_id if pad_id is None else pad_id
     device = next(model.parameters()).device
     if not isinstance(ids, Tensor):
@@ -93,10 +98,7 @@ def classify_texts(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str],
         batch_size: texts per forward pass.
     """
     cfg = model.config
-    if cfg.family != "encoder" or cfg.head != "classify":
-        got = f"head={cfg.head!r}" if cfg.family == "encoder" else f"family={cfg.family!r}"
-        raise ValueError(f"classify needs an encoder classifier (family='encoder', "
-                         f"head='classify'), got {got}")
+    _check_classifier(cfg)
     check_texts(texts, "texts")
     check_int("batch_size", batch_size, 1)
     if max_len is not None:  # (0 = the model's, as data.max_len = 0)

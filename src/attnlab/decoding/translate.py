@@ -250,12 +250,11 @@ def translate(model: nn.Module, src: Tensor | Sequence[Sequence[int]], *, beam: 
     _check_model(model)
     check_int("beam", beam, 1)
     cfg = model.config
-    for name, value, vocab in (("bos_id", bos_id, cfg.tgt_vocab_size or cfg.vocab_size),
-                               ("eos_id", eos_id, cfg.tgt_vocab_size or cfg.vocab_size),
-                               ("pad_id", pad_id, cfg.vocab_size)):
-        if value is not None or name != "pad_id":
-            check_int(name, value, 0, vocab - 1)
-    pad = model.config.pad_id if pad_id is None else pad_id
+    check_int("bos_id", bos_id, 0, (cfg.tgt_vocab_size or cfg.vocab_size) - 1)
+    check_int("eos_id", eos_id, 0, (cfg.tgt_vocab_size or cfg.vocab_size) - 1)
+    if pad_id is not None:  # (of the source; default the config's)
+        check_int("pad_id", pad_id, 0, cfg.vocab_size - 1)
+    pad = cfg.pad_id if pad_id is None else pad_id
     device = next(model.parameters()).device
     ids, mask = _source_batch(src, pad, device)
     mask = src_mask if src_mask is not None else mask
