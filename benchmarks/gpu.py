@@ -336,6 +336,10 @@ def main(argv: list[str] | None = None) -> None:
                    "train.py), sample, pytest")
     args = p.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
+    parts = {"train", "trainer", "nanogpt-model", "nanogpt", "sample", "pytest"}
+    if skip - parts:
+        p.error(f"--skip {args.skip}: no part named {', '.join(sorted(skip - parts))}; the "
+                f"parts are {', '.join(sorted(parts))}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("gpu.py: CUDA is not available here; use --device cpu --tiny for a smoke run",

@@ -83,13 +83,19 @@ def test_run_all_smoke_and_missing_inputs_are_skipped_rows(tmp_path, capsys):
     assert len(table_rows(out, "greedy sampling")) == 2 and "same tokens: yes" in out
 
 
-def test_gpu_script_runs_on_cpu_with_tiny_shapes(tmp_path, capsys):
-    pytest.importorskip("transformers", reason="the HF peer needs transformers (dev extra)")
+def tiny_gpu_run(tmp_path, skip: str, *extra: str) -> None:
+    """gpu.py on CPU with tiny shapes and its own tiny data, skipping the parts ``skip``."""
     (tmp_path / "tinyshakespeare").mkdir()
     (tmp_path / "tinyshakespeare" / "input.txt").write_text(TEXT * 200)
     script("gpu").main(["--device", "cpu", "--tiny", "--data-dir", str(tmp_path),
-                        "--skip", "nanogpt,pytest", "--iters", "2", "--warmup", "1",
-                        "--repeat", "1", "--sample-tokens", "3"])
+                        "--skip", skip, "--iters", "2", "--warmup", "1",
+                        "--repeat", "1", "--sample-tokens", "3", *extra])
+
+
+def test_gpu_script_runs_on_cpu_with_tiny_shapes(tmp_path, capsys):
+    pytest.importorskip("transformers", reason="the HF peer needs transformers (dev extra)")
+    # every part but the peer's (nanoGPT's code is not part of this project: the test below)
+    tiny_gpu_run(tmp_path, "nanogpt,nanogpt-model,pytest")
     out = capsys.readouterr().out
     assert "device: CPU" in out
     assert re.search(r"\| training tokens/s \(MFU\) \| - \| [\d,]+ \(-\) \|", out)
@@ -99,6 +105,29 @@ def test_gpu_script_runs_on_cpu_with_tiny_shapes(tmp_path, capsys):
     fp32 = table_rows(out, "greedy sampling tokens/s, fp32")
     assert len(fp32) == 2 and not any("tokens differ" in row[0] for row in fp32)
     assert "failed" not in out
+
+
+def test_gpu_script_times_nanogpts_model_in_its_loop(tmp_path, capsys):
+    """The part that trains nanoGPT's own GPT class in gpu.py's loop, where a nanoGPT checkout
+    is at hand (../shared/peers/nanogpt beside the project, or a scratch copy already made)."""
+    gpu = script("gpu")
+    checkout = gpu.ROOT.parent / "shared" / "peers" / "nanogpt"
+    if not (checkout / "model.py").is_file() and not (BENCH / ".peers" / "nanogpt").is_dir():
+        pytest.skip("no nanoGPT checkout: ../shared/peers/nanogpt (the peer is not part of "
+                    "this project)")
+    tiny_gpu_run(tmp_path, "train,nanogpt,trainer,sample,pytest", "--nanogpt", str(checkout))
+    out = capsys.readouterr().out
+    assert "failed" not in out
+    assert re.search(r"nanoGPT's GPT class in this script's loop: [\d.]+ ms/iteration", out)
+    assert table_rows(out, "training tokens/s, both models in one loop")
+
+
+def test_gpu_script_names_a_part_it_does_not_have(capsys):
+    with pytest.raises(SystemExit) as exc:
+        script("gpu").main(["--device", "cpu", "--tiny", "--skip", "pytest,sampling"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--skip pytest,sampling: no part named sampling; the parts are" in err
 
 
 def test_gpu_trainer_part_trains_the_model_of_the_loop(tmp_path):

@@ -36,7 +36,7 @@ import logging
 import numbers
 import platform
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, closing, contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
 import torch
@@ -337,25 +337,31 @@ def _stream_rows(model: nn.Module, rows: list[list[int]], max_new_tokens: int, s
     # Each step runs in inference mode, but not the consumer's code between steps; a caller
     # already in inference mode (`generate`) saves entering it again at every step.
     step_mode = nullcontext if torch.is_inference_mode_enabled() else torch.inference_mode
-    while True:
-        with step_mode():
-            nxt = next(steps, None)
-            if nxt is None:
+    # The steps are closed explicitly (their direct_attributes end) when this generator is:
+    # from Python 3.12, close() of a generator paused outside any try/with only marks it done,
+    # and its locals (the steps) live on until it is freed.
+    try:
+        while True:
+            with step_mode():
+                nxt = next(steps, None)
+                if nxt is None:
+                    return
+                if eos_id is not None:
+                    is_eos = nxt == eos_id
+                    out = nxt.masked_fill(done | is_eos, FINISHED)
+                    done = done | is_eos
+                else:
+                    out = nxt.masked_fill(done, FINISHED) if checker is not None else nxt
+                if checker is not None:
+                    done = done | torch.tensor(checker.update(out.tolist()), device=device)
+                if watch:  # one host sync per step: has every row stopped?
+                    all_done, none_new = torch.stack([done.all(), (out < 0).all()]).tolist()
+            if not (watch and none_new):
+                yield out
+            if watch and all_done:
                 return
-            if eos_id is not None:
-                is_eos = nxt == eos_id
-                out = nxt.masked_fill(done | is_eos, FINISHED)
-                done = done | is_eos
-            else:
-                out = nxt.masked_fill(done, FINISHED) if checker is not None else nxt
-            if checker is not None:
-                done = done | torch.tensor(checker.update(out.tolist()), device=device)
-            if watch:  # one host sync per step: has every row stopped?
-                all_done, none_new = torch.stack([done.all(), (out < 0).all()]).tolist()
-        if not (watch and none_new):
-            yield out
-        if watch and all_done:
-            return
+    finally:
+        steps.close()
 
 
 def generate(model: nn.Module, prompts, max_new_tokens: int = 100, *,
@@ -442,15 +448,16 @@ def stream_text(model: nn.Module, tokenizer: Tokenizer, prompt: str, max_new_tok
     eos = tokenizer.eos_id if stop_at_eos else None
     prompt_ids = _encode_prompts(tokenizer, prompt)
     text = TextStream(tokenizer, stop, prompt_ids[0])
-    for step in stream(model, prompt_ids, max_new_tokens, eos_id=eos, stop=stop,
-                       tokenizer=tokenizer, **kwargs):
-        token = int(step[0])
-        if token != FINISHED:
-            piece = text.push(token)
-            if piece:
-                yield piece
-        if text.stopped:
-            return
+    with closing(stream(model, prompt_ids, max_new_tokens, eos_id=eos, stop=stop,
+                        tokenizer=tokenizer, **kwargs)) as steps:  # closed with this one
+        for step in steps:
+            token = int(step[0])
+            if token != FINISHED:
+                piece = text.push(token)
+                if piece:
+                    yield piece
+            if text.stopped:
+                return
     rest = text.flush()
     if rest:
         yield rest
