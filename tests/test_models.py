@@ -229,6 +229,21 @@ def test_attention_capture_chosen_layers_only_and_outputs_unchanged(monkeypatch)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 8))
     with pytest.raises(ValueError, match="layer index 5 is out of range"):
         model.attention_maps(x, layers=[5])
+    with pytest.raises(ValueError, match=r"head index 7 is out of range: there are 4 heads"):
+        model.attention_maps(x, heads=[7])
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder"])
+@pytest.mark.parametrize("bad", [torch.tensor([1, 2, 3]), torch.ones(1, 3, 2, dtype=torch.long),
+                                 torch.ones(1, 3)])
+def test_ids_of_the_wrong_shape_or_type_are_named(family, bad):
+    """One sequence without its batch dimension, a 3-D tensor or float ids: one message naming
+    the shape and dtype (they failed inside torch: "Dimension out of range", an embedding's
+    dtype error)."""
+    model = build_model(cfg(family)).eval()
+    call = (lambda: model(bad, bad)) if family == "encoder_decoder" else (lambda: model(bad))
+    with pytest.raises(ValueError, match=r"ids must be \(B, T\) integer ids, got \("):
+        call()
 
 
 def test_attention_capture_encoder_decoder_on_padded_batch(monkeypatch):

@@ -90,6 +90,14 @@ def test_reference_equals_fused(kind, ts):
     assert torch.all(((sums - 1).abs() < 1e-5) | (sums == 0))
 
 
+def test_fused_attention_refuses_keys_and_values_of_different_lengths():
+    """torch's CPU kernel returns a result for 5 keys and 3 values (reading past v); the
+    written-out path fails in its matmul."""
+    q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 3, 8)
+    with pytest.raises(ValueError, match="k and v must have the same length S, got 5 and 3"):
+        fused_attention(q, k, v)
+
+
 def test_is_causal_flag_matches_explicit_mask_and_aligns_to_the_end():
     q, k, v = _qkv(t=3, s=7)
     for fn in (lambda *a, **kw: reference_attention(*a, **kw)[0], fused_attention):

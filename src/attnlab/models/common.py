@@ -45,16 +45,18 @@ class AttentionMaps:
     def keep_heads(self, heads: Collection[int] | None, n_heads: int) -> AttentionMaps:
         """Keep only the heads ``heads`` (all when None) of every map, in place; returns self."""
         if heads is not None:
-            idx = sorted(resolve_layers(heads, n_heads))
+            idx = sorted(resolve_layers(heads, n_heads, what="head"))
             for stack in self.maps.values():
                 for i, w in stack.items():
                     stack[i] = w[:, idx]  # (B, len(heads), T, S)
         return self
 
 
-def resolve_layers(layers: Collection[int] | bool | None, n_layers: int, top: int = 0) -> set[int]:
+def resolve_layers(layers: Collection[int] | bool | None, n_layers: int, top: int = 0,
+                   what: str = "layer") -> set[int]:
     """``True`` (all), ``None``/``False`` (none) or indices as a checked set; indices are
-    checked against ``top`` if deeper (of two stacks), and this stack keeps those it has."""
+    checked against ``top`` if deeper (of two stacks), and this stack keeps those it has.
+    (``what``: "head" when these index heads.)"""
     if layers is None or layers is False:
         return set()
     if layers is True:
@@ -62,7 +64,7 @@ def resolve_layers(layers: Collection[int] | bool | None, n_layers: int, top: in
     chosen, top = set(), max(top, n_layers)
     for i in layers:
         if not -top <= i < top:
-            raise ValueError(f"layer index {i} is out of range: the stack has {top} layers "
+            raise ValueError(f"{what} index {i} is out of range: there are {top} {what}s "
                              f"(0..{top - 1})")
         chosen |= {i % n_layers} if -n_layers <= i < n_layers else set()
     return chosen
@@ -86,6 +88,8 @@ class Embeddings(nn.Module):
         """ids (B, T) -> embeddings (B, T, D) and their positions (T,) or (B, T) (rope needs
         them): ``positions`` if given (checked), else those after the cached tokens; rows padded
         per ``mask`` (B, T) (True at real tokens) count their real tokens from 0."""
+        if ids.dim() != 2 or ids.dtype.is_floating_point:
+            raise ValueError(f"ids must be (B, T) integer ids, got {tuple(ids.shape)} {ids.dtype}")
         t = ids.size(1)
         if positions is None:
             if mask is not None and cache is not None and cache.length == 0 and cache.pad is None:

@@ -50,8 +50,7 @@ class EncoderStack(nn.Module):
     def hidden_states(self, ids: Tensor, mask: Tensor | None = None) -> Tensor:
         """Per-token final hidden states (B, S, D). ``mask`` (B, S): True at real tokens;
         by default every token that is not ``pad_id``."""
-        h, _ = self._encode(ids, self._valid(ids, mask))
-        return h
+        return self._encode(ids, self._valid(ids, mask))[0]
 
     def attention_maps(self, ids: Tensor, *, layers: Collection[int] | bool = True,
                        heads: Collection[int] | None = None,

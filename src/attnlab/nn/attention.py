@@ -65,6 +65,8 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                     dropout_p: float = 0.0, is_causal: bool = False) -> Tensor:
     """The same as :func:`reference_attention` through ``F.scaled_dot_product_attention``."""
     t, s = q.size(-2), k.size(-2)
+    if v.size(-2) != s:  # (torch's CPU kernel does not check, and returns a result)
+        raise ValueError(f"k and v must have the same length S, got {s} and {v.size(-2)}")
     mask = as_4d(mask)
     if is_causal and t == 1:  # one query at the end may see every key: nothing to mask
         is_causal = False
@@ -88,9 +90,8 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
             out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                                  dropout_p=dropout_p, is_causal=is_causal)
         return out.to(q.dtype)  # (B, H, T, Dh)
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
-    )
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                          is_causal=is_causal)
 
 
 @functools.lru_cache(maxsize=16)
@@ -202,11 +203,9 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         if head_dim is None:
             if d_model % n_heads != 0:
-                raise ValueError(
-                    f"n_heads={n_heads} does not divide d_model={d_model}: choose n_heads that "
-                    f"divides d_model, or pass head_dim explicitly (then the heads are projected "
-                    f"from H*Dh back to d_model)"
-                )
+                raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}: choose "
+                                 "n_heads that divides d_model, or pass head_dim explicitly (then "
+                                 "the heads are projected from H*Dh back to d_model)")
             head_dim = d_model // n_heads
         self.n_heads, self.head_dim, self.dropout = n_heads, head_dim, dropout
         self.inner = inner = n_heads * head_dim

@@ -21,10 +21,9 @@ def padded_positions(start: int, t: int, pad: Tensor | None = None, device=None,
     the ``max_len`` check needs no host sync (it matters once per decoding step).
     """
     if max_len is not None and start + t > max_len:
-        raise ValueError(
-            f"sequence length {start + t} exceeds max_len={max_len}: the model has positions "
-            f"0..{max_len - 1} only; shorten the input or build the model with a larger max_len"
-        )
+        raise ValueError(f"sequence length {start + t} exceeds max_len={max_len}: the model "
+                         f"has positions 0..{max_len - 1} only; shorten the input or build the "
+                         "model with a larger max_len")
     pos = torch.arange(start, start + t, device=device)  # (T,)
     return pos if pad is None else (pos - pad[:, None]).clamp(min=0)  # (B, T)
 
