@@ -84,6 +84,23 @@ def test_char_token_strings_show_whitespace_and_decode_checks_range() -> None:
         tok.decode([99])
 
 
+@pytest.mark.parametrize("make", [lambda: CharTokenizer.from_text("a b\nc"),
+                                  lambda: BPETokenizer.train(CORPUS, 60, "whitespace")])
+def test_decode_takes_integer_ids_only(make) -> None:
+    """A string ("34" decoded ids 3 and 4), floats (2.7 read as 2) or a 2-D tensor are named;
+    numpy and torch integers are ids."""
+    import numpy as np
+
+    tok = make()
+    assert tok.decode(torch.tensor([1, 2])) == tok.decode([np.int64(1), torch.tensor(2)])
+    with pytest.raises(TypeError, match="got the string '34' \\(text goes to encode\\)"):
+        tok.decode("34")
+    with pytest.raises(TypeError, match=r"a flat sequence of integer token ids, got \[1, 2.7\]"):
+        tok.decode([1, 2.7])
+    with pytest.raises(TypeError, match="a flat sequence"):
+        tok.token_strings(torch.ones(2, 2, dtype=torch.long))
+
+
 # --- BPETokenizer ------------------------------------------------------------------------------
 
 def test_bpe_byte_level_round_trips_any_text_and_has_specials() -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -104,9 +105,16 @@ class Tokenizer(ABC):
 
     def _check_ids(self, ids: Sequence[int]) -> list[int]:
         """Ids as a list of ints, each checked to lie in ``range(vocab_size)``."""
+        if isinstance(ids, (str, bytes)):
+            raise TypeError(f"ids must be integer token ids, got the string {ids[:20]!r} (text "
+                            "goes to encode)")
         if hasattr(ids, "tolist"):
             ids = ids.tolist()  # torch / numpy
-        out = [int(i) for i in ids]
+        try:
+            out = [operator.index(i) for i in ids]  # ints only: no silent int(2.7) or int("3")
+        except TypeError:
+            raise TypeError(f"ids must be a flat sequence of integer token ids, got "
+                            f"{str(ids)[:60]}") from None
         bad = [i for i in out if not 0 <= i < self.vocab_size]
         if bad:
             raise ValueError(f"token ids {bad[:5]} are out of range for a {self.kind} tokenizer "
