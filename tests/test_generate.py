@@ -451,7 +451,7 @@ def test_low_precision_one_row_steps_take_the_kernels_measured_faster(faster, mo
         asked.append((key, kw["field"]))
         return faster
 
-    monkeypatch.setattr("attnlab.decoding.lm.fastest", fake_fastest)
+    monkeypatch.setattr("attnlab.decoding.speed.fastest", fake_fastest)
     model = tiny_lm(ffn="gelu").to(torch.bfloat16)
     seen = _onednn_during_forwards(model)
     out = generate(model, PROMPTS[:1], 5, temperature=0)
@@ -480,7 +480,7 @@ def test_the_one_row_kernel_probe_measures_once_and_caches_its_answer(monkeypatc
     entries = [e for e in probe._read_cache(probe.cache_file()).values() if "kernels" in e]
     assert len(entries) == 1 and entries[0]["kernels"] in ("onednn", "native")
     assert set(entries[0]["ms"]) == {"onednn", "native"}
-    from attnlab.decoding.lm import _OneDNNOff
+    from attnlab.decoding.speed import _OneDNNOff
 
     assert first is (nullcontext if entries[0]["kernels"] == "onednn" else _OneDNNOff)
     monkeypatch.setattr(probe, "_write_cache", lambda *a: pytest.fail("measured again"))

@@ -8,6 +8,8 @@
   :func:`translate_texts` (text in, text out).
 * :mod:`~attnlab.decoding.classify`: batch prediction with an encoder classifier.
 * :mod:`~attnlab.decoding.quant`: reduced-precision inference (bf16, fp16 and int8 weights).
+* :mod:`~attnlab.decoding.speed`: what makes decoding steps fast without changing their
+  results (a weight layout, the kernels, attribute lookup).
 
 Nothing here knows about run dirs: every function takes a model (and tokenizers).
 
@@ -17,20 +19,10 @@ of the package are the functions; import from the modules of the same names with
 """
 
 from .classify import Classification, classify, classify_texts
-from .lm import (
-    FINISHED,
-    decoding_kernels,
-    direct_attributes,
-    generate,
-    generate_text,
-    inference_layout,
-    layout_pays,
-    stream,
-    stream_text,
-    window_keep,
-)
+from .lm import FINISHED, generate, generate_text, stream, stream_text, window_keep
 from .quant import INFERENCE_DTYPES, PackedLinear, to_inference_dtype
 from .sampling import Sampler, filter_logits, make_generator
+from .speed import decoding_kernels, direct_attributes, inference_layout, layout_pays
 from .stream import StopChecker, TextStream, cut_at_stop
 from .translate import (
     beam_search,

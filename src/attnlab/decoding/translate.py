@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from ..config import check_int
 from ..data.batching import check_texts, pad, warn_if_cut
-from .lm import decoding_kernels, direct_attributes
+from .speed import decoding_kernels, direct_attributes
 
 if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
