@@ -338,7 +338,7 @@ def test_decoding_finds_parameters_and_submodules_directly_and_leaves_no_trace()
     ``nn.Module.__getattr__`` per lookup); nothing is left after, also when a step fails or a
     stream is closed early; nested uses remove only what they added; an assignment inside is
     seen. The tokens are those of the same model outside it (full forwards, no cache).
-    (Closing early is checked on Python 3.12+ too: there close() of a generator paused outside
+    (Closing early matters on Python 3.12 (3.12.3): there close() of a generator paused outside
     try/with keeps its locals, and the steps inside, until the generator is freed.)"""
     model = tiny_lm()
     named = dict(model.named_parameters(remove_duplicate=False))
@@ -362,7 +362,7 @@ def test_decoding_finds_parameters_and_submodules_directly_and_leaves_no_trace()
     lm = tiny_lm(vocab_size=tok.vocab_size).eval()
     pieces = stream_text(lm, tok, "to be", 10, temperature=0, stop_at_eos=False)
     assert next(pieces) and _direct_entries(lm)
-    pieces.close()  # (Python 3.12+ kept the entries here while `pieces` was referenced)
+    pieces.close()  # (Python 3.12.3 kept the entries here while `pieces` was referenced)
     assert _direct_entries(lm) == {}
 
     with direct_attributes(model):

@@ -189,7 +189,7 @@ def _stream_rows(model: nn.Module, rows: list[list[int]], max_new_tokens: int, s
     # already in inference mode (`generate`) saves entering it again at every step.
     step_mode = nullcontext if torch.is_inference_mode_enabled() else torch.inference_mode
     # The steps are closed explicitly (their direct_attributes end) when this generator is:
-    # from Python 3.12, close() of a generator paused outside any try/with only marks it done,
+    # on Python 3.12 (3.12.3), close() of a generator paused outside any try/with marks it done
     # and its locals (the steps) live on until it is freed.
     try:
         while True:
