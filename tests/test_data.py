@@ -299,6 +299,34 @@ def test_pad() -> None:
         pad([], 0)
 
 
+def test_ids_that_would_be_truncated_or_misread_are_named() -> None:
+    """Floats were cast to long (1.7 -> 1, a pad id 0.5 -> 0), strings misread or failed inside
+    torch, negative ids failed later in the model ("index out of range in self")."""
+    with pytest.raises(DataError, match="pad takes integer token ids and pad_id, got "
+                                        "torch.float32 values"):
+        pad([[1.7, 2.2], [3]], 0)
+    with pytest.raises(DataError, match="integer token ids and pad_id"):
+        pad([[1, 2], [3]], 0.5)
+    with pytest.raises(DataError, match=r"a list of id sequences \(one sequence: \[ids\]\)"):
+        pad(torch.tensor([1, 2, 3]), 0)
+    with pytest.raises(DataError, match="integer token ids \\(encode text first\\)"):
+        pad([["a"], ["b"]], 0)
+    with pytest.raises(DataError, match="LMData needs integer token ids, got torch.float32"):
+        LMData([1.5, 2.7, 3.2, 4.9])
+    with pytest.raises(DataError, match="LMData needs token ids >= 0, got -1"):
+        LMData([-1, 5, 6, 7])
+    with pytest.raises(DataError, match="encode the text first, or use LMData.from_text"):
+        LMData("abcdef")
+    for label, shown in ((1.7, "1.7"), ("pos", "'pos'"), (-1, "-1")):
+        with pytest.raises(DataError, match=f"example 0: label {shown} is not a class id"):
+            ClassificationBatches([([1, 2], label), ([3], 0)], 2, 0)
+    assert ClassificationBatches([([1, 2], torch.tensor(1)), ([3], 0)], 2, 0).labels == [1, 0]
+    task = SyntheticData("copy", 10, 1, 3)
+    for bad in ([3.7, 4], "345"):
+        with pytest.raises(DataError, match="answer takes one source sequence of integer"):
+            task.answer(bad)
+
+
 def _pairs(n: int = 200) -> list[tuple[list[int], list[int]]]:
     g = gen(0)
     lengths = torch.randint(1, 20, (n, 2), generator=g).tolist()

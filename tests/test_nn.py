@@ -302,6 +302,28 @@ def test_numpy_scaled_dot_product_equals_torch():
     np.testing.assert_allclose(w, t_w.numpy(), atol=1e-12)
 
 
+def test_numpy_attention_batched_and_its_refusals():
+    """Leading batch dimensions broadcast (``k.T`` reversed every axis of a 3-D k: a result of
+    the right shape and wrong values); an additive float mask, whose -inf np.where reads as
+    True, and heads that do not divide the width are refused."""
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((4, 3, 8)), rng.standard_normal((4, 5, 8)), \
+        rng.standard_normal((4, 5, 8))
+    out, w = numpy_ref.scaled_dot_product_attention(q, k, v)
+    t_out, t_w = reference_attention(*(torch.from_numpy(a) for a in (q, k, v)))
+    np.testing.assert_allclose(out, t_out.numpy(), atol=1e-12)
+    np.testing.assert_allclose(w, t_w.numpy(), atol=1e-12)
+    allowed = np.tril(np.ones((3, 5), dtype=bool))
+    with pytest.raises(ValueError, match="mask must be bool .* got dtype float64"):
+        numpy_ref.scaled_dot_product_attention(q[0], k[0], v[0],
+                                               np.where(allowed, 0.0, -np.inf))
+    x, weight = rng.standard_normal((3, 6)), rng.standard_normal((6, 6))
+    for heads in (0, 4, -1):
+        with pytest.raises(ValueError, match=f"n_heads={heads} must be a positive divisor of "
+                                             "the projections' width H\\*Dh=6"):
+            numpy_ref.multi_head_attention(x, None, weight, weight, weight, weight, heads)
+
+
 # ---- positions ------------------------------------------------------------------------------
 def test_sinusoidal_table_equals_the_papers_formula():
     table = sinusoidal_table(50, 16)

@@ -11,22 +11,42 @@ from typing import Any
 
 
 def _as_list(values: Any, what: str) -> list:
-    """A 1-D sequence (list, tensor, array) as a Python list."""
+    """A 1-D sequence (list, tensor, array) as a Python list of plain values."""
+    if isinstance(values, (str, bytes)):
+        raise ValueError(f"{what} must be a sequence of labels, one per example, not the "
+                         f"string {values[:20]!r}")
     if hasattr(values, "tolist"):
         values = values.tolist()
-    values = list(values)
+    try:
+        values = list(values)
+    except TypeError:
+        raise ValueError(f"{what} must be a sequence of labels, one per example, got "
+                         f"{type(values).__name__}") from None
+    # tensor / numpy scalars as Python numbers (0-d tensors hash by identity: set() would
+    # count one class many times)
+    values = [v.item() if hasattr(v, "item") and not isinstance(v, (int, float, str)) else v
+              for v in values]
     if any(isinstance(v, list) for v in values):
         raise ValueError(f"{what} must be 1-D (one value per example)")
     return values
 
 
+def _kind(v: Any) -> str:
+    return "strings" if isinstance(v, str) else "numbers"
+
+
 def _pair(preds: Any, labels: Any) -> tuple[list, list]:
-    """Predictions and labels as equally long, non-empty lists."""
+    """Predictions and labels as equally long, non-empty lists, of one kind (strings or
+    numbers: "1" never equals 1)."""
     p, y = _as_list(preds, "preds"), _as_list(labels, "labels")
     if len(p) != len(y):
         raise ValueError(f"got {len(p)} predictions but {len(y)} labels; they must pair up")
     if not p:
         raise ValueError("metrics need at least one prediction")
+    kinds = {_kind(v) for v in p + y}
+    if len(kinds) > 1:
+        raise ValueError("preds and labels mix strings and numbers (\"1\" never equals 1): "
+                         "give both as class ids or both as label names")
     return p, y
 
 
@@ -35,7 +55,11 @@ def perplexity(mean_nll: float) -> float:
 
     Returns ``inf`` when the value overflows a float.
     """
-    value = float(mean_nll)
+    try:
+        value = float(mean_nll)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"mean_nll must be one number (the mean negative log-likelihood), "
+                         f"got {str(mean_nll)[:40]}") from None
     if math.isnan(value) or value < 0:
         raise ValueError(f"mean negative log-likelihood must be a number >= 0, got {value}")
     try:
@@ -58,6 +82,9 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "
     if isinstance(hypotheses, str) or isinstance(references, str):
         raise ValueError("bleu() takes lists of sentences, not a single string")
     hyps, refs = list(hypotheses), list(references)
+    if any(isinstance(r, (list, tuple)) for r in refs):
+        raise ValueError("bleu() takes one reference string per hypothesis, not sacrebleu's "
+                         "list of reference streams")
     if len(hyps) != len(refs):
         raise ValueError(f"got {len(hyps)} hypotheses but {len(refs)} references; "
                          "each hypothesis needs one reference")
@@ -65,6 +92,9 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "
         raise ValueError("bleu() needs at least one hypothesis")
     if not all(isinstance(s, str) for s in hyps + refs):
         raise ValueError("bleu() hypotheses and references must be strings (decode ids first)")
+    if tokenize not in sacrebleu.BLEU.TOKENIZERS:
+        raise ValueError(f"tokenize={tokenize!r} is not allowed: one of "
+                         f"{', '.join(sacrebleu.BLEU.TOKENIZERS)}")
     return float(sacrebleu.corpus_bleu(hyps, [refs], tokenize=tokenize).score)
 
 
@@ -75,8 +105,12 @@ def accuracy(preds: Any, labels: Any) -> float:
 
 
 def f1(preds: Any, labels: Any, positive: Any = 1) -> float:
-    """Binary F1 of class ``positive`` (0-1); 0.0 when it is never predicted nor present."""
+    """Binary F1 of class ``positive`` (0-1); 0.0 when it is never predicted nor present.
+    ``positive`` is of the labels' kind (a class id, or a label name for string labels)."""
     p, y = _pair(preds, labels)
+    if _kind(positive) != _kind(p[0]):
+        raise ValueError(f"positive={positive!r} is not of the labels' kind ({_kind(p[0])}, "
+                         f"e.g. {p[0]!r})")
     tp = sum(a == positive and b == positive for a, b in zip(p, y))
     fp = sum(a == positive and b != positive for a, b in zip(p, y))
     fn = sum(a != positive and b == positive for a, b in zip(p, y))

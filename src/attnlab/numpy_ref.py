@@ -24,15 +24,19 @@ def scaled_dot_product_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
     """softmax(Q K^T / sqrt(d_k)) V for one head.
 
     Args:
-        q: (T, Dh) queries; k: (S, Dh) keys; v: (S, Dv) values.
-        mask: (T, S) bool, True = may attend.
+        q: (T, Dh) queries; k: (S, Dh) keys; v: (S, Dv) values (leading batch dimensions,
+            if any, broadcast).
+        mask: (T, S) bool, True = may attend (not torch's additive float mask).
 
     Returns:
         output (T, Dv) and weights (T, S); a row with nothing to attend is all zeros.
     """
+    if mask is not None and np.asarray(mask).dtype != bool:
+        raise ValueError("mask must be bool (True = may attend), got dtype "
+                         f"{np.asarray(mask).dtype}")
     d_k = q.shape[-1]
     # Step 1: similarity of every query with every key.
-    scores = q @ k.T  # (T, S)
+    scores = q @ np.swapaxes(k, -1, -2)  # (T, S): Q K^T
     # Step 2: scale, so the logits do not grow with d_k and saturate the softmax (paper 3.2.1).
     scores = scores / np.sqrt(d_k)
     # Step 3: hide the keys a query may not see.
@@ -70,6 +74,9 @@ def multi_head_attention(x: np.ndarray, context: np.ndarray | None, w_q: np.ndar
     q = linear(x, w_q, b_q)  # (T, H*Dh)
     k = linear(context, w_k, b_k)  # (S, H*Dh)
     v = linear(context, w_v, b_v)  # (S, H*Dh)
+    if not isinstance(n_heads, int) or n_heads < 1 or q.shape[-1] % n_heads:
+        raise ValueError(f"n_heads={n_heads!r} must be a positive divisor of the projections' "
+                         f"width H*Dh={q.shape[-1]}")
     head_dim = q.shape[-1] // n_heads
     heads, all_weights = [], []
     for h in range(n_heads):  # each head attends in its own Dh-dimensional subspace

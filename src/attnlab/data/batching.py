@@ -16,6 +16,7 @@ Iterating yields the rest of the current epoch, then moves on to the next epoch:
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -42,6 +43,9 @@ def pad(seqs: Sequence[Sequence[int]], pad_id: int | None, *,
     """
     if len(seqs) == 0:
         raise DataError("pad needs at least one sequence")
+    if isinstance(seqs, str) or (isinstance(seqs, torch.Tensor) and seqs.dim() != 2):
+        raise DataError("pad takes a list of id sequences (one sequence: [ids]), got "
+                        f"{str(seqs)[:40]}")
     rows = [s.tolist() if isinstance(s, torch.Tensor) else list(s) for s in seqs]
     lengths = torch.tensor([len(r) for r in rows])  # (B,)
     longest = int(lengths.max())
@@ -51,7 +55,14 @@ def pad(seqs: Sequence[Sequence[int]], pad_id: int | None, *,
         rows = [[fill] * (longest - len(r)) + r for r in rows]
     else:
         rows = [r + [fill] * (longest - len(r)) for r in rows]
-    ids = torch.tensor(rows, dtype=torch.long).view(len(rows), longest)  # (B, L); L may be 0
+    try:
+        ids = torch.tensor(rows)  # (its dtype first: dtype=long would truncate 2.7 to 2)
+    except (TypeError, ValueError):
+        raise DataError("pad takes sequences of integer token ids (encode text first), got "
+                        f"{str(rows)[:60]}") from None
+    if ids.numel() and ids.dtype.is_floating_point:
+        raise DataError(f"pad takes integer token ids and pad_id, got {ids.dtype} values")
+    ids = ids.long().view(len(rows), longest)  # (B, L); L may be 0
     cols = torch.arange(longest)[None, :]  # (1, L)
     mask = cols >= (longest - lengths)[:, None] if left else cols < lengths[:, None]  # (B, L)
     return ids, mask
@@ -243,7 +254,16 @@ class ClassificationBatches(_EpochBatches):
         self.ids = [truncate(with_cls(ids, cls_id), max_len, end_id) for ids, _ in examples]
         if any(len(ids) == 0 for ids in self.ids):
             raise DataError("ClassificationBatches got an example with no token ids")
-        self.labels = [int(label) for _, label in examples]
+        self.labels = []
+        for i, (_, label) in enumerate(examples):
+            try:  # (int() would read 1.7 as 1 and "pos" as an error of its own)
+                self.labels.append(operator.index(label))
+            except TypeError:
+                raise DataError(f"example {i}: label {label!r} is not a class id (an integer "
+                                ">= 0)") from None
+            if self.labels[-1] < 0:
+                raise DataError(f"example {i}: label {label!r} is not a class id (an integer "
+                                ">= 0)")
         self.batch_size, self.pad_id, self.shuffle = batch_size, pad_id, shuffle
         self.bucket = bucket
 

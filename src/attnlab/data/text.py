@@ -81,10 +81,19 @@ class LMData:
     """
 
     def __init__(self, ids: Sequence[int] | torch.Tensor, train_frac: float = 0.9) -> None:
-        data = torch.as_tensor(ids, dtype=torch.long)
+        try:
+            data = torch.as_tensor(ids)  # (its dtype first: dtype=long would truncate 2.7)
+        except (TypeError, ValueError, RuntimeError):
+            raise DataError("LMData needs token ids (encode the text first, or use "
+                            f"LMData.from_text), got {str(ids)[:40]}") from None
         if data.dim() != 1:
             raise DataError(f"LMData needs a 1-D sequence of token ids, got shape "
                             f"{tuple(data.shape)}")
+        if data.dtype.is_floating_point:
+            raise DataError(f"LMData needs integer token ids, got {data.dtype} values")
+        if len(data) and int(data.min()) < 0:
+            raise DataError(f"LMData needs token ids >= 0, got {int(data.min())}")
+        data = data.long()
         if not 0.0 < train_frac < 1.0:
             raise DataError(f"train_frac must be between 0 and 1 (exclusive), got {train_frac}")
         n = int(train_frac * len(data))
