@@ -518,6 +518,40 @@ def test_fetch_copies_from_local_directory(tmp_path, monkeypatch) -> None:
         fetch("toy", tmp_path / "cache3", source_dir=tmp_path / "shared")
 
 
+def test_fetch_refuses_an_empty_cache_dir_and_a_file_in_its_path(tmp_path, monkeypatch) -> None:
+    """cache_dir="" wrote into the working directory; a file where a folder goes was a raw
+    NotADirectoryError / FileExistsError."""
+    _registry(monkeypatch, _plain())
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match="cache_dir is empty: give a folder, or None"):
+        fetch("toy", "", source_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(DataError, match=f"{tmp_path / 'afile'} is a file, not a folder"):
+        fetch("toy", tmp_path / "afile" / "sub")
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "toy").write_text("x")
+    with pytest.raises(DataError, match="cannot keep toy in .* is a file, not a folder"):
+        fetch("toy", tmp_path / "cache")
+
+
+def test_labelled_tsv_and_sentence_arguments_are_checked(tmp_path) -> None:
+    path = tmp_path / "a.tsv"
+    path.write_text("sentence\tlabel\tlabel\nfine\t1\t0\n")
+    with pytest.raises(DataError, match="header names 'label' 2 times"):
+        read_labelled_tsv(path)
+    with pytest.raises(DataError, match="text_column and label_column are both 'label'"):
+        read_labelled_tsv(path, text_column="label")
+    for n in (0, 1, "2"):
+        with pytest.raises(DataError, match=f"num_labels must be an integer >= 2, or None, "
+                                            f"got {n!r}"):
+            read_labelled_tsv(path, num_labels=n)
+    with pytest.raises(DataError, match="whole_sentences got an empty text"):
+        whole_sentences(["a b", ""])
+    with pytest.raises(DataError, match="a list of texts, not one string"):
+        whole_sentences("a b")
+
+
 def test_fetch_registry_and_defaults(tmp_path, monkeypatch) -> None:
     assert set(fetch_mod.DATASETS) == {"shakespeare", "multi30k", "sst2"}
     for info in fetch_mod.DATASETS.values():
@@ -544,3 +578,21 @@ def test_truncation_keeps_the_end_token_as_hugging_face_does() -> None:
                                     shuffle=False)
     ids, _ = next(iter(batches))
     assert ids.tolist() == [[101, 5, 102]]
+
+
+def test_batch_iterators_check_their_numbers_up_front() -> None:
+    """A float batch size or seed failed only at the first batch, inside Python or torch."""
+    from attnlab.config import ConfigError
+
+    examples = [([1, 2], 1), ([3], 0)]
+    for kwargs, shown in ((dict(batch_size=2.5), "batch_size=2.5"),
+                          (dict(batch_size=2, max_len=1.5), "max_len=1.5"),
+                          (dict(batch_size=2, seed=0.5), "seed=0.5")):
+        with pytest.raises(ConfigError, match=f"{shown} is not allowed: an integer >= "):
+            ClassificationBatches(examples, pad_id=0, **kwargs)
+    pairs = [([1, 2], [1, 2, 3])]
+    with pytest.raises(ConfigError, match="max_tokens=nan is not allowed: an integer >= 1"):
+        Seq2SeqBatches(pairs, float("nan"), 0)
+    batches = Seq2SeqBatches(pairs, 10, 0)
+    with pytest.raises(DataError, match="the state has no epoch and position"):
+        batches.load_state_dict({"seed": 0, "num_examples": 1})

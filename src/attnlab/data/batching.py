@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from attnlab.config import check_int
 from attnlab.data.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,7 @@ class _EpochBatches:
     def __init__(self, num_examples: int, seed: int) -> None:
         if num_examples == 0:
             raise DataError(f"{type(self).__name__} needs at least one example")
+        check_int("seed", seed, 0)
         self.num_examples, self.seed = num_examples, seed
         self.epoch, self.position = 0, 0
 
@@ -154,6 +156,9 @@ class _EpochBatches:
                 raise DataError(f"cannot resume batches: saved {key}={state.get(key)!r} but this "
                                 f"iterator has {key}={getattr(self, key)!r} (resume with the "
                                 "same data and seed)")
+        if "epoch" not in state or "position" not in state:
+            raise DataError("cannot resume batches: the state has no epoch and position (a "
+                            "state_dict() of these batches is needed)")
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position <= len(self._plan(epoch)):
             raise DataError(f"cannot resume batches: invalid epoch {epoch} / position {position}")
@@ -182,6 +187,7 @@ class Seq2SeqBatches(_EpochBatches):
     def __init__(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_tokens: int,
                  pad_id: int, seed: int = 0, shuffle: bool = True) -> None:
         super().__init__(len(pairs), seed)
+        check_int("max_tokens", max_tokens, 1)
         short = [i for i, (s, t) in enumerate(pairs) if len(s) < 1 or len(t) < 2]
         if short:
             raise DataError(f"{len(short)} seq2seq pairs (first: index {short[0]}) have an empty "
@@ -247,10 +253,9 @@ class ClassificationBatches(_EpochBatches):
                  seed: int = 0, shuffle: bool = True, bucket: bool = False,
                  end_id: int | None = None) -> None:
         super().__init__(len(examples), seed)
-        if batch_size < 1:
-            raise DataError(f"batch_size must be >= 1, got {batch_size}")
-        if max_len is not None and max_len < 1:
-            raise DataError(f"max_len must be >= 1 or None, got {max_len}")
+        check_int("batch_size", batch_size, 1)
+        if max_len is not None:
+            check_int("max_len", max_len, 1)
         self.ids = [truncate(with_cls(ids, cls_id), max_len, end_id) for ids, _ in examples]
         if any(len(ids) == 0 for ids in self.ids):
             raise DataError("ClassificationBatches got an example with no token ids")

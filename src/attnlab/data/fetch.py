@@ -238,8 +238,14 @@ def fetch(name: str, cache_dir: str | Path | None = None, source_dir: str | Path
     file, with a message saying how to use a local file instead.
     """
     info = dataset_info(name)
+    if cache_dir is not None and not str(cache_dir).strip():
+        raise DataError("cache_dir is empty: give a folder, or None for the default "
+                        f"({default_cache_dir()})")
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     root = root / info.name
+    clash = next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), None)
+    if clash is not None:
+        raise DataError(f"cannot keep {info.name} in {root}: {clash} is a file, not a folder")
     if source_dir is not None and Path(source_dir).is_file():
         raise DataFileNotFoundError(f"source directory {source_dir} is a file, not a folder: "
                                     f"--from takes the folder holding the {info.name} files "

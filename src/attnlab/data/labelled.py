@@ -39,8 +39,17 @@ def read_labelled_tsv(path: str | Path, num_labels: int | None = 2,
         DataError: naming the file and line for a missing column, a row with the wrong number
             of fields, a non-integer or out-of-range label, or an empty sentence.
     """
+    if text_column == label_column:
+        raise DataError(f"text_column and label_column are both {text_column!r}: they name two "
+                        "columns")
+    if num_labels is not None and (not isinstance(num_labels, int) or num_labels < 2):
+        raise DataError(f"num_labels must be an integer >= 2, or None, got {num_labels!r}")
     lines = read_lines(path, "labelled TSV file")
     header = [h.strip() for h in lines[0].split("\t")]
+    for column in (text_column, label_column):
+        if header.count(column) > 1:
+            raise DataError(f"labelled TSV file {path} line 1: the header names {column!r} "
+                            f"{header.count(column)} times (found columns {header})")
     for column in (text_column, label_column):
         if column not in header:
             raise DataError(f"labelled TSV file {path} line 1: header has no {column!r} column "
@@ -104,7 +113,11 @@ def whole_sentences(texts: Sequence[str]) -> list[str]:
     # Longest first: whatever contains a text is longer, and (containment being transitive)
     # inside some whole sentence already found, so only those need checking. Each word maps
     # to the sentences holding it; a text is looked up under its rarest word.
+    if isinstance(texts, str):
+        raise DataError("whole_sentences takes a list of texts, not one string")
     unique = sorted({" ".join(t.split()) for t in texts}, key=lambda t: (-len(t), t))
+    if "" in unique:
+        raise DataError("whole_sentences got an empty text (no words)")
     found: list[str] = []
     padded: list[str] = []  # " " + sentence + " ": containment by whole words is ``in``
     holding: dict[str, list[int]] = {}
