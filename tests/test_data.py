@@ -100,6 +100,12 @@ def test_read_parallel_strips_and_skips_empty(tmp_path, caplog) -> None:
         pairs = read_parallel(tmp_path / "a.de", tmp_path / "a.en")
     assert pairs == [("Hallo Welt", "hello world"), ("zwei", "two")]
     assert "skipped 2 of 4 pairs" in caplog.text
+    # old Mac line ends (a lone CR) are line ends too, as in Python's universal newlines (the
+    # whole file was one pair)
+    (tmp_path / "b.de").write_bytes(b"a\rb\rc\r")
+    (tmp_path / "b.en").write_bytes(b"x\ny\r\nz\n")
+    assert read_parallel(tmp_path / "b.de", tmp_path / "b.en") == [("a", "x"), ("b", "y"),
+                                                                   ("c", "z")]
 
 
 def test_a_byte_order_mark_is_not_text(tmp_path) -> None:

@@ -12,8 +12,9 @@ log = logging.getLogger(__name__)
 
 
 def read_lines(path: str | Path, what: str = "text file") -> list[str]:
-    """Lines of a UTF-8 file (LF or CRLF); a final newline does not add an empty line."""
-    lines = read_text(path, what).replace("\r\n", "\n").split("\n")
+    """Lines of a UTF-8 file (LF, CRLF or a lone CR, as Python's universal newlines); a final
+    newline does not add an empty line."""
+    lines = read_text(path, what).replace("\r\n", "\n").replace("\r", "\n").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     return lines
