@@ -103,6 +103,13 @@ def env(tmp_path_factory):
             **json.loads((r / "config.json").read_text()),
             "model": {**json.loads((r / "config.json").read_text())["model"], "d_model": 64}})),
         "no_checkpoint": lambda r: shutil.rmtree(r / "best"),
+        "tokenizer_bigger": lambda r: (r / "tokenizer.json").write_text(json.dumps({
+            **json.loads((r / "tokenizer.json").read_text()),
+            "chars": "".join(map(chr, range(33, 33 + 60)))})),
+        "model_null": lambda r: (r / "config.json").write_text(json.dumps({
+            **json.loads((r / "config.json").read_text()), "model": None})),
+        "data_null": lambda r: (r / "config.json").write_text(json.dumps({
+            **json.loads((r / "config.json").read_text()), "data": None})),
     }.items():
         shutil.copytree(e["lm"], base / name)
         edit(base / name)
@@ -217,6 +224,9 @@ def _rows(e):
         "sample_wrong_family": ["sample", mt, "--prompt", "the"],
         "sample_no_tokenizer": ["sample", str(e["no_tokenizer"]), "--prompt", "the"],
         "sample_tokenizer_not_json": ["sample", str(e["tokenizer_not_json"]), "--prompt", "the"],
+        "sample_tokenizer_bigger": ["sample", str(e["tokenizer_bigger"]), "--prompt", "the"],
+        "sample_model_null": ["sample", str(e["model_null"]), "--prompt", "the"],
+        "sample_data_null": ["sample", str(e["data_null"]), "--prompt", "the"],
         "sample_truncated_weights": ["sample", str(e["truncated"]), "--prompt", "the"],
         "sample_nan_weights": ["sample", str(e["nan_weights"]), "--prompt", "the"],
         "sample_other_config": ["sample", str(e["other_config"]), "--prompt", "the"],
@@ -331,6 +341,9 @@ EXPECT = {
     "eval_config_not_json": "config.json is not valid JSON",
     "eval_config_binary": "config.json is not valid JSON",
     "sample_tokenizer_not_json": "tokenizer.json is not valid JSON",
+    "sample_tokenizer_bigger": "its tokenizer has 60 tokens but the model only 29 embeddings",
+    "sample_model_null": "config.json has no 'model' section",
+    "sample_data_null": "config.json: its 'data' section is None, not a table of settings",
     "info_model_not_a_table": "expected a table of model settings",
     "info_json_list": "expected a table of model settings",
     "info_zero_length": "--length 0 must be positive",

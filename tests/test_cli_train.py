@@ -117,6 +117,11 @@ def test_classification_and_translation_end_to_end(tmp_path, capsys):
     assert main(["eval", str(tmp_path / "cls")]) == 0
     out = capsys.readouterr().out
     assert "accuracy:" in out and "f1:" in out
+    # names that contradict an explicit n_classes (they trained, then were dropped at use)
+    assert main([*args[:-1], str(tmp_path / "cls3"), "--set", 'data.label_names=["a","b"]',
+                 "--set", "model.n_classes=3"]) == 2
+    assert "data.label_names has 2 names but model.n_classes=3" in capsys.readouterr().err
+    assert not (tmp_path / "cls3").exists()
     src, tgt = tmp_path / "s.de", tmp_path / "t.en"
     src.write_text("".join(f"ein hund {i}\n" for i in range(20)))
     tgt.write_text("".join(f"a dog {i}\n" for i in range(20)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import sys
 
 import pytest
@@ -251,3 +252,24 @@ def test_sample_a_word_level_run_continues_after_a_space(tmp_path, capsys):
     assert out == tok.decode(ids + generate(model, [ids], 6, temperature=0)[0]) + "\n"
     code, out, err = run_cli(capsys, "sample", run, "--prompt", "  ")
     assert code == 2 and out == "" and "is no token for this run's tokenizer" in err
+
+
+def test_label_names_that_do_not_fit_the_classes_are_named(tmp_path):
+    """Three names for a 2-class head, or a string, were replaced by "0", "1" in silence (and
+    exported so); none at all still gives "0", "1", ..."""
+    import json
+
+    from attnlab.runs import RunError
+
+    run_dir = classifier_run(tmp_path / "cls")
+    assert load_run(run_dir).label_names == ["neg", "neutral", "pos"]
+    config = json.loads((run_dir / "config.json").read_text())
+    for names in (["neg", "pos"], "abc"):
+        (run_dir / "config.json").write_text(json.dumps({**config, "data": {"label_names":
+                                                                            names}}))
+        run = load_run(run_dir)
+        with pytest.raises(RunError, match=re.escape(f"data.label_names is {names!r}, but the "
+                                                     "model has 3 classes")):
+            run.label_names  # noqa: B018 (the property raises)
+    (run_dir / "config.json").write_text(json.dumps({**config, "data": {}}))
+    assert load_run(run_dir).label_names == ["0", "1", "2"]

@@ -3,6 +3,7 @@ ONNX export of every family, each checked against the other implementation (1e-4
 
 from __future__ import annotations
 
+import json
 import tomllib
 import warnings
 from pathlib import Path
@@ -67,6 +68,15 @@ def test_bert_classifier_logits_match(tmp_path, hidden_act) -> None:
             torch.testing.assert_close(clf(ids, mask=mask)[0], want, atol=1e-4, rtol=0)
             torch.testing.assert_close(clf(ids)[0], want, atol=1e-4, rtol=0)  # mask from pad 0
     assert bert_from_hf(tmp_path).config.n_classes == 3  # the head comes along
+    # a config.json saved without "architectures" (by hand, or by other tools): the weights
+    # hold a classifier, so it is one (it came back as a BertModel with a fresh 2-class head)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["architectures"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    clf, labels = bert_classifier_from_hf(tmp_path)
+    assert labels == LABELS
+    with torch.no_grad():
+        torch.testing.assert_close(clf(ids, mask=mask)[0], want, atol=1e-4, rtol=0)
 
 
 def test_bertmodel_pooler_is_kept_and_head_fresh() -> None:

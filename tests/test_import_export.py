@@ -418,6 +418,14 @@ def _bad_folder(kind: str, root: Path, gpt2_folder: Path) -> Path:
         (folder / "model.safetensors.index.json").write_text('{"weight_map": {"a": 5}}')
     elif kind == "config_types":
         config["n_layer"] = None
+    elif kind == "fewer_layers":  # the second layer's weights were silently left out
+        config["n_layer"] = 1
+    elif kind == "nan":  # was imported, then refused by load_run as a damaged run
+        from safetensors.torch import load_file, save_file
+
+        sd = load_file(folder / "model.safetensors")
+        sd["transformer.h.1.mlp.c_fc.weight"][0, 0] = float("nan")
+        save_file(sd, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
@@ -431,6 +439,9 @@ BAD_IMPORTS = {
     "junk_bin": "is refused",
     "shard_index": "is not a valid shard index",
     "config_types": "config.json is not a configuration transformers accepts",
+    "fewer_layers": "has weight 'transformer.h.1.attn.c_attn.bias' of a layer that "
+                    "config.json does not have",
+    "nan": "weight 'transformer.h.1.mlp.c_fc.weight' holds NaN or inf values",
 }
 
 
@@ -546,6 +557,14 @@ def test_tokenizers_library_errors_are_value_errors(tmp_path) -> None:
         WordPieceTokenizer.from_vocab_file(tmp_path / "vocab.txt")
     with pytest.raises(ValueError, match="malformed bpe tokenizer description"):
         tokenizer_from_dict({"kind": "bpe", "hf_json": "{}", "specials": {}, "byte_level": False})
+    # "eos bos" and "bos bos" wrote bos ... bos; "eos" failed inside `tokenizers`
+    for wrap in ("eos bos", "bos bos", "eos", "BOS"):
+        with pytest.raises(ValueError, match=f"wrap={wrap!r} is not allowed: '', 'bos' or "):
+            save_hf_tokenizer(char_tokenizer(("<pad>", "<bos>", "<eos>")), tmp_path / "w",
+                              wrap=wrap)
+    with pytest.raises(ValueError, match="max_len=-5 is not allowed"):
+        save_hf_tokenizer(char_tokenizer(), tmp_path / "w", max_len=-5)
+    assert not (tmp_path / "w").exists()
 
 
 def test_a_tied_config_with_its_own_lm_head_imports_untied_as_transformers(tmp_path) -> None:
@@ -577,7 +596,8 @@ def test_an_architecture_that_contradicts_its_model_type_is_one_line(hf_gpt2, tm
     capsys.readouterr()
     assert cli("import", folder, "--out", tmp_path / "run") == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "model_type is 'llama', but its model_type is 'gpt2'" in err
+    assert err.count("\n") == 1 and ("LlamaForCausalLM (model_type 'llama') is what is being "
+                                     "loaded, but model_type is 'gpt2'") in err
     assert not (tmp_path / "run").exists()
 
 

@@ -198,6 +198,17 @@ def test_plot_loss_csv_reads_empty_cells(tmp_path: Path) -> None:
     assert _is_png(viz.plot_loss_csv(rows, tmp_path / "rows.png"))  # from rows as well
 
 
+def test_plot_loss_csv_rows_whose_first_lacks_a_column_keep_it() -> None:
+    """Rows as dicts where only later rows have val_loss (the first step is logged before the
+    first evaluation): the column was read from the first row's keys and left out."""
+    from attnlab.viz.curves import _csv_series
+
+    steps, columns = _csv_series([{"step": 0, "train_loss": 1.0},
+                                  {"step": 1, "train_loss": 2.0, "val_loss": 1.5}], "rows")
+    assert steps.tolist() == [0, 1] and set(columns) == {"train_loss", "val_loss"}
+    np.testing.assert_array_equal(columns["val_loss"], [np.nan, 1.5])
+
+
 @pytest.mark.parametrize("text", ["step,accuracy\n1,0.5\n2,0.75\n",
                                   "step,bleu,f1\n1,3.0,\n2,7.5,0.5\n"])
 def test_plot_loss_csv_draws_a_log_of_metrics_alone(tmp_path, text) -> None:

@@ -296,8 +296,12 @@ class RunDir:
             cfg = json.loads(self.config_file.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise RunError(f"{self.config_file} is not valid JSON: {e}") from None
-        if not isinstance(cfg, dict) or "model" not in cfg:
+        if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
             raise RunError(f"{self.config_file} has no 'model' section")
+        bad = [k for k in ("data", "train") if not isinstance(cfg.get(k, {}), dict)]
+        if bad:
+            raise RunError(f"{self.config_file}: its {bad[0]!r} section is "
+                           f"{cfg[bad[0]]!r}, not a table of settings")
         return cfg
 
     def write_config(self, config: dict[str, Any]) -> None:
@@ -454,13 +458,16 @@ class Run:
 
     @property
     def label_names(self) -> list[str]:
-        """Class names: the data section's ``label_names`` (or ``labels``) when they fit the
-        model's ``n_classes``, else "0", "1", ..."""
+        """Class names: the data section's ``label_names`` (or ``labels``), one per class of
+        the model's ``n_classes``; "0", "1", ... when it has none."""
         n = self.model.config.n_classes
         names = self.data.get("label_names") or self.data.get("labels")
-        if isinstance(names, (list, tuple)) and len(names) == n:
-            return [str(x) for x in names]
-        return [str(i) for i in range(n)]
+        if names is None:
+            return [str(i) for i in range(n)]
+        if not isinstance(names, (list, tuple)) or len(names) != n:
+            raise RunError(f"{RunDir(self.run_dir).config_file}: data.label_names is {names!r}, "
+                           f"but the model has {n} classes: give one name per class")
+        return [str(x) for x in names]
 
 
 def load_run(run_dir: str | Path, which: str = "best", device: str = "cpu") -> Run:
@@ -473,4 +480,9 @@ def load_run(run_dir: str | Path, which: str = "best", device: str = "cpu") -> R
     cfg = rd.read_config()
     model = build_model(ModelConfig.from_dict(cfg["model"]))
     ckpt = rd.load_weights(model, which)
-    return Run(model.to(device).eval(), cfg, rd.load_tokenizer(), rd.path, ckpt)
+    tokenizer = rd.load_tokenizer()
+    if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
+        # (fewer tokens than embeddings is fine: a vocabulary padded to a multiple of 64)
+        raise RunError(f"{rd.path}: its tokenizer has {tokenizer.vocab_size} tokens but the "
+                       f"model only {model.config.vocab_size} embeddings: the run is damaged")
+    return Run(model.to(device).eval(), cfg, tokenizer, rd.path, ckpt)

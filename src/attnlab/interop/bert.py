@@ -33,6 +33,7 @@ from .hf import (
     _norm,
     _transformers,
     read_hf_config,
+    read_hf_weights,
     unmet,
 )
 
@@ -88,11 +89,14 @@ def bert_labels(hf_config: Any) -> list[str]:
 
 def _load_bert(model_or_dir: Any) -> Any:
     """A ``transformers`` BERT: the model itself, or loaded from a directory as the class its
-    ``config.json`` names (``BertForSequenceClassification`` keeps its head)."""
+    ``config.json`` names, or as a classifier where its weights hold one (a config saved
+    without ``architectures``): ``BertForSequenceClassification`` keeps its head."""
     if not isinstance(model_or_dir, (str, os.PathLike)):
         return model_or_dir
     archs = read_hf_config(model_or_dir).get("architectures") or []
-    return _load(model_or_dir, CLASSIFIER if CLASSIFIER in archs else "BertModel")
+    sd = read_hf_weights(model_or_dir)
+    head = CLASSIFIER in archs or (not archs and "classifier.weight" in sd)
+    return _load(model_or_dir, CLASSIFIER if head else "BertModel", sd)
 
 
 def bert_classifier_from_hf(model_or_dir: Any, *, n_classes: int | None = None,

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -171,15 +172,24 @@ def load_hf_state(model: nn.Module, sd: dict[str, Tensor], where: str = "the che
     """
     own = model.state_dict()
     base = getattr(model, "base_model_prefix", "")
+
+    def own_name(key: str) -> str | None:  # with or without the base-model prefix
+        if key in own:
+            return key
+        if base and f"{base}.{key}" in own:
+            return f"{base}.{key}"
+        if base and key.startswith(base + ".") and key[len(base) + 1:] in own:
+            return key[len(base) + 1:]
+        return None
+
     mapped: dict[str, Tensor] = {}
     skipped = []
     for key, tensor in sd.items():
-        name = key if key in own else None
-        if name is None and base and f"{base}.{key}" in own:
-            name = f"{base}.{key}"
-        if name is None and base and key.startswith(base + ".") and key[len(base) + 1:] in own:
-            name = key[len(base) + 1:]
+        name = own_name(key)
         if name is None:
+            if own_name(re.sub(r"\.\d+\.", ".0.", key, count=1)) is not None:
+                raise ValueError(f"{where} has weight {key!r} of a layer that config.json does "
+                                 "not have: does its layer count belong to these weights?")
             if not key.endswith(_STALE):
                 skipped.append(key)
             continue
@@ -187,6 +197,9 @@ def load_hf_state(model: nn.Module, sd: dict[str, Tensor], where: str = "the che
             raise ValueError(f"{where}: weight {key!r} has shape {tuple(tensor.shape)}, but the "
                              f"config implies {tuple(own[name].shape)} (do the weights belong "
                              "to this config.json?)")
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ValueError(f"{where}: weight {key!r} holds NaN or inf values (a damaged or "
+                             "diverged checkpoint)")
         mapped[name] = tensor
     params = dict(model.named_parameters())  # tied parameters appear once
     missing = sorted(n for n in params if n not in mapped and not n.startswith(optional))
@@ -212,15 +225,15 @@ def _untied(sd: dict[str, Tensor]) -> bool:
 _UNUSED = {"BertModel": ("pooler.",)}
 
 
-def _load(model_or_dir: Any, cls_name: str) -> nn.Module:
+def _load(model_or_dir: Any, cls_name: str, sd: dict[str, Tensor] | None = None) -> nn.Module:
     """``model_or_dir`` itself, or ``transformers.<cls_name>`` built from the ``config.json``
-    of a local directory and loaded with its weights (see :func:`read_hf_weights`), in eval
-    mode."""
+    of a local directory and loaded with its weights (``sd`` if already read, else
+    :func:`read_hf_weights`), in eval mode."""
     if not isinstance(model_or_dir, (str, os.PathLike)):
         return model_or_dir
     path = Path(model_or_dir)
     read_hf_config(path)  # the clear errors for a folder that is not a model
-    sd = read_hf_weights(path)
+    sd = read_hf_weights(path) if sd is None else sd
     tf = _transformers()
     try:
         config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
@@ -230,9 +243,10 @@ def _load(model_or_dir: Any, cls_name: str) -> nn.Module:
     cls = getattr(tf, cls_name)
     wanted = getattr(cls.config_class, "model_type", None)
     if wanted and config.model_type != wanted:
-        raise ValueError(f"{path / 'config.json'} names architecture {cls_name}, whose "
-                         f"model_type is {wanted!r}, but its model_type is "
-                         f"{config.model_type!r}: the two must agree")
+        raise ValueError(f"{path / 'config.json'}: {cls_name} (model_type {wanted!r}) is "
+                         f"what is being loaded, but model_type is {config.model_type!r}: a "
+                         "checkpoint of another architecture, or an architectures entry that "
+                         "contradicts model_type")
     if getattr(config, "tie_word_embeddings", False) and _untied(sd):
         # as transformers does: a checkpoint whose output matrix differs from its input
         # embedding is loaded untied, whatever config.json says

@@ -144,6 +144,8 @@ def to_hf_tokenizer(tokenizer: Tokenizer, wrap: str = "") -> tuple[HFTokenizer, 
     own): ``"bos"`` (an encoder that pools its first token, ``[CLS]``) or ``"bos eos"`` (an
     encoder-decoder's sources with ``data.src_add_special``).
     """
+    if wrap not in ("", "bos", "bos eos"):
+        raise ValueError(f"wrap={wrap!r} is not allowed: '', 'bos' or 'bos eos'")
     d = tokenizer.to_dict()
     kind = d["kind"]
     roles = {role: getattr(tokenizer, f"{role}_id")
@@ -194,9 +196,11 @@ def save_hf_tokenizer(tokenizer: Tokenizer, out: str | os.PathLike,
     Args:
         max_len: the model's longest input (``model_max_length``); None: unlimited.
     """
+    if max_len is not None and (not isinstance(max_len, int) or max_len < 1):
+        raise ValueError(f"max_len={max_len!r} is not allowed: a positive integer, or None")
+    hf, tokens = to_hf_tokenizer(tokenizer, wrap)  # (its checks before anything is written)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    hf, tokens = to_hf_tokenizer(tokenizer, wrap)
     hf.save(str(out / TOKENIZER_JSON))
     names = {"pad": "pad_token", "unk": "unk_token", "bos": "bos_token", "eos": "eos_token",
              "mask": "mask_token"}

@@ -70,7 +70,11 @@ def _bert(path: Path, hf_cfg: dict[str, Any], dropout: float):
     BertForSequenceClassification (its head, pooler and class names)."""
     from .bert import CLASSIFIER, bert_classifier_from_hf
 
-    pooling = None if CLASSIFIER in (hf_cfg.get("architectures") or []) else _pooling(path)
+    # (no sentence-transformers folder: the converter's default, "cls" for a BertModel, the
+    # pooler for a classifier, also one whose config.json lacks "architectures")
+    sentence_transformers = (path / "1_Pooling").is_dir()
+    pooling = None if CLASSIFIER in (hf_cfg.get("architectures") or []) or not \
+        sentence_transformers else _pooling(path)
     return bert_classifier_from_hf(path, pooling=pooling, dropout=dropout)
 
 

@@ -44,6 +44,10 @@ class ClassifyTask(EpochTask):
         n_classes = rc.model.n_classes
         if d.label_names and "model.n_classes" not in rc.explicit:
             n_classes = len(d.label_names)
+        elif d.label_names and len(d.label_names) != n_classes:
+            raise ConfigError(f"data.label_names has {len(d.label_names)} names but "
+                              f"model.n_classes={n_classes}: give one name per class (or leave "
+                              "model.n_classes out: the names set it)")
         self.n_classes = n_classes
         self._items: dict[str, list[tuple[str, int]]] = {}
         mlm = self.head == "mlm"

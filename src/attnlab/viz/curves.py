@@ -144,7 +144,7 @@ def _csv_series(
         rows = read_metrics(source)
     else:
         rows = list(source)
-    header = list(rows[0]) if rows else []
+    header = list(dict.fromkeys(k for r in rows for k in r))  # every row's keys, in order
     drawable = (*CSV_COLUMNS[1:], *METRIC_COLUMNS)
     if rows and ("step" not in header or not set(header) & set(drawable)):
         raise ValueError(f"{where} must have a header with 'step' and at least one of "
