@@ -89,6 +89,8 @@ def test_bertmodel_pooler_is_kept_and_head_fresh() -> None:
         got = clf.pool(clf.hidden_states(ids, mask), mask)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
     assert bert_classifier_from_hf(bert)[1] is None  # no head, no label names
+    with pytest.raises(ValueError, match="n_classes=0 is not allowed: an integer >= 2"):
+        bert_from_hf(bert, n_classes=0)  # (gave 2 classes)
     no_pooler = transformers.BertModel(bert_cfg(), add_pooling_layer=False)
     assert bert_from_hf(no_pooler, pooling="pooler").pooler is not None  # a fresh one
 

@@ -119,6 +119,15 @@ def test_transformer_unsupported_activation() -> None:
         transformer_from_torch(ref)
 
 
+def test_transformer_with_norms_of_different_eps_is_refused() -> None:
+    """The first layer's eps was taken for all: a final norm of eps 0.5 converted to a model
+    0.62 away from it."""
+    ref = nn.Transformer(16, 2, 1, 1, 32, batch_first=True)
+    ref.encoder.norm.eps = 0.5
+    with pytest.raises(ValueError, match=r"different eps \(\[1e-05, 0.5\]\)"):
+        transformer_from_torch(ref)
+
+
 # ---- GPT-2 ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def hf_gpt2():

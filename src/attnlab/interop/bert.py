@@ -143,6 +143,8 @@ def bert_classifier_from_hf(model_or_dir: Any, *, n_classes: int | None = None,
                          f"pass its encoder (`model.bert`) to convert the encoder weights")
     if not (hasattr(model, "embeddings") and hasattr(model, "encoder")):
         raise ValueError(f"expected a BertModel or {CLASSIFIER}, got {type(model).__name__}")
+    if n_classes is not None and (not isinstance(n_classes, int) or n_classes < 2):
+        raise ValueError(f"n_classes={n_classes!r} is not allowed: an integer >= 2 (or None: 2)")
     return _convert(model, n_classes or 2, pooling or "cls", dropout, None), None
 
 

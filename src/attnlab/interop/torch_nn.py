@@ -94,8 +94,8 @@ def config_from_torch(t: nn.Transformer) -> ModelConfig:
 
     Raises:
         ValueError: layers that attnlab cannot express (see :func:`_check_mha`, activations
-            other than relu/gelu, different norm placement or activation across layers, a final
-            norm on only one of the two stacks).
+            other than relu/gelu, different norm placement, activation or LayerNorm eps across
+            layers, a final norm on only one of the two stacks).
     """
     enc_layers, dec_layers = list(t.encoder.layers), list(t.decoder.layers)
     first = enc_layers[0]
@@ -106,6 +106,10 @@ def config_from_torch(t: nn.Transformer) -> ModelConfig:
         raise ValueError("layers with different norm_first or activation are not supported")
     if (t.encoder.norm is None) != (t.decoder.norm is None):
         raise ValueError("a final norm on only one of encoder and decoder is not supported")
+    eps = {m.eps for m in t.modules() if isinstance(m, nn.LayerNorm)}
+    if len(eps) > 1:
+        raise ValueError(f"LayerNorms with different eps ({sorted(eps)}) are not supported: "
+                         "attnlab has one norm_eps")
     return ModelConfig(
         family="encoder_decoder",
         d_model=attn.embed_dim,
