@@ -261,14 +261,14 @@ class ClassificationBatches(_EpochBatches):
             raise DataError("ClassificationBatches got an example with no token ids")
         self.labels = []
         for i, (_, label) in enumerate(examples):
-            try:  # (int() would read 1.7 as 1 and "pos" as an error of its own)
-                self.labels.append(operator.index(label))
+            try:  # (int() would read 1.7 as 1)
+                y = operator.index(label)
             except TypeError:
-                raise DataError(f"example {i}: label {label!r} is not a class id (an integer "
-                                ">= 0)") from None
-            if self.labels[-1] < 0:
+                y = -1
+            if y < 0:
                 raise DataError(f"example {i}: label {label!r} is not a class id (an integer "
                                 ">= 0)")
+            self.labels.append(y)
         self.batch_size, self.pad_id, self.shuffle = batch_size, pad_id, shuffle
         self.bucket = bucket
 

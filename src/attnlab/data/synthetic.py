@@ -11,7 +11,7 @@ Token ids: ``pad=0``, ``bos=1``, ``eos=2``; content tokens are drawn uniformly f
 
 from __future__ import annotations
 
-import operator
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -45,13 +45,12 @@ class SyntheticData:
         """The correct output (without bos/eos) for one source sequence; pads are ignored."""
         if isinstance(src_tokens, torch.Tensor):
             src_tokens = src_tokens.tolist()
-        try:  # (int() would read 3.7 as 3, and the string "345" as ids 3, 4, 5)
-            if isinstance(src_tokens, str):
-                raise TypeError
-            content = [t for t in map(operator.index, src_tokens) if t != PAD_ID]
-        except TypeError:
+        # (int() would read 3.7 as 3, and the string "345" as ids 3, 4, 5)
+        if isinstance(src_tokens, str) or not all(isinstance(t, numbers.Integral)
+                                                  for t in src_tokens):
             raise DataError("answer takes one source sequence of integer token ids, got "
-                            f"{str(src_tokens)[:40]}") from None
+                            f"{str(src_tokens)[:40]}")
+        content = [int(t) for t in src_tokens if t != PAD_ID]
         bad = [t for t in content if not FIRST_CONTENT_ID <= t < self.vocab_size]
         if bad:
             raise DataError(f"source tokens {bad[:5]} are not content tokens of task "

@@ -72,9 +72,8 @@ def _bert(path: Path, hf_cfg: dict[str, Any], dropout: float):
 
     # (no sentence-transformers folder: the converter's default, "cls" for a BertModel, the
     # pooler for a classifier, also one whose config.json lacks "architectures")
-    sentence_transformers = (path / "1_Pooling").is_dir()
-    pooling = None if CLASSIFIER in (hf_cfg.get("architectures") or []) or not \
-        sentence_transformers else _pooling(path)
+    classifier = CLASSIFIER in (hf_cfg.get("architectures") or [])
+    pooling = _pooling(path) if (path / "1_Pooling").is_dir() and not classifier else None
     return bert_classifier_from_hf(path, pooling=pooling, dropout=dropout)
 
 
