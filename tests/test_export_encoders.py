@@ -104,6 +104,11 @@ def test_bert_classifier_contradictions_are_refused() -> None:
     regression = transformers.BertForSequenceClassification(bert_cfg(num_labels=1))
     with pytest.raises(ValueError, match="regression"):
         bert_classifier_from_hf(regression)
+    multi = transformers.BertForSequenceClassification(
+        bert_cfg(num_labels=3, problem_type="multi_label_classification"))
+    with pytest.raises(ValueError, match="multi_label_classification' scores each label on "
+                                         "its own"):
+        bert_classifier_from_hf(multi)  # (was imported as a softmax classifier)
     with pytest.raises(ValueError, match="BertForMaskedLM: only BertModel and"):
         bert_from_hf(transformers.BertForMaskedLM(bert_cfg()))
 
@@ -349,6 +354,32 @@ def test_onnx_every_family_dynamic_batch_and_length(tmp_path, family) -> None:
             want = model(*args, **kwargs)[0]
         assert got.shape == tuple(want.shape)
         torch.testing.assert_close(torch.from_numpy(got), want, atol=1e-4, rtol=0)
+
+
+def test_onnx_export_names_a_bad_example_before_exporting(tmp_path) -> None:
+    """A wrong keyword, float ids or a numpy array failed deep inside torch.export
+    ("Failed to export the model with torch.export"), a negative length in torch.randint."""
+
+    for name in ("onnx", "onnxscript"):
+        pytest.importorskip(name, reason="ONNX export needs pip install onnx onnxscript")
+    model = FAMILIES["encoder_mean"]()
+    args, kwargs, _ = example_inputs(model, 2, 8)
+    out = tmp_path / "m.onnx"
+    with pytest.raises(ValueError, match="does not run on the example inputs: .*"
+                                         "unexpected keyword argument 'attention_mask'"):
+        export_onnx(model, out, args, kwargs={"attention_mask": kwargs["mask"]})
+    with pytest.raises(ValueError, match="does not run on the example inputs: ids must be "
+                                         r"\(B, T\) integer ids"):
+        export_onnx(model, out, args[0].float(), kwargs=kwargs)
+    with pytest.raises(TypeError, match="must be torch tensors, got ndarray"):
+        export_onnx(model, out, args[0].numpy())
+    with pytest.raises(ValueError, match="3 input_names for 2 inputs"):
+        export_onnx(model, out, args, kwargs=kwargs, input_names=["ids", "mask", "extra"])
+    with pytest.raises(ValueError, match="length=-3 is not allowed: a positive integer"):
+        example_inputs(model, 2, -3)
+    with pytest.raises(TypeError, match="takes an attnlab model .* got Linear"):
+        example_inputs(torch.nn.Linear(2, 2))
+    assert model.training and not out.exists()
 
 
 def test_settings_the_exported_classes_cannot_hold_are_named() -> None:

@@ -130,6 +130,10 @@ def bert_classifier_from_hf(model_or_dir: Any, *, n_classes: int | None = None,
         if len(labels) < 2 or getattr(model.config, "problem_type", None) == "regression":
             raise ValueError(f"{CLASSIFIER} with num_labels={len(labels)} is a regression "
                              "head: attnlab classifies into 2 or more classes")
+        if getattr(model.config, "problem_type", None) == "multi_label_classification":
+            raise ValueError(f"{CLASSIFIER} with problem_type='multi_label_classification' "
+                             "scores each label on its own (sigmoid): attnlab's classifier "
+                             "picks one class of several (softmax)")
         if pooling not in (None, "pooler"):
             raise ValueError(f"pooling={pooling!r} is not allowed for a {CLASSIFIER}: its "
                              "head reads BERT's pooler; allowed: 'pooler'")

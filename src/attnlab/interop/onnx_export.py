@@ -33,7 +33,13 @@ def example_inputs(model: nn.Module, batch: int = 2, length: int = 8, *,
         ``(ids,), {"mask": mask}, ["ids", "mask"]`` for an encoder (the last row half
         padding); ``(src, tgt), {}, ["src", "tgt"]`` for an encoder-decoder.
     """
-    cfg = model.config
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "family", None) not in ("decoder", "encoder", "encoder_decoder"):
+        raise TypeError(f"example_inputs takes an attnlab model (DecoderLM, EncoderClassifier, "
+                        f"Transformer), got {type(model).__name__}")
+    for name, value in (("batch", batch), ("length", length)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is not allowed: a positive integer")
     n = min(length, cfg.max_len)
     low = 1 if cfg.vocab_size > 1 else 0  # keep clear of pad_id 0: no padding by accident
     ids = torch.randint(low, cfg.vocab_size, (batch, n), generator=generator)  # (B, T)
@@ -87,8 +93,13 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: Tensor | tup
     args = (example,) if isinstance(example, Tensor) else tuple(example)
     kwargs = kwargs or {}
     tensors = args + tuple(kwargs.values())
+    if not all(isinstance(t, Tensor) for t in tensors):
+        raise TypeError("the example inputs must be torch tensors, got "
+                        f"{', '.join(type(t).__name__ for t in tensors)}")
     names = list(input_names) if input_names is not None else (
         [f"input{i}" for i in range(len(args))] + list(kwargs))
+    if len(names) != len(tensors):
+        raise ValueError(f"{len(names)} input_names for {len(tensors)} inputs: one name each")
     wrapper = _FirstOutput(model, len(args), list(kwargs))
     auto = torch.export.Dim.AUTO
     dynamic = (tuple({d: auto for d in range(t.dim())} for t in tensors),)  # (*tensors,)
@@ -96,6 +107,11 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: Tensor | tup
     was_training = model.training
     wrapper.eval()  # and so the model, its child (torch warns about a training-mode wrapper)
     try:
+        try:  # once eagerly: a bad example fails with its own message, not inside the export
+            with torch.no_grad():
+                wrapper(*tensors)
+        except (TypeError, ValueError, RuntimeError, IndexError) as e:
+            raise ValueError(f"the model does not run on the example inputs: {e}") from None
         # one self-contained file, unless the weights pass protobuf's 2 GB limit: then they go
         # to FILE.onnx.data beside it (keep the two together)
         size = sum(p.numel() * p.element_size() for p in model.parameters())
