@@ -128,6 +128,22 @@ def test_transformer_with_norms_of_different_eps_is_refused() -> None:
         transformer_from_torch(ref)
 
 
+def test_torch_converters_name_what_they_cannot_take() -> None:
+    """They failed with AttributeError, IndexError or "converter bug: ... was not mapped"."""
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    with pytest.raises(TypeError, match="expected a torch.nn.Transformer .* got "
+                                        "TransformerEncoder"):
+        transformer_from_torch(nn.TransformerEncoder(layer, 1))
+    with pytest.raises(TypeError, match="expected a torch.nn.MultiheadAttention, got Linear"):
+        mha_from_torch(nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="0 encoder and 1 decoder layers"):
+        transformer_from_torch(nn.Transformer(16, 2, 0, 1, 32))
+    no_affine = nn.Transformer(16, 2, 1, 1, 32, batch_first=True)
+    no_affine.encoder.norm = nn.LayerNorm(16, elementwise_affine=False)
+    with pytest.raises(ValueError, match="only nn.LayerNorm with its weights"):
+        transformer_from_torch(no_affine)
+
+
 # ---- GPT-2 ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def hf_gpt2():

@@ -27,6 +27,8 @@ from ._load import load_mapped
 
 
 def _check_mha(m: nn.MultiheadAttention) -> None:
+    if not isinstance(m, nn.MultiheadAttention):
+        raise TypeError(f"expected a torch.nn.MultiheadAttention, got {type(m).__name__}")
     if not m._qkv_same_embed_dim:
         raise ValueError(
             f"nn.MultiheadAttention with kdim={m.kdim}/vdim={m.vdim} != embed_dim={m.embed_dim} "
@@ -81,8 +83,9 @@ def _norm_state(norm: nn.Module | None, name: str) -> dict[str, Tensor]:
     """LayerNorm weight and bias (if any) under attnlab name ``name``."""
     if norm is None:
         return {}
-    if not isinstance(norm, nn.LayerNorm):
-        raise ValueError(f"norm {type(norm).__name__} is not supported: only nn.LayerNorm")
+    if not isinstance(norm, nn.LayerNorm) or norm.weight is None:
+        raise ValueError(f"norm {norm!r} is not supported: only nn.LayerNorm with its "
+                         "weights (elementwise_affine=True)")
     out = {f"{name}.weight": norm.weight}
     if norm.bias is not None:
         out[f"{name}.bias"] = norm.bias
@@ -97,7 +100,13 @@ def config_from_torch(t: nn.Transformer) -> ModelConfig:
             other than relu/gelu, different norm placement, activation or LayerNorm eps across
             layers, a final norm on only one of the two stacks).
     """
+    if not isinstance(t, nn.Transformer):
+        raise TypeError(f"expected a torch.nn.Transformer (encoder and decoder), got "
+                        f"{type(t).__name__}")
     enc_layers, dec_layers = list(t.encoder.layers), list(t.decoder.layers)
+    if not enc_layers or not dec_layers:
+        raise ValueError(f"an nn.Transformer with {len(enc_layers)} encoder and "
+                         f"{len(dec_layers)} decoder layers: each stack needs at least one")
     first = enc_layers[0]
     attn = first.self_attn
     norm_first = {layer.norm_first for layer in enc_layers + dec_layers}
