@@ -305,6 +305,13 @@ def test_marian_names_what_prevents_it() -> None:
                           n_layers=1, norm="post", pos="learned")
     with pytest.raises(ValueError, match=r"pos='sinusoidal' \(got 'learned'\)"):
         marian_to_hf(Transformer(learned))
+    paper = Transformer(ModelConfig(family="encoder_decoder", vocab_size=20, d_model=16,
+                                    n_heads=2, n_layers=1, norm="post", pos="sinusoidal",
+                                    final_norm=False))
+    for kwargs, shown in ((dict(decoder_start_id=999), "decoder_start_id=999"),
+                          (dict(eos_id=-5), "eos_id=-5")):  # generate() failed far later
+        with pytest.raises(ValueError, match=f"{shown} is not allowed: an integer in 0..19"):
+            marian_to_hf(paper, **kwargs)
 
 
 # ---- ONNX, every family -----------------------------------------------------------------------

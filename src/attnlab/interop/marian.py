@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..config import ModelConfig
+from ..config import ModelConfig, check_int
 from ..models import Transformer
 from ._load import load_mapped
 from .hf import _TO_HF_ACTIVATION, _transformers, unmet
@@ -79,6 +79,9 @@ def marian_to_hf(model: Transformer, *, decoder_start_id: int | None = None,
     if problems:
         raise ValueError(f"this encoder-decoder cannot be exported as MarianMT: it needs "
                          f"{', '.join(problems)}")
+    for name, value in (("decoder_start_id", decoder_start_id), ("eos_id", eos_id)):
+        if value is not None:
+            check_int(name, value, 0, cfg.tgt_vocab - 1)  # (else generate() fails far later)
     pad = 0 if cfg.pad_id is None else cfg.pad_id
     tf = _transformers()
     hf_config = tf.MarianConfig(
