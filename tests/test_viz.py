@@ -337,13 +337,21 @@ def test_write_attention_html_accepts_dicts_and_tensors(tmp_path: Path) -> None:
             [viz.AttentionView("v", ["a", "b"], ["a"], np.ones((1, 1, 1, 1)))],
             r"shape \(1, 1, 1, 1\).*2 query_tokens.*need T=1",
         ),
-        ([viz.AttentionView("v", ["a"], ["a"], np.ones((2, 1, 1, 1)), [0])], "2 integers"),
+        ([viz.AttentionView("v", ["a"], ["a"], np.ones((2, 1, 1, 1)), [0])],
+         "2 distinct integers"),
+        # the page addresses layers and heads by these ids: duplicates were ambiguous
+        ([viz.AttentionView("v", ["a"], ["a"], np.ones((2, 1, 1, 1)), [0, 0])],
+         r"layer_ids must be 2 distinct integers >= 0 .* got \[0, 0\]"),
+        ([viz.AttentionView("v", ["a"], ["a"], np.ones((1, 1, 1, 1)), 0)],
+         "layer_ids must be 1 distinct integers >= 0 .* got 0"),
+        ([viz.AttentionView("v", ["a"], ["a"], np.ones((1, 1, 1, 1)), head_ids=[-1])],
+         r"head_ids must be 1 distinct integers >= 0"),
         ([viz.AttentionView("", ["a"], ["a"], np.ones((1, 1, 1, 1)))], "name must be"),
         ([viz.AttentionView("v", ["a"], ["a"], np.ones((1, 1, 1)))], "rank 4"),
         (["not a view"], "must be an AttentionView or a dict"),
         (
             [viz.AttentionView("v", ["a"], ["a"], np.ones((1, 2, 1, 1)) / 2, head_ids=[0])],
-            r"head_ids must be 2 integers",
+            r"head_ids must be 2 distinct integers",
         ),
         (
             [viz.AttentionView("v", ["a"], ["a"], np.ones((1, 1, 1, 1)), query_label=3)],

@@ -123,12 +123,17 @@ def _view_payload(view: AttentionView, index: int) -> dict[str, Any]:
 
 
 def _indices(values: Sequence[int] | None, n: int, where: str, per: str) -> list[int]:
-    """``values`` as n integers (default ``0..n-1``), one per slice ``per``."""
-    out = list(range(n)) if values is None else list(values)
-    if len(out) != n or not all(
-        isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in out
+    """``values`` as n distinct integers >= 0 (default ``0..n-1``), one per slice ``per``
+    (the page addresses slices by them)."""
+    try:
+        out = list(range(n)) if values is None else list(values)
+    except TypeError:  # one number, not a sequence
+        out = []
+    if len(out) != n or len(set(out)) != n or not all(
+        isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= 0 for i in out
     ):
-        raise ValueError(f"{where} must be {n} integers (one per {per}), got {out!r}")
+        raise ValueError(f"{where} must be {n} distinct integers >= 0 (one per {per}), got "
+                         f"{values!r}")
     return [int(i) for i in out]
 
 
