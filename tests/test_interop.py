@@ -221,6 +221,17 @@ def test_gpt2_unsupported_settings() -> None:
             gpt2_config(transformers.GPT2Config(**{flag: True}))
     with pytest.raises(ValueError, match="activation"):
         gpt2_config(transformers.GPT2Config(activation_function="silu"))
+    # a dict (config.json as read) or another architecture's config: the message itself
+    # raised AttributeError on a dict
+    from attnlab.interop.bert import bert_config
+    from attnlab.interop.llama import llama_config
+
+    for convert, what in ((gpt2_config, "GPT-2"), (bert_config, "BERT"), (llama_config, "Llama")):
+        with pytest.raises(ValueError, match=f"expected a {what} config, got a dict \\(a "
+                                             "transformers config is needed"):
+            convert({"model_type": "gpt2"})
+    with pytest.raises(ValueError, match="expected a BERT config, got model_type='gpt2'"):
+        bert_config(transformers.GPT2Config())
     post = DecoderLM(ModelConfig(family="decoder", vocab_size=20, d_model=16, n_heads=2,
                                  norm="post", pos="learned"))
     with pytest.raises(ValueError, match="norm='pre'"):

@@ -32,6 +32,7 @@ from .hf import (
     _load,
     _norm,
     _transformers,
+    check_model_type,
     read_hf_config,
     read_hf_weights,
     unmet,
@@ -47,8 +48,7 @@ def bert_config(hf_config: Any, *, n_classes: int = 2, pooling: str = "cls",
     Raises:
         ValueError: relative position embeddings, a decoder BERT, or an unsupported activation.
     """
-    if getattr(hf_config, "model_type", None) != "bert":
-        raise ValueError(f"expected a BERT config, got model_type={hf_config.model_type!r}")
+    check_model_type(hf_config, "bert", "BERT")
     pos_type = getattr(hf_config, "position_embedding_type", "absolute")
     if pos_type != "absolute":
         raise ValueError(f"BERT with position_embedding_type={pos_type!r} is not supported: "

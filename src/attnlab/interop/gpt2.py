@@ -15,6 +15,7 @@ from .hf import (
     _load,
     _norm,
     _transformers,
+    check_model_type,
     unmet,
 )
 
@@ -26,8 +27,7 @@ def gpt2_config(hf_config: Any, dropout: float = 0.0) -> ModelConfig:
         ValueError: settings attnlab cannot reproduce (no or layer-dependent attention scaling,
             reordered/upcast attention, cross-attention, an unsupported activation).
     """
-    if getattr(hf_config, "model_type", None) != "gpt2":
-        raise ValueError(f"expected a GPT-2 config, got model_type={hf_config.model_type!r}")
+    check_model_type(hf_config, "gpt2", "GPT-2")
     for flag, want in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                        ("reorder_and_upcast_attn", False), ("add_cross_attention", False)):
         if getattr(hf_config, flag, want) != want:

@@ -50,6 +50,17 @@ def unmet(checks: Iterable[tuple[str, bool, Any]]) -> list[str]:
     return [f"{what} (got {got!r})" for what, ok, got in checks if not ok]
 
 
+def check_model_type(hf_config: Any, model_type: str, what: str) -> None:
+    """Raise a ValueError unless ``hf_config`` is a ``transformers`` config of ``model_type``
+    (``what`` names the architecture in the message)."""
+    got = getattr(hf_config, "model_type", None)
+    if got != model_type:
+        shown = f"model_type={got!r}" if got is not None else (
+            f"a {type(hf_config).__name__} (a transformers config is needed, e.g. "
+            "transformers.AutoConfig.from_pretrained(folder))")
+        raise ValueError(f"expected a {what} config, got {shown}")
+
+
 def _transformers() -> Any:
     try:
         import transformers

@@ -22,7 +22,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..models import DecoderLM
 from ._load import load_mapped
-from .hf import _load, _transformers, unmet
+from .hf import _load, _transformers, check_model_type, unmet
 
 
 def _rope_theta(hf_config: Any) -> float:
@@ -45,8 +45,7 @@ def llama_config(hf_config: Any, dropout: float = 0.0) -> ModelConfig:
             silu, bias on attention but not on the MLP or the other way round,
             ``pretraining_tp`` > 1).
     """
-    if getattr(hf_config, "model_type", None) != "llama":
-        raise ValueError(f"expected a Llama config, got model_type={hf_config.model_type!r}")
+    check_model_type(hf_config, "llama", "Llama")
     if hf_config.hidden_act != "silu":
         raise ValueError(f"Llama with hidden_act={hf_config.hidden_act!r} is not supported: "
                          "attnlab's swiglu uses silu")
