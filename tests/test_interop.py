@@ -232,6 +232,14 @@ def test_gpt2_unsupported_settings() -> None:
             convert({"model_type": "gpt2"})
     with pytest.raises(ValueError, match="expected a BERT config, got model_type='gpt2'"):
         bert_config(transformers.GPT2Config())
+    # the other way round: a transformers model (or any module) given to an exporter
+    from attnlab.interop import to_hf
+    from attnlab.interop.llama import llama_to_hf
+
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2))
+    for export, model in ((to_hf, hf), (gpt2_to_hf, nn.Linear(2, 2)), (llama_to_hf, hf)):
+        with pytest.raises(TypeError, match="expected an attnlab model .* got "):
+            export(model)  # (AttributeError: 'GPT2Config' object has no attribute 'family')
     post = DecoderLM(ModelConfig(family="decoder", vocab_size=20, d_model=16, n_heads=2,
                                  norm="post", pos="learned"))
     with pytest.raises(ValueError, match="norm='pre'"):

@@ -32,6 +32,7 @@ from .hf import (
     _load,
     _norm,
     _transformers,
+    attnlab_config,
     check_model_type,
     read_hf_config,
     read_hf_weights,
@@ -231,7 +232,7 @@ def bert_to_hf(model: EncoderClassifier, label_names: list[str] | None = None) -
         ValueError: one line naming the settings that BERT cannot express, or label names
             that do not match ``n_classes``.
     """
-    cfg = model.config
+    cfg = attnlab_config(model)
     problems = bert_problems(cfg)
     if problems:
         raise ValueError(f"this encoder cannot be exported as {CLASSIFIER}: it needs "

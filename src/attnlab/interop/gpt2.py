@@ -15,6 +15,7 @@ from .hf import (
     _load,
     _norm,
     _transformers,
+    attnlab_config,
     check_model_type,
     unmet,
 )
@@ -116,7 +117,7 @@ def gpt2_to_hf(model: DecoderLM) -> Any:
             relu/gelu/gelu_tanh feed-forward). Biases that attnlab lacks (``bias=False``)
             are zeros in GPT-2.
     """
-    cfg = model.config
+    cfg = attnlab_config(model)
     problems = gpt2_problems(cfg)
     if problems:
         raise ValueError("this DecoderLM cannot be expressed as GPT-2: it needs "

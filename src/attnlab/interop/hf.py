@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..config import ModelConfig
+
 log = logging.getLogger(__name__)
 CONFIG_FILE = "config.json"  # a Hugging Face model directory's, not a run dir's
 # weight files of a model directory, in the order they are looked for
@@ -48,6 +50,16 @@ def unmet(checks: Iterable[tuple[str, bool, Any]]) -> list[str]:
     """The settings an export needs that a config lacks: ``"what (got value)"`` for each
     ``(what, ok, value)`` of ``checks`` whose ``ok`` is False (empty: it exports)."""
     return [f"{what} (got {got!r})" for what, ok, got in checks if not ok]
+
+
+def attnlab_config(model: Any) -> ModelConfig:
+    """The :class:`ModelConfig` of an attnlab model, or a TypeError naming what was passed
+    instead (a ``transformers`` model goes the other way: ``*_from_hf``)."""
+    cfg = getattr(model, "config", None)
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"expected an attnlab model (DecoderLM, EncoderClassifier, MaskedLM, "
+                        f"Transformer), got {type(model).__name__}")
+    return cfg
 
 
 def check_model_type(hf_config: Any, model_type: str, what: str) -> None:

@@ -22,7 +22,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..models import DecoderLM
 from ._load import load_mapped
-from .hf import _load, _transformers, check_model_type, unmet
+from .hf import _load, _transformers, attnlab_config, check_model_type, unmet
 
 
 def _rope_theta(hf_config: Any) -> float:
@@ -167,7 +167,7 @@ def llama_to_hf(model: DecoderLM) -> Any:
     Raises:
         ValueError: the model is not Llama shaped (see :func:`llama_problems`).
     """
-    cfg = model.config
+    cfg = attnlab_config(model)
     problems = llama_problems(cfg)
     if problems:
         raise ValueError(f"this model cannot be expressed as Llama: it needs {', '.join(problems)}")

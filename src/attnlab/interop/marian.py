@@ -27,7 +27,7 @@ from torch import Tensor
 from ..config import ModelConfig, check_int
 from ..models import Transformer
 from ._load import load_mapped
-from .hf import _TO_HF_ACTIVATION, _transformers, unmet
+from .hf import _TO_HF_ACTIVATION, _transformers, attnlab_config, unmet
 
 
 def marian_problems(cfg: ModelConfig) -> list[str]:
@@ -74,7 +74,7 @@ def marian_to_hf(model: Transformer, *, decoder_start_id: int | None = None,
     Raises:
         ValueError: one line naming the settings that MarianMT cannot express.
     """
-    cfg = model.config
+    cfg = attnlab_config(model)
     problems = marian_problems(cfg)
     if problems:
         raise ValueError(f"this encoder-decoder cannot be exported as MarianMT: it needs "

@@ -24,7 +24,7 @@ from typing import Any
 from torch import nn
 
 from ..tokenizers import Tokenizer
-from .hf import CONFIG_FILE, read_hf_config, read_optional_json
+from .hf import CONFIG_FILE, attnlab_config, read_hf_config, read_optional_json
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +258,7 @@ def decoder_to_hf(model: nn.Module) -> Any:
     from .gpt2 import gpt2_problems, gpt2_to_hf
     from .llama import llama_problems, llama_to_hf
 
-    cfg = model.config
+    cfg = attnlab_config(model)
     llama_like = cfg.pos == "rope" or cfg.norm_type == "rmsnorm" or cfg.ffn == "swiglu"
     if llama_like and not llama_problems(cfg):
         return llama_to_hf(model)
@@ -282,7 +282,7 @@ def bert_encoder_to_hf(model: nn.Module) -> Any:
     from ..models import EncoderClassifier
     from .bert import bert_problems, bert_to_hf
 
-    cfg = model.config
+    cfg = attnlab_config(model)
     problems = bert_problems(cfg.replace(pooling="pooler", head="classify"))  # any pooling here
     if problems:
         raise ValueError(f"this encoder cannot be exported as a BertModel (--encoder-only): "
@@ -307,7 +307,7 @@ def to_hf(model: nn.Module, *, label_names: list[str] | None = None,
     Raises:
         ValueError: the settings that prevent it, named.
     """
-    family = model.config.family
+    family = attnlab_config(model).family
     if family == "decoder":
         return decoder_to_hf(model)
     if family == "encoder":
