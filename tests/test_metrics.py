@@ -116,3 +116,5 @@ def test_metrics_refuse_what_would_compare_wrongly() -> None:
         bleu(["a"], ["a"], tokenize="bogus")
     with pytest.raises(ValueError, match="mean_nll must be one number"):
         perplexity(torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match=r"labels\[1\] is NaN, not a label"):
+        macro_f1([0.0, 1.0], [0.0, float("nan")])  # (each NaN counted as a class of its own)

@@ -207,6 +207,10 @@ def test_plot_loss_csv_rows_whose_first_lacks_a_column_keep_it() -> None:
                                   {"step": 1, "train_loss": 2.0, "val_loss": 1.5}], "rows")
     assert steps.tolist() == [0, 1] and set(columns) == {"train_loss", "val_loss"}
     np.testing.assert_array_equal(columns["val_loss"], [np.nan, 1.5])
+    with pytest.raises(ValueError, match="rows: row 1 has train_loss='abc', not a number"):
+        _csv_series([{"step": 0, "train_loss": 1.0}, {"step": 1, "train_loss": "abc"}], "rows")
+    with pytest.raises(ValueError, match="must be a list of dicts, one per logged step"):
+        _csv_series({"step": [0, 1], "train_loss": [1, 2]}, "rows")  # (read as header s,t,e,p)
 
 
 @pytest.mark.parametrize("text", ["step,accuracy\n1,0.5\n2,0.75\n",

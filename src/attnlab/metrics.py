@@ -43,6 +43,10 @@ def _pair(preds: Any, labels: Any) -> tuple[list, list]:
         raise ValueError(f"got {len(p)} predictions but {len(y)} labels; they must pair up")
     if not p:
         raise ValueError("metrics need at least one prediction")
+    nan = next((i for i, v in enumerate(p + y) if isinstance(v, float) and math.isnan(v)), None)
+    if nan is not None:  # (NaN equals nothing, itself included: each would be a class)
+        which, i = ("preds", nan) if nan < len(p) else ("labels", nan - len(p))
+        raise ValueError(f"{which}[{i}] is NaN, not a label")
     kinds = {_kind(v) for v in p + y}
     if len(kinds) > 1:
         raise ValueError("preds and labels mix strings and numbers (\"1\" never equals 1): "

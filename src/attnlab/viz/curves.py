@@ -131,6 +131,16 @@ def plot_loss_curve(
     return _loss_figure(steps_arr, values, None, out_path, title, log_y)
 
 
+def _number(value: Any, where: str, row: int, column: str) -> float:
+    """A cell as a float (NaN when empty), or a ValueError naming its row and column."""
+    if value is None:
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: row {row} has {column}={value!r}, not a number") from None
+
+
 def _csv_series(
     source: str | Path | Sequence[Mapping[str, float | None]], where: str
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -144,6 +154,9 @@ def _csv_series(
         rows = read_metrics(source)
     else:
         rows = list(source)
+        if isinstance(source, Mapping) or not all(isinstance(r, Mapping) for r in rows):
+            raise ValueError(f"{where} must be a list of dicts, one per logged step (e.g. "
+                             "{'step': 10, 'train_loss': 2.1}), or a CSV path")
     header = list(dict.fromkeys(k for r in rows for k in r))  # every row's keys, in order
     drawable = (*CSV_COLUMNS[1:], *METRIC_COLUMNS)
     if rows and ("step" not in header or not set(header) & set(drawable)):
@@ -152,7 +165,7 @@ def _csv_series(
     if not rows:
         raise ValueError(f"{where} has a header but no data rows")
     wanted = [c for c in (*CSV_COLUMNS, *METRIC_COLUMNS) if c in header]
-    cols = {c: np.array([math.nan if r.get(c) is None else float(r[c]) for r in rows])
+    cols = {c: np.array([_number(r.get(c), where, i, c) for i, r in enumerate(rows)])
             for c in wanted}
     return cols.pop("step"), cols
 
