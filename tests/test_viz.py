@@ -78,6 +78,11 @@ def test_plot_attention_long_sequence_caps_ticks(tmp_path: Path) -> None:
         (np.full((1, 1, 2, 2), np.nan), list("ab"), list("ab"), "NaN"),
         (np.full((1, 1, 2, 2), 0.5), "ab", list("ab"), "list of token strings"),
         (np.zeros((1, 0, 2, 2)), list("ab"), list("ab"), "empty"),
+        # one map per layer, of two shapes (numpy's "all input arrays must have the same
+        # shape", naming nothing)
+        ([torch.full((1, 2, 2), 0.5), torch.full((2, 2, 2), 0.5)], list("ab"), list("ab"),
+         r"weights: the 2 tensors .* must have one shape, got shapes \[\(1, 2, 2\), "
+         r"\(2, 2, 2\)\]"),
     ],
 )
 def test_plot_attention_rejects_bad_input(tmp_path, weights, rows, cols, match) -> None:
@@ -353,6 +358,8 @@ def test_write_attention_html_accepts_dicts_and_tensors(tmp_path: Path) -> None:
         ([viz.AttentionView("", ["a"], ["a"], np.ones((1, 1, 1, 1)))], "name must be"),
         ([viz.AttentionView("v", ["a"], ["a"], np.ones((1, 1, 1)))], "rank 4"),
         (["not a view"], "must be an AttentionView or a dict"),
+        ([viz.AttentionView("v", ["a"], ["a"], [[[[1.0]]], [[[1.0], [0.5]]]])],
+         r"views\[0\].weights must be one \(L, H, T, S\) array, got nested lists"),
         (
             [viz.AttentionView("v", ["a"], ["a"], np.ones((1, 2, 1, 1)) / 2, head_ids=[0])],
             r"head_ids must be 2 distinct integers",

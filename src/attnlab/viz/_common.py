@@ -32,7 +32,12 @@ def to_numpy(x: Any, name: str) -> np.ndarray:
     A list of tensors (e.g. one attention map per layer) is stacked along a new first axis.
     """
     if isinstance(x, (list, tuple)) and x and all(hasattr(e, "detach") for e in x):
-        return np.stack([to_numpy(e, name) for e in x])
+        parts = [to_numpy(e, name) for e in x]
+        shapes = sorted({p.shape for p in parts})
+        if len(shapes) > 1:
+            raise ValueError(f"{name}: the {len(parts)} tensors stacked along a new first axis "
+                             f"must have one shape, got shapes {shapes}")
+        return np.stack(parts)
     if hasattr(x, "detach"):  # torch.Tensor / nn.Parameter, without importing torch
         x = x.detach().cpu().float().numpy()
     try:

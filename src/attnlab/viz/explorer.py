@@ -122,6 +122,15 @@ def _view_payload(view: AttentionView, index: int) -> dict[str, Any]:
     }
 
 
+def _size(weights: Any, where: str) -> int:
+    """How many numbers ``weights`` holds (before converting them: the page-size check)."""
+    try:
+        return int(np.prod(np.shape(weights)))
+    except ValueError:  # ragged nested lists
+        raise ValueError(f"{where} must be one (L, H, T, S) array, got nested lists of "
+                         "different lengths") from None
+
+
 def _indices(values: Sequence[int] | None, n: int, where: str, per: str) -> list[int]:
     """``values`` as n distinct integers >= 0 (default ``0..n-1``), one per slice ``per``
     (the page addresses slices by them)."""
@@ -187,7 +196,7 @@ def attention_html(views: Sequence[Any], title: str = "attention explorer") -> s
     if isinstance(views, (AttentionView, Mapping)) or not isinstance(views, Sequence) or not views:
         raise ValueError("views must be a non-empty list of AttentionView (or dicts)")
     parsed = [_as_view(v, i) for i, v in enumerate(views)]
-    n_weights = sum(int(np.prod(np.shape(v.weights))) for v in parsed)
+    n_weights = sum(_size(v.weights, f"views[{i}].weights") for i, v in enumerate(parsed))
     if n_weights * BYTES_PER_WEIGHT > MAX_PAGE_BYTES:
         raise ValueError(_too_big(n_weights * BYTES_PER_WEIGHT, parsed))
     payloads = [_view_payload(v, i) for i, v in enumerate(parsed)]
