@@ -385,8 +385,8 @@ def test_precision_auto_measures_without_changing_the_training(tmp_path, monkeyp
         assert torch.equal(a, b)
 
 
-def test_resolve_device_is_the_one_check_of_a_device_name():
-    from attnlab.train.loop import available_devices, resolve_device
+def test_resolve_device_is_the_one_check_of_a_device_name(tmp_path):
+    from attnlab.devices import available_devices, resolve_device
 
     assert resolve_device("cpu").type == "cpu"
     assert resolve_device("auto").type in ("cpu", "cuda", "mps")
@@ -397,6 +397,13 @@ def test_resolve_device_is_the_one_check_of_a_device_name():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available here; allowed: auto, cpu"):
             resolve_device("cuda", flag="--device")
+    # load_run takes the same check (torch's "Torch not compiled with CUDA enabled" or
+    # "Expected one of cpu, cuda, ..." before)
+    from _runs import lm_run
+    from attnlab.runs import load_run
+
+    with pytest.raises(ValueError, match="device 'gpu' is not a device; allowed: auto, cpu"):
+        load_run(lm_run(tmp_path / "lm"), device="gpu")
 
 
 def test_more_torchrun_processes_than_gpus_is_one_line(monkeypatch):

@@ -42,6 +42,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .data.synthetic import SYNTHETIC_NAMES
+from .devices import resolve_device
 from .models import build_model
 from .state_tree import flatten, unflatten
 from .tokenizers import Tokenizer, load_tokenizer
@@ -476,6 +477,7 @@ def load_run(run_dir: str | Path, which: str = "best", device: str = "cpu") -> R
     Speed layouts for decoding (:func:`attnlab.decoding.inference_layout`) are the caller's
     choice; the model comes back as training saved it.
     """
+    device = resolve_device(str(device), flag="device")  # (torch's assertions otherwise)
     rd = RunDir(run_dir)
     cfg = rd.read_config()
     model = build_model(ModelConfig.from_dict(cfg["model"]))

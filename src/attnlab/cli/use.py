@@ -87,8 +87,8 @@ def _add_input_args(p: argparse.ArgumentParser, item: str) -> None:
 
 def _load(args: argparse.Namespace, family: str):
     from ..config import ModelConfig
+    from ..devices import resolve_device
     from ..runs import RunDir, load_run
-    from ..train.loop import resolve_device
 
     device = str(resolve_device(args.device, flag="--device"))
     # Check the family before loading weights, so a wrong run fails fast and says why.
@@ -183,7 +183,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     if any(not s for s in args.stop):
         raise UserError('--stop "" is empty: a stop string needs at least one character')
     from ..decoding.quant import check_inference_dtype, to_inference_dtype
-    from ..train.loop import resolve_device
+    from ..devices import resolve_device
 
     check_inference_dtype(args.dtype, resolve_device(args.device, flag="--device"), "--dtype")
     run = _load(args, "decoder")

@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from ..config import ModelConfig
+from ..devices import resolve_device
 from ..runs import RunDir, RunError, load_run
 from ..tasks import build_task, task_class
 from ..tokenizers import Tokenizer
@@ -31,7 +32,7 @@ from .finetune import (
     load_init_weights,
     load_source,
 )
-from .loop import Trainer, TrainResult, resolve_device
+from .loop import Trainer, TrainResult
 from .monitor import plot_curves
 from .optim import schedule_warnings
 from .precision import autocast, resolve_precision, sdpa_backends
