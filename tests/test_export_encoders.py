@@ -95,6 +95,16 @@ def test_bertmodel_pooler_is_kept_and_head_fresh() -> None:
     assert bert_from_hf(no_pooler, pooling="pooler").pooler is not None  # a fresh one
 
 
+def test_a_bert_whose_pad_id_is_outside_its_vocabulary_is_one_message(tmp_path) -> None:
+    """torch's AssertionError "Padding_idx must be within num_embeddings" came through."""
+    scramble(transformers.BertModel(bert_cfg())).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "pad_token_id": 999}))
+    with pytest.raises(ValueError, match="config.json: transformers cannot build BertModel "
+                                         "from it \\(Padding_idx must be within"):
+        bert_classifier_from_hf(tmp_path)
+
+
 def test_bert_classifier_contradictions_are_refused() -> None:
     hf = hf_classifier()
     with pytest.raises(ValueError, match="pooling='mean' is not allowed.*allowed: 'pooler'"):

@@ -203,6 +203,14 @@ def test_plot_loss_csv_reads_empty_cells(tmp_path: Path) -> None:
     assert _is_png(viz.plot_loss_csv(rows, tmp_path / "rows.png"))  # from rows as well
 
 
+def test_plot_loss_csv_says_when_infinite_values_are_not_drawn(tmp_path, caplog) -> None:
+    rows = [{"step": 0, "train_loss": 2.0}, {"step": 10, "train_loss": float("inf")},
+            {"step": 20, "train_loss": 1.0}]
+    with caplog.at_level("WARNING", logger="attnlab.viz.curves"):
+        assert _is_png(viz.plot_loss_csv(rows, tmp_path / "loss.png"))
+    assert "1 train_loss values are infinite (first at step 10) and are not drawn" in caplog.text
+
+
 def test_plot_loss_csv_rows_whose_first_lacks_a_column_keep_it() -> None:
     """Rows as dicts where only later rows have val_loss (the first step is logged before the
     first evaluation): the column was read from the first row's keys and left out."""

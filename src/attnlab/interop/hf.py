@@ -275,7 +275,13 @@ def _load(model_or_dir: Any, cls_name: str, sd: dict[str, Tensor] | None = None)
         # embedding is loaded untied, whatever config.json says
         log.info("%s: lm_head.weight differs from the input embedding: loaded untied", path)
         config.tie_word_embeddings = False
-    model = cls(config)
+    try:
+        model = cls(config)
+    except (AssertionError, ValueError) as e:  # e.g. torch's "Padding_idx must be within
+        # num_embeddings" for a pad_token_id outside the vocabulary
+        raise ValueError(f"{path / 'config.json'}: transformers cannot build {cls_name} from "
+                         f"it ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})"
+                         ) from None
     load_hf_state(model, sd, str(path), _UNUSED.get(cls_name, ()))
     if hasattr(model, "tie_weights"):
         model.tie_weights()

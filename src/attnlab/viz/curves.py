@@ -193,6 +193,12 @@ def plot_loss_csv(
     """
     is_path = isinstance(source, (str, Path))
     steps, columns = _csv_series(source, str(source) if is_path else "the metrics rows")
+    for name, values in columns.items():  # (a diverged loss would vanish from the plot)
+        infinite = np.isinf(values)
+        if infinite.any():
+            log.warning("%s: %d %s values are infinite (first at step %g) and are not drawn",
+                        source if is_path else "the metrics rows", int(infinite.sum()), name,
+                        steps[infinite.argmax()])
     lr = columns.pop("lr", None)
     losses = {name: columns[name] for name in LOSS_COLUMNS if name in columns}
     metrics = {name: columns[name] for name in METRIC_COLUMNS
