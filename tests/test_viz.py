@@ -201,6 +201,10 @@ def test_plot_loss_csv_reads_empty_cells(tmp_path: Path) -> None:
     assert [r["val_loss"] is None for r in rows] == [True, False, True]
     assert _is_png(viz.plot_loss_csv(csv_path, tmp_path / "loss.png"))
     assert _is_png(viz.plot_loss_csv(rows, tmp_path / "rows.png"))  # from rows as well
+    # saved again by a spreadsheet, with a byte order mark (its header read '\ufeffstep')
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + csv_path.read_bytes())
+    assert read_metrics(bom) == rows
 
 
 def test_plot_loss_csv_says_when_infinite_values_are_not_drawn(tmp_path, caplog) -> None:

@@ -238,7 +238,7 @@ def read_metrics(path: str | Path, complete: bool = False) -> list[dict[str, int
     cell that is not a number raises ``ValueError`` naming the line and column. ``complete``:
     leave out a last line without its newline (a row cut by a kill or a full disk)."""
     path = Path(path)
-    with path.open(newline="", encoding="utf-8") as f:
+    with path.open(newline="", encoding="utf-8-sig") as f:  # (a BOM, as Excel saves it)
         text = f.read()
         if complete and not text.endswith("\n"):
             text = text[:text.rfind("\n") + 1]
