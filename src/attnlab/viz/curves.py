@@ -67,6 +67,12 @@ def _loss_figure(
 ) -> Path:
     """A panel of losses, one of task ``metrics`` (BLEU, accuracy, ...) and one of the learning
     rate, each only when it has values (a log of metrics alone draws their panel alone)."""
+    drawn = {**series, **(metrics or {}), **({} if lr is None else {"lr": lr})}
+    for name, values in drawn.items():  # (a diverged loss would vanish from the plot)
+        infinite = np.isinf(values)
+        if infinite.any():
+            log.warning("%d %s values are infinite (first at step %g) and are not drawn",
+                        int(infinite.sum()), name, steps[infinite.argmax()])
     has_lr = lr is not None and bool(np.isfinite(lr).any())
     metrics = {k: v for k, v in (metrics or {}).items() if np.isfinite(v).any()}
     has_loss = any(np.isfinite(v).any() for v in series.values())
@@ -193,12 +199,6 @@ def plot_loss_csv(
     """
     is_path = isinstance(source, (str, Path))
     steps, columns = _csv_series(source, str(source) if is_path else "the metrics rows")
-    for name, values in columns.items():  # (a diverged loss would vanish from the plot)
-        infinite = np.isinf(values)
-        if infinite.any():
-            log.warning("%s: %d %s values are infinite (first at step %g) and are not drawn",
-                        source if is_path else "the metrics rows", int(infinite.sum()), name,
-                        steps[infinite.argmax()])
     lr = columns.pop("lr", None)
     losses = {name: columns[name] for name in LOSS_COLUMNS if name in columns}
     metrics = {name: columns[name] for name in METRIC_COLUMNS
