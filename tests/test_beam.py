@@ -132,6 +132,9 @@ def test_classify_labels_probabilities_and_padding():
     assert result.probs.shape == (4, 3)
     torch.testing.assert_close(result.probs.sum(-1), torch.ones(4))
     assert result.labels == result.probs.argmax(-1).tolist()
+    # no autograd graph: prediction runs in inference mode (a helper placed between the
+    # decorator and the function once took it away)
+    assert result.probs.is_inference() and not result.probs.requires_grad
     for i, s in enumerate(seqs):  # padding does not change a row's answer
         alone = classify(model, [s])
         torch.testing.assert_close(alone.probs[0], result.probs[i], atol=1e-5, rtol=1e-5)

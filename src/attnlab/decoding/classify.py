@@ -25,7 +25,6 @@ class Classification(NamedTuple):
     probs: Tensor
 
 
-@torch.inference_mode()
 def _check_classifier(cfg) -> None:
     """The model must be an encoder with a class head (not a masked LM's vocabulary head)."""
     if cfg.family != "encoder" or cfg.head != "classify":
@@ -34,6 +33,7 @@ def _check_classifier(cfg) -> None:
                          f"head='classify'), got {got}")
 
 
+@torch.inference_mode()
 def classify(model: nn.Module, ids: Tensor | Sequence[Sequence[int]], *,
              mask: Tensor | None = None, pad_id: int | None = None) -> Classification:
     """Classify a batch with an :class:`~attnlab.models.EncoderClassifier`.
