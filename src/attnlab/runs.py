@@ -43,6 +43,7 @@ from torch import nn
 from .config import ModelConfig
 from .data.synthetic import SYNTHETIC_NAMES
 from .devices import resolve_device
+from .files import atomic_write_json, fsync_dir, fsync_file, set_umask_mode
 from .models import build_model
 from .state_tree import flatten, unflatten
 from .tokenizers import Tokenizer, load_tokenizer
@@ -61,58 +62,6 @@ class RunError(ValueError):
 
 
 # ---- atomic files and folders -----------------------------------------------------------------
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a kill at any moment leaves the old file or the new
-    one, never a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        _umask_mode(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask_mode(path: str | Path) -> None:
-    """The mode a plainly created file gets (0666 less the umask): mkstemp makes files 0600,
-    which left a run unreadable to the other users who were meant to use it."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
-
-
-def _durable(path: str | Path) -> None:
-    """Flush a file just written by a library (safetensors) to the disk, as our own writes do:
-    a checkpoint's manifest must not land before its tensors."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # not possible on every platform; the renames are atomic anyway
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _is_complete(folder: Path) -> bool:
     """True if ``folder`` holds a manifest whose files all exist with the recorded sizes."""
     try:
@@ -158,12 +107,12 @@ def write_dir_atomic(dest: Path, write: Callable[[Path], None], meta: dict | Non
         raise
     files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
     atomic_write_json(tmp / MANIFEST, {"files": files, **(meta or {})})
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     if dest.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(dest, old)
     os.replace(tmp, dest)
-    _fsync_dir(dest.parent)
+    fsync_dir(dest.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -182,8 +131,8 @@ def _write_tensors(path: str | Path, save: Callable[[str], None], what: str) -> 
         save(str(path))
     except SafetensorError as e:
         raise OSError(errno.EIO, f"cannot write {what} ({e})", str(path)) from None
-    _durable(path)
-    _umask_mode(path)
+    fsync_file(path)
+    set_umask_mode(path)
 
 
 def save_weights(model: nn.Module, path: Path) -> None:

@@ -18,7 +18,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..runs import RunDir, atomic_write_bytes, read_metrics
+from ..files import atomic_write_bytes
+from ..runs import RunDir, read_metrics
 
 log = logging.getLogger(__name__)
 
