@@ -1,0 +1,122 @@
+"""Prepared token dirs: a corpus tokenized once into flat token shards, read through memory maps.
+
+``attnlab data prepare`` (:func:`attnlab.data.prepare.prepare`) writes a directory::
+
+    DIR/prepared.json        the manifest, written last and atomically: a DIR without it is
+                             not complete (a killed prepare), and its shards are only reused
+    DIR/tokenizer.json       the tokenizer that made the ids (Tokenizer.save)
+    DIR/train/000000.bin     token ids, little-endian uint16 (vocabulary <= 65,536) or uint32
+    DIR/val/000003.bin       ... numbered by the piece of input they hold, in input order
+
+A split is the concatenation of its shards in the manifest's order. :class:`TokenShards` reads
+any window of it, across shard boundaries, so training sees one long token stream exactly as
+if the corpus had been tokenized in memory. Each read maps the shard, copies the window and
+unmaps it again (as nanoGPT re-creates its ``np.memmap`` every batch): pages of a large corpus
+never pile up in the process's resident memory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnlab.data.errors import DataError, DataFileNotFoundError
+
+MANIFEST = "prepared.json"
+TOKENIZER = "tokenizer.json"
+FORMAT = "attnlab-tokens/1"
+DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+
+
+def token_dtype(vocab_size: int) -> str:
+    """The smallest shard dtype that holds every id of a ``vocab_size`` vocabulary."""
+    return "uint16" if vocab_size <= 2**16 else "uint32"
+
+
+def is_prepared(path: str | Path) -> bool:
+    """True when ``path`` is a directory holding a prepared corpus's manifest."""
+    return (Path(path) / MANIFEST).is_file()
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """The manifest of the prepared DIR ``path``; one :class:`DataError` when it is not one."""
+    path = Path(path)
+    if not path.exists():
+        raise DataFileNotFoundError(f"prepared data dir {path} does not exist")
+    if not (path / MANIFEST).is_file():
+        raise DataError(f"{path} is not a prepared data dir: it has no {MANIFEST} (an "
+                        "interrupted `attnlab data prepare` leaves none: run it again to finish)")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{path / MANIFEST} cannot be read ({e}); prepare the data again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise DataError(f"{path / MANIFEST} is not an attnlab prepared-data manifest (expected "
+                        f"format {FORMAT!r}); prepare the data again")
+    return manifest
+
+
+class TokenShards:
+    """One split of a prepared DIR as a single token stream of ``len(self)`` ids.
+
+    Args:
+        path: the prepared DIR.
+        split: ``"train"`` or ``"val"``.
+
+    ``window(start, n)`` returns ids ``[start, start + n)`` as an int64 tensor; ``windows``
+    stacks several (language-model batches); ``ids()`` reads the whole split (small splits
+    only: evaluation of a val split, tests).
+    """
+
+    def __init__(self, path: str | Path, split: str) -> None:
+        self.path = Path(path)
+        manifest = read_manifest(self.path)
+        if split not in manifest["splits"]:
+            raise DataError(f"unknown split {split!r} of {self.path}; it has "
+                            + ", ".join(manifest["splits"]))
+        self.split, self.dtype = split, DTYPES[manifest["dtype"]]
+        shards = manifest["splits"][split]["shards"]
+        self.files = [self.path / s["file"] for s in shards]
+        sizes = [int(s["tokens"]) for s in shards]
+        for f, n in zip(self.files, sizes):
+            if not f.is_file() or f.stat().st_size != n * np.dtype(self.dtype).itemsize:
+                raise DataError(f"shard {f} is missing or not the size its manifest records "
+                                f"({n} tokens); prepare the data again")
+        self.starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])  # (n_shards + 1,)
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def _read(self, shard: int, lo: int, hi: int) -> np.ndarray:
+        """Ids ``[lo, hi)`` of shard ``shard``, copied out of a map that is closed again."""
+        mm = np.memmap(self.files[shard], dtype=self.dtype, mode="r")
+        out = np.array(mm[lo:hi], dtype=np.int64)
+        del mm  # unmapped: no page of the corpus stays in this process
+        return out
+
+    def window(self, start: int, n: int) -> torch.Tensor:
+        """Ids ``[start, start + n)`` of the split (crossing shard boundaries as needed)."""
+        if start < 0 or n < 0 or start + n > len(self):
+            raise DataError(f"window [{start}, {start + n}) is outside the {self.split} split "
+                            f"of {len(self)} tokens")
+        parts, pos, end = [], start, start + n
+        shard = int(np.searchsorted(self.starts, start, side="right")) - 1
+        while pos < end:
+            base = int(self.starts[shard])
+            hi = min(end, int(self.starts[shard + 1]))
+            if hi > pos:
+                parts.append(self._read(shard, pos - base, hi - base))
+            pos, shard = hi, shard + 1
+        return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, np.int64))
+
+    def windows(self, starts: list[int], n: int) -> torch.Tensor:
+        """``len(starts)`` windows of ``n`` ids, stacked: (len(starts), n) int64."""
+        return torch.stack([self.window(s, n) for s in starts])
+
+    def ids(self) -> torch.Tensor:
+        """The whole split as one int64 tensor."""
+        return self.window(0, len(self))
