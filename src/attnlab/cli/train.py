@@ -57,8 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.set_defaults(func=cmd_eval)
 
-    p = subparsers.add_parser("data", help="fetch a public data set into the local cache",
-                              description="attnlab data fetch shakespeare|multi30k|sst2")
+    p = subparsers.add_parser("data", help="fetch a public data set, or prepare a corpus",
+                              description="attnlab data fetch shakespeare|multi30k|sst2; "
+                              "attnlab data prepare SRC... --out DIR")
     sub = p.add_subparsers(dest="action", metavar="ACTION")
     f = sub.add_parser("fetch", help="download (or copy with --from) and verify a data set")
     f.add_argument("name", help="shakespeare, multi30k or sst2")
@@ -69,11 +70,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     f.set_defaults(func=cmd_data_fetch)
     ls = sub.add_parser("list", help="the data sets that `fetch` knows")
     ls.set_defaults(func=cmd_data_list)
+    _register_prepare(sub)
     p.set_defaults(func=lambda args: _usage(p))
 
 
+def _register_prepare(sub: argparse._SubParsersAction) -> None:
+    pr = sub.add_parser(
+        "prepare", help="tokenize a corpus once into token shards that training reads",
+        description="Tokenize text files (.txt, .jsonl, .json, .parquet, .csv, .tsv; "
+        ".gz/.zst too), folders or glob patterns on every core into a prepared DIR of "
+        "uint16/uint32 token shards; train on it with `attnlab train RECIPE --set "
+        "data.path=DIR`. Interrupted, the same command continues where it stopped.")
+    pr.add_argument("sources", nargs="+", metavar="SRC", help="files, folders or globs")
+    pr.add_argument("--out", required=True, metavar="DIR", help="the prepared DIR to write")
+    pr.add_argument("--tokenizer", default="char", metavar="char|bpe|gpt2|RUN",
+                    help="char (default), bpe (trained on a sample), gpt2 (GPT-2's byte-level "
+                    "BPE), or a run dir whose tokenizer to use")
+    pr.add_argument("--vocab-size", type=int, default=8000, help="bpe: vocabulary size")
+    pr.add_argument("--pre-tokenizer", default="byte_level", choices=("byte_level", "whitespace"),
+                    help="bpe: how text is split before merging (default byte_level)")
+    pr.add_argument("--val-fraction", type=float, default=0.1,
+                    help="share of the documents held out as val (a .txt file: its tail); "
+                    "default 0.1")
+    pr.add_argument("--text-field", default="text", metavar="NAME",
+                    help="the JSON field or table column that holds the text (default text)")
+    pr.add_argument("--seed", type=int, default=1337, help="seed of the train/val split")
+    pr.add_argument("--workers", type=int, default=0,
+                    help="tokenizing processes (default 0: one per core)")
+    pr.add_argument("--errors", default="strict", choices=("strict", "replace"),
+                    help="an undecodable byte: stop (strict, default) or read U+FFFD (replace)")
+    pr.set_defaults(func=cmd_data_prepare)
+
+
 def _usage(p: argparse.ArgumentParser) -> int:
-    raise UserError("choose an action: fetch or list (see `attnlab data --help`)")
+    raise UserError("choose an action: fetch, list or prepare (see `attnlab data --help`)")
 
 
 def find_recipe(name: str) -> Path:
@@ -190,6 +220,31 @@ def cmd_data_fetch(args: argparse.Namespace) -> int:
 
     path = fetch(args.name, args.cache_dir, args.source_dir)
     print(path)
+    return 0
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    from ..data.prepare import TOKENIZER_KINDS, prepare
+    from ..data.shards import read_manifest
+    from ..runs import RunDir
+
+    tokenizer = args.tokenizer
+    if tokenizer not in TOKENIZER_KINDS:
+        if not Path(tokenizer).is_dir():
+            raise UserError(f"--tokenizer {tokenizer!r} is not allowed: one of "
+                            f"{', '.join(TOKENIZER_KINDS)}, or a run dir")
+        tokenizer = RunDir(Path(tokenizer)).load_tokenizer()
+        if tokenizer is None:
+            raise UserError(f"--tokenizer {args.tokenizer}: that run dir has no tokenizer")
+    out = prepare(args.sources, args.out, tokenizer, vocab_size=args.vocab_size,
+                  pre_tokenizer=args.pre_tokenizer, val_fraction=args.val_fraction,
+                  text_field=args.text_field, seed=args.seed, workers=args.workers,
+                  errors=args.errors, progress=True)
+    m = read_manifest(out)
+    splits = ", ".join(f"{k} {v['tokens']:,} tokens ({v['documents']:,} document"
+                       f"{'' if v['documents'] == 1 else 's'})" for k, v in m["splits"].items())
+    print(f"{out}: {m['tokenizer']['kind']} tokenizer, {m['tokenizer']['vocab_size']:,} ids "
+          f"({m['dtype']}); {splits}")
     return 0
 
 

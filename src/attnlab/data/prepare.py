@@ -64,6 +64,10 @@ SAMPLE_BYTES = 100 << 20  # text a BPE vocabulary is trained on
 PLAN = ".plan.json"  # the settings of an unfinished prepare, to resume only the same one
 
 
+class DiskFullError(DataError):
+    """A shard could not be written for want of space (the finished ones are kept)."""
+
+
 @dataclass
 class _Piece:
     """Consecutive text of one split: the unit of work and of one shard file."""
@@ -317,6 +321,21 @@ def prepare(sources: Sequence[str | Path] | str | Path, out: str | Path,
     """
     _check_args(val_fraction, seed, workers, errors, vocab_size)
     out = Path(out)
+    new = not out.exists()
+    try:
+        return _prepare(sources, out, tokenizer, vocab_size, pre_tokenizer, val_fraction,
+                        text_field, seed, workers, errors, progress, piece_bytes)
+    except DiskFullError:
+        raise  # the finished shards stay: the same command continues once there is space
+    except DataError:
+        if new:
+            shutil.rmtree(out, ignore_errors=True)  # bad input: leave nothing behind
+        raise
+
+
+def _prepare(sources, out: Path, tokenizer, vocab_size: int, pre_tokenizer: str,
+             val_fraction: float, text_field: str, seed: int, workers: int, errors: str,
+             progress: bool, piece_bytes: int) -> Path:
     found = find_sources(sources)
     workers = workers or _cores()
     described = [{"path": str(s.path.resolve()), "bytes": s.path.stat().st_size,
@@ -396,7 +415,7 @@ def _write_shard(path: Path, ids: np.ndarray) -> None:
         atomic_write_bytes(path, ids.astype(ids.dtype.newbyteorder("<"), copy=False).tobytes())
     except OSError as e:
         if e.errno == errno.ENOSPC:
-            raise DataError(f"the disk is full: shard {path} was not written (nothing partial "
+            raise DiskFullError(f"the disk is full: shard {path} was not written (nothing partial "
                             "is left); free some space and run the same command again to "
                             "continue") from None
         raise

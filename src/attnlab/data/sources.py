@@ -13,7 +13,6 @@ Parquet) unless ``errors="replace"``, which puts U+FFFD in its place and goes on
 
 from __future__ import annotations
 
-import csv
 import glob
 import json
 from collections.abc import Iterator, Sequence
@@ -291,9 +290,9 @@ def _csv(source: Source, field: str, errors: str) -> Iterator[str]:
     parse = pcsv.ParseOptions(delimiter="\t" if tsv else ",", quote_char=False if tsv else '"',
                               newlines_in_values=not tsv)
     try:
-        with source.open() as f:
-            header = f.readline().decode("utf-8-sig", "replace").rstrip("\r\n")
-        names = header.split("\t") if tsv else next(csv.reader([header]))
+        with source.open() as f:  # the header's names, from a first small block
+            names = pcsv.open_csv(f, parse_options=parse,
+                                  read_options=pcsv.ReadOptions(block_size=1 << 16)).schema.names
         _column(names, field, source)
         reader = pcsv.open_csv(
             source.open(), parse_options=parse,

@@ -1,0 +1,355 @@
+"""``attnlab data prepare``: every format, exact ids, the split, resuming, and each bad input."""
+
+from __future__ import annotations
+
+import csv
+import errno
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from attnlab.data import DataError, LMData
+from attnlab.data import prepare as prep
+from attnlab.data.prepare import prepare, prepare_cached
+from attnlab.data.shards import MANIFEST, TokenShards, is_prepared, read_manifest
+from attnlab.tokenizers import BPETokenizer, CharTokenizer, GPT2Tokenizer, load_tokenizer
+
+WORDS = ("the king is dead long live the queen and all her court with him "
+         "a horse my kingdom for a horse to be or not to be that is the question").split()
+
+
+def corpus(n_lines: int = 400, seed: int = 0) -> str:
+    """Play-like text: speaker lines, blank lines between speeches (runs of whitespace)."""
+    rng = random.Random(seed)
+    lines = []
+    for i in range(n_lines):
+        if i % 7 == 0:
+            lines += ["", f"{rng.choice(WORDS).upper()}:"]
+        lines.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 9)))
+                     + rng.choice([".", ",", "!", "?", ""]))
+    return "\n".join(lines) + "\n"
+
+
+def docs(n: int = 60, seed: int = 1) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 30))) for _ in range(n)]
+
+
+def all_ids(path) -> list[int]:
+    return torch.cat([TokenShards(path, "train").ids(), TokenShards(path, "val").ids()]).tolist()
+
+
+def test_char_text_equals_the_in_memory_split(tmp_path):
+    """A .txt file with the char tokenizer: the exact streams of LMData(ids, 0.9) (nanoGPT's
+    split), the same vocabulary, uint16, whatever the pieces and workers."""
+    text = corpus()
+    (tmp_path / "a.txt").write_text(text)
+    tok = CharTokenizer.from_text(text)
+    lm = LMData(tok.encode(text), 0.9)
+    for workers in (1, 2):
+        out = prepare([tmp_path / "a.txt"], tmp_path / f"p{workers}", "char", workers=workers,
+                      piece_bytes=1000)
+        m = read_manifest(out)
+        assert m["dtype"] == "uint16" and len(m["splits"]["train"]["shards"]) > 5
+        assert torch.equal(TokenShards(out, "train").ids(), lm.train)
+        assert torch.equal(TokenShards(out, "val").ids(), lm.val)
+        assert load_tokenizer(out / "tokenizer.json").to_dict() == tok.to_dict()
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "bpe"])
+def test_subword_pieces_tokenize_as_the_whole_text(tmp_path, kind):
+    """Cut into many pieces (and at the val split), the ids equal encoding the text whole,
+    then the end-of-text id: the cuts never fall inside a run of whitespace."""
+    text = corpus(600)
+    (tmp_path / "a.txt").write_text(text)
+    out = prepare([tmp_path / "a.txt"], tmp_path / "p", kind, vocab_size=300, workers=2,
+                  piece_bytes=700)
+    tok = load_tokenizer(out / "tokenizer.json")
+    assert tok.kind == kind and len(read_manifest(out)["splits"]["train"]["shards"]) > 5
+    assert all_ids(out) == tok.encode(text) + [tok.eos_id]
+
+
+def test_the_gpt2_tokenizer_is_gpt2s(tmp_path):
+    (tmp_path / "a.txt").write_text("Hello world")
+    out = prepare([tmp_path / "a.txt"], tmp_path / "p", "gpt2", val_fraction=0.0)
+    assert all_ids(out) == [15496, 995, 50256]  # GPT-2's ids of "Hello", " world", eot
+    assert load_tokenizer(out / "tokenizer.json").to_dict() == GPT2Tokenizer.from_package().to_dict()
+
+
+def write_formats(tmp_path, texts: list[str]) -> dict[str, object]:
+    """The same documents in every format attnlab reads."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"id": i, "text": t} for i, t in enumerate(texts)]
+    files = {}
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    files["jsonl"] = p
+    p = tmp_path / "d.json"
+    p.write_text(json.dumps(rows))
+    files["json"] = p
+    p = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"id": [r["id"] for r in rows], "text": texts}), p, row_group_size=7)
+    files["parquet"] = p
+    p = tmp_path / "d.csv"
+    with open(p, "w", newline="") as f:
+        csv.writer(f).writerows([("id", "text"), *((r["id"], r["text"]) for r in rows)])
+    files["csv"] = p
+    p = tmp_path / "d.tsv"
+    p.write_text("id\ttext\n" + "".join(f"{i}\t{t}\n" for i, t in enumerate(texts)))
+    files["tsv"] = p
+    p = tmp_path / "d.jsonl.gz"
+    p.write_bytes(gzip.compress(files["jsonl"].read_bytes()))
+    files["jsonl.gz"] = p
+    import zstandard
+
+    p = tmp_path / "d.csv.zst"
+    p.write_bytes(zstandard.ZstdCompressor().compress(files["csv"].read_bytes()))
+    files["csv.zst"] = p
+    return files
+
+
+def test_every_format_gives_the_same_documents(tmp_path):
+    texts = docs()
+    texts[3] = 'quoted "words", commas, and accents: café naïve'
+    files = write_formats(tmp_path, texts)
+    tok = CharTokenizer.from_text("".join(texts), ("<eos>",))
+    expected = None
+    for name, path in files.items():
+        out = prepare([path], tmp_path / f"out-{name}", tok, val_fraction=0.25, seed=3)
+        m = read_manifest(out)
+        got = (TokenShards(out, "train").ids().tolist(), TokenShards(out, "val").ids().tolist())
+        assert m["splits"]["train"]["documents"] + m["splits"]["val"]["documents"] == len(texts)
+        assert sum(got, []).count(tok.eos_id) == len(texts), name  # eot after each document
+        expected = expected or got
+        assert got == expected, name
+    # the documents, in order, each followed by the end-of-text id, split between train/val
+    train, val = expected
+    joined = [tok.encode(t) + [tok.eos_id] for t in texts]
+    assert sorted(map(tuple, _split_docs(train + val, tok.eos_id))) == sorted(map(tuple, joined))
+
+
+def _split_docs(ids: list[int], eot: int) -> list[list[int]]:
+    out, cur = [], []
+    for i in ids:
+        cur.append(i)
+        if i == eot:
+            out.append(cur)
+            cur = []
+    return out
+
+
+def test_documents_are_split_by_a_seeded_draw(tmp_path):
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs(400)))
+    a = read_manifest(prepare([tmp_path / "d.jsonl"], tmp_path / "a", "char", seed=1))
+    b = read_manifest(prepare([tmp_path / "d.jsonl"], tmp_path / "b", "char", seed=1))
+    c = read_manifest(prepare([tmp_path / "d.jsonl"], tmp_path / "c", "char", seed=2))
+    assert a["splits"] == b["splits"]
+    assert 20 <= a["splits"]["val"]["documents"] <= 60  # ~10% of 400
+    assert a["splits"]["val"]["tokens"] != c["splits"]["val"]["tokens"]
+
+
+def test_folders_and_globs_and_several_sources(tmp_path):
+    (tmp_path / "in" / "sub").mkdir(parents=True)
+    (tmp_path / "in" / "a.txt").write_text("first file\n")
+    (tmp_path / "in" / "sub" / "b.txt").write_text("second file\n")
+    (tmp_path / "in" / "notes.md").write_text("not read: another format")
+    out = prepare([tmp_path / "in"], tmp_path / "p", "char", val_fraction=0.0)
+    m = read_manifest(out)
+    assert [os.path.basename(s["path"]) for s in m["sources"]] == ["a.txt", "b.txt"]
+    assert m["splits"]["train"]["documents"] == 2
+    tok = load_tokenizer(out / "tokenizer.json")
+    assert tok.decode(all_ids(out)) == "first file\nsecond file\n"  # <eos> between them
+    out2 = prepare([str(tmp_path / "in" / "**" / "*.txt")], tmp_path / "q", "char",
+                   val_fraction=0.0)
+    assert all_ids(out2) == all_ids(out)
+    assert all(len(s["sha256"]) == 64 and s["bytes"] > 0 for s in m["sources"])
+
+
+def test_a_vocabulary_beyond_uint16_gets_uint32_ids(tmp_path):
+    chars = [chr(0x4E00 + i) for i in range(20000)] + [chr(0x20000 + i) for i in range(50000)]
+    text = "".join(chars) + "".join(reversed(chars))
+    (tmp_path / "big.txt").write_text(text)
+    out = prepare([tmp_path / "big.txt"], tmp_path / "p", "char", val_fraction=0.0)
+    tok = load_tokenizer(out / "tokenizer.json")
+    assert read_manifest(out)["dtype"] == "uint32" and tok.vocab_size == 70000
+    ids = all_ids(out)
+    assert max(ids) == 69999 and ids == tok.encode(text)  # never wrapped
+
+
+def test_an_interrupted_prepare_looks_incomplete_and_resumes(tmp_path, monkeypatch):
+    text = corpus(800)
+    (tmp_path / "a.txt").write_text(text)
+    whole = prepare([tmp_path / "a.txt"], tmp_path / "whole", "char", workers=1,
+                    piece_bytes=500)
+    real, written = prep._write_shard, []
+
+    def dies_after_three(path, ids):
+        if len(written) == 3:
+            raise KeyboardInterrupt  # a kill between two shards
+        real(path, ids)
+        written.append(path)
+
+    monkeypatch.setattr(prep, "_write_shard", dies_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        prepare([tmp_path / "a.txt"], tmp_path / "p", "char", workers=1, piece_bytes=500)
+    assert not is_prepared(tmp_path / "p")
+    with pytest.raises(DataError, match="no prepared.json"):
+        TokenShards(tmp_path / "p", "train")
+    monkeypatch.setattr(prep, "_write_shard", real)
+    encoded = []
+    real_encode = prep._encode
+    monkeypatch.setattr(prep, "_encode", lambda *a, **k: encoded.append(1) or real_encode(*a, **k))
+    prepare([tmp_path / "a.txt"], tmp_path / "p", "char", workers=1, piece_bytes=500)
+    n = sum(len(s["shards"]) for s in read_manifest(whole)["splits"].values())
+    assert len(encoded) == n - 3  # the three finished shards were kept, not tokenized again
+    assert all_ids(tmp_path / "p") == all_ids(whole)
+    assert read_manifest(tmp_path / "p")["splits"] == read_manifest(whole)["splits"]
+
+
+def test_a_full_disk_removes_the_partial_shard_and_keeps_the_rest(tmp_path, monkeypatch):
+    (tmp_path / "a.txt").write_text(corpus(400))
+    calls = []
+    real_fsync = os.fsync
+
+    def full(fd):
+        calls.append(fd)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(prep.DiskFullError, match="disk is full.*run the same command again"):
+        prepare([tmp_path / "a.txt"], tmp_path / "p", "char", workers=1, piece_bytes=500)
+    left = sorted(p.name for p in (tmp_path / "p").rglob("*") if p.is_file())
+    assert not any(name.endswith(".tmp") for name in left)  # nothing half-written
+    assert not is_prepared(tmp_path / "p") and "000000.bin" in left
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert is_prepared(prepare([tmp_path / "a.txt"], tmp_path / "p", "char", workers=1,
+                               piece_bytes=500))
+
+
+def test_a_finished_dir_is_kept_or_refused(tmp_path):
+    (tmp_path / "a.txt").write_text(corpus(50))
+    out = prepare([tmp_path / "a.txt"], tmp_path / "p", "char")
+    before = (out / MANIFEST).stat().st_mtime_ns
+    assert prepare([tmp_path / "a.txt"], out, "char") == out  # the same: nothing to do
+    assert (out / MANIFEST).stat().st_mtime_ns == before
+    with pytest.raises(DataError, match="already holds a prepared corpus"):
+        prepare([tmp_path / "a.txt"], out, "char", val_fraction=0.2)
+
+
+@pytest.mark.parametrize("content, pattern", [
+    (b"good text\nbad \xff byte", r"a\.txt is not UTF-8 text: undecodable byte 0xff at byte "
+                                  r"offset 14.*--errors replace"),
+    (b"   \n\n", "empty"),
+])
+def test_bad_text_is_named(tmp_path, content, pattern):
+    (tmp_path / "a.txt").write_bytes(content)
+    with pytest.raises(DataError, match=pattern):
+        prepare([tmp_path / "a.txt"], tmp_path / "p", "char")
+    assert not (tmp_path / "p").exists()  # nothing left behind
+
+
+def test_undecodable_bytes_in_a_compressed_file_and_replace(tmp_path):
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(b"x" * 10 + b"\xc3\x28 more"))
+    with pytest.raises(DataError, match=r"0xc3 at byte offset 10 \(decompressed\)"):
+        prepare([tmp_path / "a.txt.gz"], tmp_path / "p", "char")
+    out = prepare([tmp_path / "a.txt.gz"], tmp_path / "p", "char", errors="replace",
+                  val_fraction=0.0)
+    assert "\ufffd" in load_tokenizer(out / "tokenizer.json").decode(all_ids(out))
+
+
+@pytest.mark.parametrize("name, content, pattern", [
+    ("d.jsonl", '{"text": "a"}\n{"body": "b"}\n', r"d\.jsonl line 2: no field 'text' \(it has "
+                                                   r"'body'\); name the text field"),
+    ("d.jsonl", '{"text": "a"}\nnot json\n', r"line 2: not JSON"),
+    ("d.jsonl", '{"text": 5}\n', "field 'text' is int, not text"),
+    ("d.csv", "id,body\n1,hello\n", r"no column 'text' \(it has 'id', 'body'\)"),
+    ("d.json", '{"a": [1, 2]', "not JSON"),
+    ("d.jsonl", "\n\n", "holds no document"),
+    ("d.xyz", "", "cannot read files of this kind"),
+])
+def test_bad_documents_are_named(tmp_path, name, content, pattern):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / name).write_text(content)
+    target = folder / name if name != "d.xyz" else folder
+    with pytest.raises(DataError, match=pattern if name != "d.xyz" else "holds no file"):
+        prepare([target], tmp_path / "p", "char")
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_parquet_column_that_is_missing_is_named(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "d.parquet")
+    with pytest.raises(DataError, match=r"no column 'text' \(it has 'body'\)"):
+        prepare([tmp_path / "d.parquet"], tmp_path / "p", "char")
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    ({"val_fraction": 1.0}, "val_fraction must be a number in"),
+    ({"workers": -1}, "workers"),
+    ({"errors": "ignore"}, "errors='ignore' is not allowed"),
+    ({"tokenizer": "wordpiece"}, "tokenizer 'wordpiece' is not allowed"),
+])
+def test_bad_arguments_are_named(tmp_path, kwargs, pattern):
+    (tmp_path / "a.txt").write_text("text")
+    with pytest.raises(ValueError, match=pattern):
+        prepare([tmp_path / "a.txt"], tmp_path / "p", **kwargs)
+
+
+def test_missing_sources_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="source .*nope.txt does not exist"):
+        prepare([tmp_path / "nope.txt"], tmp_path / "p")
+    with pytest.raises(FileNotFoundError, match="no file matches the pattern"):
+        prepare([str(tmp_path / "*.jsonl")], tmp_path / "p")
+
+
+def test_a_raw_file_is_prepared_once_and_again_when_it_changes(tmp_path, monkeypatch):
+    f = tmp_path / "corpus"  # any name: a raw file is text
+    f.write_text(corpus(100))
+    cache = tmp_path / "cache"
+    a = prepare_cached(f, cache, "char", val_fraction=0.1)
+    monkeypatch.setattr(prep, "prepare", lambda *a, **k: pytest.fail("prepared twice"))
+    assert prepare_cached(f, cache, "char", val_fraction=0.1) == a
+    monkeypatch.undo()
+    assert prepare_cached(f, cache, "char", val_fraction=0.2) != a  # other settings
+    f.write_text(corpus(100, seed=5))  # a changed file: never read stale
+    b = prepare_cached(f, cache, "char", val_fraction=0.1)
+    assert b != a and all_ids(b) != all_ids(a)
+
+
+def test_a_tokenizer_given_is_used_as_it_is(tmp_path):
+    tok = BPETokenizer.train(docs(), 300, "byte_level")
+    (tmp_path / "a.txt").write_text(" ".join(docs(20, seed=9)))
+    out = prepare([tmp_path / "a.txt"], tmp_path / "p", tok)
+    assert load_tokenizer(out / "tokenizer.json").to_dict() == tok.to_dict()
+
+
+def test_the_command_line(tmp_path):
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in docs(40)))
+    cmd = [sys.executable, "-m", "attnlab", "data", "prepare", str(tmp_path / "d.jsonl"),
+           "--out", str(tmp_path / "p"), "--text-field", "body", "--val-fraction", "0.2"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    m = read_manifest(tmp_path / "p")
+    assert r.stdout.startswith(f"{tmp_path / 'p'}: char tokenizer")
+    assert f"val {m['splits']['val']['tokens']:,} tokens" in r.stdout
+    assert m["splits"]["train"]["documents"] + m["splits"]["val"]["documents"] == 40
+    bad = subprocess.run(cmd[:-4] + ["--out", str(tmp_path / "q")], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        f"attnlab data: error: {tmp_path / 'd.jsonl'} line 1: no field 'text' (it has 'body'); "
+        "name the text field with --text-field"]
+    assert not (tmp_path / "q").exists()
