@@ -79,7 +79,8 @@ def test_the_gpt2_tokenizer_is_gpt2s(tmp_path):
     (tmp_path / "a.txt").write_text("Hello world")
     out = prepare([tmp_path / "a.txt"], tmp_path / "p", "gpt2", val_fraction=0.0)
     assert all_ids(out) == [15496, 995, 50256]  # GPT-2's ids of "Hello", " world", eot
-    assert load_tokenizer(out / "tokenizer.json").to_dict() == GPT2Tokenizer.from_package().to_dict()
+    gpt2 = GPT2Tokenizer.from_package()
+    assert load_tokenizer(out / "tokenizer.json").to_dict() == gpt2.to_dict()
 
 
 def write_formats(tmp_path, texts: list[str]) -> dict[str, object]:

@@ -372,3 +372,187 @@ def test_whitespace_bpe_gives_each_character_the_same_id_in_every_process(tmp_pa
     assert runs[0] == runs[1] == runs[2]
     alphabet = sorted(t for t, i in runs[0].items() if i >= 4)
     assert [runs[0][t] for t in alphabet] == list(range(4, 4 + len(alphabet)))
+
+
+# --- encode_batch ------------------------------------------------------------------------------
+
+BATCH_TEXTS = ["Hello world", "Grüße, naïve café, ÀÉÎÕÜ ß", "世界 東京 日本語のテキスト",
+               "🙂🚀 ok 👍🏽", "a  b   c\n\n\nd\t\te \r\n  \n", "123 4567 3.14159 ٣",
+               "it's he'll we've I'M they're", "a<|endoftext|>b <|endoftext|>", "", " ", "\n",
+               UNICODE_TEXT, " ".join(CORPUS[:3])]
+
+
+def _random_unicode(seed: int, n: int) -> str:
+    """Seeded text of n characters: ASCII, whitespace runs, contractions and any code point
+    (no lone surrogates)."""
+    import random
+
+    rng = random.Random(seed)
+    parts = []
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.25:
+            parts.append(rng.choice([" ", "  ", "\n", "\t", "\r\n", "\u00a0", "\u3000", "\x0b"]))
+        elif r < 0.5:
+            parts.append(chr(rng.randrange(32, 127)))
+        elif r < 0.6:
+            parts.append(rng.choice(["'s", "'t", "'re", "'ll", "'D", "<|endoftext|>", "42"]))
+        else:
+            c = rng.randrange(0x80, 0x110000)
+            parts.append(chr(c if not 0xD800 <= c < 0xE000 else 0xE9))
+    return "".join(parts)
+
+
+def _batch_tokenizer(kind: str, request):
+    from attnlab.tokenizers import IdTokenizer
+
+    texts = BATCH_TEXTS
+    if kind == "char":
+        tok = CharTokenizer.from_text("".join(texts))
+    elif kind == "char_unk":  # only part of the characters: the others map to <unk>
+        tok = CharTokenizer.from_text(" ".join(CORPUS[:3]), specials=("<pad>", "<unk>"))
+    elif kind == "ids":
+        tok, texts = IdTokenizer(20), ["5 9 4 12 19", "", "3", " 7  8\n9 "]
+    elif kind.startswith("bpe"):
+        tok = BPETokenizer.train(CORPUS, 300 if kind != "bpe_whitespace" else 80,
+                                 "whitespace" if kind == "bpe_whitespace" else "byte_level",
+                                 mask=kind == "bpe_mask")
+    elif kind == "gpt2":
+        tok = request.getfixturevalue("gpt2")
+    elif kind == "gpt2_hf":
+        gpt2 = request.getfixturevalue("gpt2")
+        tok = GPT2Tokenizer(gpt2._hf, gpt2._specials, True, use_tiktoken=False)
+    else:
+        tok = request.getfixturevalue("wordpiece")
+    return tok, texts
+
+
+@pytest.mark.parametrize("kind", ["char", "char_unk", "ids", "bpe_byte_level", "bpe_whitespace",
+                                  "bpe_mask", "gpt2", "gpt2_hf", "wordpiece"])
+def test_encode_batch_equals_encode_of_each_text(kind, request) -> None:
+    """encode_batch gives one 1-D uint32 array per text, the ids of encode without specials
+    (WordPiece's encode adds [CLS] ... [SEP] by default; encode_batch never does)."""
+    import numpy as np
+
+    tok, texts = _batch_tokenizer(kind, request)
+    out = tok.encode_batch(texts)
+    assert len(out) == len(texts)
+    for text, ids in zip(texts, out):
+        assert isinstance(ids, np.ndarray) and ids.dtype == np.uint32 and ids.ndim == 1
+        assert ids.tolist() == tok.encode(text, add_special=False), (kind, text)
+    assert tok.encode_batch([]) == []
+    assert [a.tolist() for a in tok.encode_batch(tuple(texts[:2]))] == [a.tolist() for a in out[:2]]
+
+
+def test_encode_batch_names_a_lone_string_or_a_non_string() -> None:
+    tok = CharTokenizer.from_text("abc")
+    with pytest.raises(TypeError, match="got the single str 'abc' \\(pass \\[text\\]"):
+        tok.encode_batch("abc")
+    with pytest.raises(TypeError, match="sequence of str, got an item of type int"):
+        tok.encode_batch(["a", 3])
+    with pytest.raises(TypeError, match="encode takes a str, got int"):
+        tok.encode(3)
+
+
+def test_char_encode_batch_errors_name_unknown_characters_of_the_batch() -> None:
+    tok = CharTokenizer.from_text("hello")
+    with pytest.raises(ValueError) as info:
+        tok.encode_batch(["hell", "help!", "", "o😀"])
+    message = str(info.value)
+    assert "3 character(s)" in message and "'!', 'p', '😀'" in message  # sorted, as encode
+    assert "training text" in message
+    with pytest.raises(ValueError, match="'z'"):
+        tok.encode("hez")
+
+
+def test_char_fast_path_maps_unknown_to_unk_and_keeps_ids() -> None:
+    """Code points past the vocabulary's largest, below its smallest, and in between map to
+    <unk>; surrogates and astral characters are one character each, as in the text."""
+    tok = CharTokenizer.from_text("mb😀\udc80", specials=("<pad>", "<unk>"))
+    assert tok.unk_id == 1
+    assert tok.encode("ma\U0010ffff😀\udc80z\x00b") == [3, 1, 1, 5, 4, 1, 1, 2]
+    assert [a.tolist() for a in tok.encode_batch(["m", "a😀", "", "\udc80b"])] == \
+        [[3], [1, 5], [], [4, 2]]
+    many = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz")
+    with pytest.raises(ValueError, match=r"12 character\(s\) .*: '0', '1', .* '9' \.\.\.\. The"):
+        many.encode("BA9876543210")
+
+
+def test_gpt2_tiktoken_gives_the_ids_of_hugging_face(gpt2: GPT2Tokenizer) -> None:
+    """GPT-2 encodes with tiktoken when installed, built offline from the same vocabulary and
+    merges; its ids are those of the Hugging Face pipeline, text by text and in batches."""
+    pytest.importorskip("tiktoken")
+    hf = GPT2Tokenizer(gpt2._hf, gpt2._specials, True, use_tiktoken=False)
+    assert gpt2._encoding() is not None and hf._encoding() is None
+    texts = [*BATCH_TEXTS, _random_unicode(0, 3000), _random_unicode(1, 3000),
+             "a" * 3000, " " * 500 + "x", "🙂" * 300]
+    for text in texts:
+        assert gpt2.encode(text) == hf.encode(text), text[:40]
+    for ours, theirs in zip(gpt2.encode_batch(texts), hf.encode_batch(texts)):
+        assert ours.tolist() == theirs.tolist()
+    assert gpt2.encode("a<|endoftext|>b", add_special=True)[0] == 50256
+    assert 50256 not in gpt2.encode("a<|endoftext|>b")
+
+
+def test_gpt2_without_tiktoken_uses_hugging_face(gpt2: GPT2Tokenizer, monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # import tiktoken raises ImportError
+    tok = tokenizer_from_dict(gpt2.to_dict())
+    assert tok._encoding() is None
+    assert tok.encode(UNICODE_TEXT) == gpt2.encode(UNICODE_TEXT)
+    assert [a.tolist() for a in tok.encode_batch(BATCH_TEXTS)] == \
+        [gpt2.encode(t) for t in BATCH_TEXTS]
+
+
+def test_gpt2_pipeline_that_is_not_gpt2s_stays_on_hugging_face(gpt2: GPT2Tokenizer) -> None:
+    """A byte-level BPE with a normaliser (or another regex, a prefix space ...) is not what
+    the tiktoken encoding reproduces: it encodes through Hugging Face, normaliser included."""
+    spec = json.loads(gpt2.to_dict()["hf_json"])
+    spec["normalizer"] = {"type": "Lowercase"}
+    tok = tokenizer_from_dict({**gpt2.to_dict(), "hf_json": json.dumps(spec)})
+    assert tok._encoding() is None
+    assert tok.encode("Hello World") == gpt2.encode("hello world")
+    assert tok.encode_batch(["Hello World"])[0].tolist() == gpt2.encode("hello world")
+
+
+def test_gpt2_lone_surrogate_is_the_same_error_on_both_paths(gpt2: GPT2Tokenizer) -> None:
+    hf = GPT2Tokenizer(gpt2._hf, gpt2._specials, True, use_tiktoken=False)
+    for tok in (gpt2, hf):
+        with pytest.raises(ValueError, match="cannot encode"):
+            tok.encode("a\udc80b")
+        with pytest.raises(ValueError, match="cannot encode a text of the batch"):
+            tok.encode_batch(["ok", "a\udc80b"])
+
+
+def test_gpt2_pickles_without_its_tiktoken_encoding(gpt2: GPT2Tokenizer) -> None:
+    """Worker processes get the tokenizer pickled (or as its dict) and build the encoding
+    themselves, on first use."""
+    import pickle
+
+    gpt2.encode("warm up")
+    again = pickle.loads(pickle.dumps(gpt2))
+    assert "_tiktoken" not in again.__dict__
+    assert again.encode(UNICODE_TEXT) == gpt2.encode(UNICODE_TEXT)
+    assert set(gpt2.to_dict()) == {"kind", "hf_json", "specials", "byte_level"}
+
+
+def test_hf_encode_batch_runs_on_one_thread(monkeypatch) -> None:
+    """Hugging Face's batch call would start a thread per core in each worker process; it is
+    told not to for the call, and the setting is put back after."""
+    import os
+
+    tok = BPETokenizer.train(CORPUS, 300)
+    seen = []
+    real = tok._hf.encode_batch
+
+    def spy(texts, add_special_tokens):
+        seen.append(os.environ.get("TOKENIZERS_PARALLELISM"))
+        return real(texts, add_special_tokens=add_special_tokens)
+
+    monkeypatch.setattr(tok, "_hf", type("Spy", (), {"encode_batch_fast": staticmethod(spy)})())
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    tok.encode_batch(["the fox"])
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM")
+    tok.encode_batch(["the fox"])
+    assert seen == ["false", "false"] and "TOKENIZERS_PARALLELISM" not in os.environ

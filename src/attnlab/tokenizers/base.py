@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
+
 FORMAT = "attnlab-tokenizer"
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")  # attnlab's own, in id order (BPE, char)
 MASK = "<mask>"  # masked-language-model inputs (BPETokenizer.train(mask=True))
@@ -40,6 +42,17 @@ class Tokenizer(ABC):
     def encode(self, text: str, add_special: bool = False) -> list[int]:
         """Token ids of ``text``; with ``add_special`` wrapped in bos ... eos."""
 
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """The ids of each text (no specials added), each a 1-D ``np.uint32`` array.
+
+        For tokenizing corpora: the caller runs one worker process per core, so this runs on
+        the calling thread only, and the caller casts to its shard dtype. uint32 holds every
+        id of any vocabulary and is what the fast paths produce without a copy. This default
+        loops over ``encode``; tokenizers with a faster path override it.
+        """
+        return [np.asarray(self.encode(t, add_special=False), dtype=np.uint32)
+                for t in self._check_texts(texts)]
+
     @abstractmethod
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
         """Text of ``ids`` (special tokens left out unless ``skip_special`` is False)."""
@@ -60,6 +73,19 @@ class Tokenizer(ABC):
     def save(self, path: str | Path) -> None:
         """Write the tokenizer to one JSON file."""
         Path(path).write_text(json.dumps({"format": FORMAT, **self.to_dict()}), encoding="utf-8")
+
+    @staticmethod
+    def _check_texts(texts: Sequence[str]) -> list[str]:
+        """``texts`` as a list of strings; a lone string (a batch of its characters) is named."""
+        if isinstance(texts, (str, bytes)):
+            raise TypeError(f"encode_batch takes a sequence of texts, got the single "
+                            f"{type(texts).__name__} {texts[:20]!r} (pass [text], or use encode)")
+        texts = list(texts)
+        bad = next((t for t in texts if not isinstance(t, str)), None)
+        if bad is not None:
+            raise TypeError(f"encode_batch takes a sequence of str, got an item of type "
+                            f"{type(bad).__name__}: {str(bad)[:40]}")
+        return texts
 
     def _check_ids(self, ids: Sequence[int]) -> list[int]:
         """Ids as a list of ints, each checked to lie in ``range(vocab_size)``."""

@@ -3,12 +3,15 @@ byte-level BPE, BERT's WordPiece, and any other ``tokenizer.json``."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -27,6 +30,23 @@ def _byte_decoder() -> dict[str, int]:
             chars[chr(256 + extra)] = b
             extra += 1
     return chars
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """Hugging Face batch encoding on the calling thread only: encode_batch runs in each of
+    the worker processes of a corpus preparation, where a thread pool per process would
+    oversubscribe the cores. tokenizers reads this variable at each call."""
+    key = "TOKENIZERS_PARALLELISM"
+    before = os.environ.get(key)
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = before
 
 
 class _HFTokenizer(Tokenizer):
@@ -55,6 +75,18 @@ class _HFTokenizer(Tokenizer):
                 f"this {self.kind} tokenizer cannot encode the text: {e}; use only what its "
                 "vocabulary covers") from None
         return self._add_special(list(ids), add_special)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        texts = self._check_texts(texts)
+        # encode_batch_fast (tokenizers >= 0.20) skips the offsets nobody here reads
+        batch = getattr(self._hf, "encode_batch_fast", None) or self._hf.encode_batch
+        try:
+            with _one_thread():
+                encodings = batch(texts, add_special_tokens=False)
+        except Exception as e:  # as in encode
+            raise ValueError(f"this {self.kind} tokenizer cannot encode a text of the batch: "
+                             f"{e}; use only what its vocabulary covers") from None
+        return [np.array(e.ids, dtype=np.uint32) for e in encodings]
 
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
         return self._hf.decode(self._check_ids(ids), skip_special_tokens=skip_special)
@@ -152,6 +184,53 @@ def _stable_ids(hf: HFTokenizer, n_special: int) -> HFTokenizer:
     return HFTokenizer.from_str(json.dumps(spec))
 
 
+_NO_SPECIALS: frozenset[str] = frozenset()
+
+
+def _tiktoken_encoding(hf: HFTokenizer) -> Any:
+    """A tiktoken ``Encoding`` that gives ``hf``'s ids, built offline from its vocabulary and
+    merges (``tiktoken.get_encoding`` would download); None when tiktoken (>= 0.9, for numpy
+    output) is missing or ``hf`` is not GPT-2's pipeline: no normaliser, byte-level
+    pre-tokenizer with GPT-2's regex and no prefix space, plain BPE whose ids are its ranks
+    (256 byte tokens first, then one token per merge in merge order), special added tokens
+    only. tiktoken merges by the rank of the merged token, which is Hugging Face's merge
+    order exactly in that layout."""
+    try:
+        import tiktoken
+    except ImportError:
+        return None
+    if not hasattr(tiktoken.Encoding, "encode_to_numpy"):
+        return None
+    spec = json.loads(hf.to_str())
+    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+    if (spec.get("normalizer") is not None or spec.get("truncation") or spec.get("padding")
+            or pre.get("type") != "ByteLevel"
+            or pre.get("add_prefix_space") or not pre.get("use_regex", True)
+            or model.get("type") != "BPE" or model.get("dropout") is not None
+            or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix")
+            or model.get("byte_fallback") or model.get("ignore_merges")):
+        return None
+    added = spec.get("added_tokens") or []
+    if not all(t.get("special") for t in added):  # a plain added token splits text in hf
+        return None
+    specials = {t["content"]: t["id"] for t in added}
+    vocab = {t: i for t, i in model["vocab"].items() if t not in specials}
+    merged = ["".join(m.split(" ") if isinstance(m, str) else m) for m in model["merges"]]
+    byte_of = _byte_decoder()
+    singles = [t for t in vocab if len(t) == 1 and t in byte_of]
+    merge_ids = [vocab.get(t, -1) for t in merged]
+    if (len(singles) != 256 or len(vocab) != 256 + len(merged) or -1 in merge_ids
+            or any(b <= a for a, b in zip(merge_ids, merge_ids[1:]))
+            or (merge_ids and max(vocab[t] for t in singles) >= merge_ids[0])
+            or any(c not in byte_of for t in vocab for c in t)):
+        return None
+    ranks = {bytes(byte_of[c] for c in t): i for t, i in vocab.items()}
+    if len(ranks) != len(vocab):
+        return None
+    return tiktoken.Encoding(name="attnlab-gpt2", pat_str=GPT2Tokenizer.PATTERN,
+                             mergeable_ranks=ranks, special_tokens=specials)
+
+
 def _package_file(package: str, relpath: str, pip_name: str) -> Path:
     """Path of a data file inside an installed package, without importing the package."""
     spec = importlib.util.find_spec(package)
@@ -167,10 +246,69 @@ def _package_file(package: str, relpath: str, pip_name: str) -> Path:
 
 
 class GPT2Tokenizer(_HFTokenizer):
-    """GPT-2's byte-level BPE (50,257 ids); ``<|endoftext|>`` serves as bos, eos and pad."""
+    """GPT-2's byte-level BPE (50,257 ids); ``<|endoftext|>`` serves as bos, eos and pad.
+
+    Encodes with ``tiktoken`` when it is installed (several times faster; the same ids), built
+    offline from this tokenizer's own vocabulary and merges; otherwise, or for a byte-level
+    BPE whose pipeline is not GPT-2's (another regex, a normaliser, ...), with Hugging Face
+    ``tokenizers``. ``use_tiktoken=False`` forces the latter.
+    """
 
     kind = "gpt2"
     EOT = "<|endoftext|>"
+    PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+    def __init__(self, hf: HFTokenizer, specials: dict[str, str], byte_level: bool = True,
+                 use_tiktoken: bool = True) -> None:
+        super().__init__(hf, specials, byte_level)
+        self.use_tiktoken = use_tiktoken
+
+    def encode(self, text: str, add_special: bool = False) -> list[int]:
+        ids = self._tiktoken_ids(text)
+        if ids is None:
+            return super().encode(text, add_special)
+        return self._add_special(ids.tolist(), add_special)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        texts = self._check_texts(texts)
+        encoding = self._encoding()
+        if encoding is None:
+            return super().encode_batch(texts)
+        out = []
+        for text in texts:  # one thread: tiktoken's own batch call starts a thread pool
+            try:
+                out.append(encoding.encode_to_numpy(text, allowed_special=_NO_SPECIALS,
+                                                    disallowed_special=()))
+            except UnicodeEncodeError:  # lone surrogates: the error encode gives
+                out.append(super().encode_batch([text])[0])
+        return out
+
+    def _tiktoken_ids(self, text: str) -> np.ndarray | None:
+        """Ids by tiktoken (uint32), or None where the Hugging Face path must answer: no
+        tiktoken, or a text it would change (lone surrogates, which tiktoken replaces and
+        tokenizers rejects) or not take."""
+        encoding = self._encoding()
+        if encoding is None or not isinstance(text, str):
+            return None
+        try:  # no special token is allowed, and none is looked for: "<|endoftext|>" is text
+            return encoding.encode_to_numpy(text, allowed_special=_NO_SPECIALS,
+                                            disallowed_special=())
+        except UnicodeEncodeError:
+            return None
+
+    def _encoding(self) -> Any:
+        """The tiktoken ``Encoding`` of this vocabulary, built on first use and cached; None
+        when tiktoken is missing or off, or when this tokenizer is not GPT-2's pipeline."""
+        if not self.use_tiktoken:
+            return None
+        if "_tiktoken" not in self.__dict__:
+            self._tiktoken = _tiktoken_encoding(self._hf)
+        return self._tiktoken
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_tiktoken", None)  # a worker process rebuilds it from the vocabulary
+        return state
 
     @classmethod
     def from_files(cls, encoder_json: str | Path, vocab_bpe: str | Path) -> GPT2Tokenizer:
