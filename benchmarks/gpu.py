@@ -20,7 +20,10 @@ On one device, in one run:
    ``train.py``;
 2. sampling: greedy decoding of a GPT-2-small-shaped model (V = 50257) against HF
    ``generate`` with the same weights, fp32 and bf16, batch 1 and 32;
-3. ``pytest`` on the device: the whole suite, ``tests/test_cuda.py``'s device tests included
+3. the loader: the same GPT-2-124M-shaped model with GPT-2's vocabulary, its batches read from
+   a prepared corpus (``--prepared DIR``, windows through memory maps as ``attnlab train``
+   reads them) against random ids made on the device, which cost no loading at all;
+4. ``pytest`` on the device: the whole suite, ``tests/test_cuda.py``'s device tests included
    (flash attention, fp16 with a GradScaler, nccl with one process), in parallel where
    pytest-xdist is installed.
 
@@ -113,10 +116,10 @@ def model_fields(s: dict) -> dict:
                 pos="learned", bias=False, scale_embeddings=False, tie_embeddings=True)
 
 
-def attnlab_model(s: dict) -> torch.nn.Module:
+def attnlab_model(s: dict, vocab_size: int = 65) -> torch.nn.Module:
     from attnlab import ModelConfig, build_model
 
-    return build_model(ModelConfig(**model_fields(s), vocab_size=65, pad_id=None))
+    return build_model(ModelConfig(**model_fields(s), vocab_size=vocab_size, pad_id=None))
 
 
 def nanogpt_model(s: dict, args) -> torch.nn.Module:
@@ -135,13 +138,23 @@ def nanogpt_model(s: dict, args) -> torch.nn.Module:
     return mod.GPT(cfg)
 
 
-def train_in_loop(args, device: torch.device, which: str = "attnlab") -> dict:
+def train_in_loop(args, device: torch.device, which: str = "attnlab", source: str = "char") -> dict:
     """Tokens/s of ``which`` model (attnlab's DecoderLM, or nanoGPT's GPT class) in this
-    script's loop: nanoGPT's train.py step (micro-batches, clipping, fused AdamW)."""
+    script's loop: nanoGPT's train.py step (micro-batches, clipping, fused AdamW).
+
+    ``source``: ``char`` (Tiny Shakespeare's characters in memory), or GPT-2's vocabulary with
+    batches of ``random`` ids made on the device (no loader at all) or windows read from the
+    ``prepared`` DIR ``args.prepared`` (attnlab.data.shards, through memory maps)."""
     s = shapes(args)
-    data = char_data(args)
+    vocab = 65 if source == "char" else 50257
+    data = char_data(args) if source == "char" else None
+    if source == "prepared":
+        from attnlab.data.shards import TokenShards
+
+        shards = TokenShards(args.prepared, "train")
     torch.manual_seed(0)
-    model = (attnlab_model(s) if which == "attnlab" else nanogpt_model(s, args)).to(device)
+    model = (attnlab_model(s, vocab) if which == "attnlab" else nanogpt_model(s, args)
+             ).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95),
                             fused=device.type == "cuda")
@@ -152,9 +165,17 @@ def train_in_loop(args, device: torch.device, which: str = "attnlab") -> dict:
     gen = torch.Generator().manual_seed(0)
 
     def batch():
-        ix = torch.randint(len(data) - s["block"] - 1, (s["batch"],), generator=gen)
-        x = torch.stack([data[i:i + s["block"]] for i in ix])
-        y = torch.stack([data[i + 1:i + 1 + s["block"]] for i in ix])
+        if source == "random":
+            xy = torch.randint(vocab, (s["batch"], s["block"] + 1), device=device)
+            return xy[:, :-1], xy[:, 1:]
+        if source == "prepared":
+            ix = torch.randint(len(shards) - s["block"] - 1, (s["batch"],), generator=gen)
+            w = shards.windows(ix.tolist(), s["block"] + 1)  # (B, T + 1)
+            x, y = w[:, :-1], w[:, 1:]
+        else:
+            ix = torch.randint(len(data) - s["block"] - 1, (s["batch"],), generator=gen)
+            x = torch.stack([data[i:i + s["block"]] for i in ix])
+            y = torch.stack([data[i + 1:i + 1 + s["block"]] for i in ix])
         if device.type == "cuda":  # as nanoGPT: pinned, so the copies do not wait for the GPU
             x, y = x.pin_memory(), y.pin_memory()
         return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -326,6 +347,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--accum", type=int, default=4, help="micro-batches per iteration (nanoGPT's "
                    "gradient_accumulation_steps; its default is 40)")
     p.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument("--prepared", type=Path, default=None, metavar="DIR",
+                   help="a prepared DIR of GPT-2 tokens (`attnlab data prepare ... --tokenizer "
+                   "gpt2`): the loader part trains from it, against random ids")
     p.add_argument("--sample-tokens", type=int, default=128)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
@@ -333,10 +357,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--skip", default="", help="comma-separated parts to skip: train, "
                    "trainer (`attnlab train` itself, against nanoGPT's train.py), "
                    "nanogpt-model (nanoGPT's GPT class in this script's loop), nanogpt (its "
-                   "train.py), sample, pytest")
+                   "train.py), loader (--prepared DIR against random ids), sample, pytest")
     args = p.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
-    parts = {"train", "trainer", "nanogpt-model", "nanogpt", "sample", "pytest"}
+    parts = {"train", "trainer", "nanogpt-model", "nanogpt", "loader", "sample", "pytest"}
     if skip - parts:
         p.error(f"--skip {args.skip}: no part named {', '.join(sorted(skip - parts))}; the "
                 f"parts are {', '.join(sorted(parts))}")
@@ -404,6 +428,15 @@ def main(argv: list[str] | None = None) -> None:
                  tr["tokens_s"] / ng["tokens_s"] if ng else None)
         except Exception as exc:
             show("`attnlab train`", f"failed: {exc!r}"[:300], "-", None)
+    if "loader" not in skip and args.prepared:  # does reading the corpus stall the device?
+        try:
+            rand = train_in_loop(args, device, source="random")
+            prep = train_in_loop(args, device, source="prepared")
+            show("training tokens/s, GPT-2 vocabulary, batches read from a prepared corpus",
+                 f"{rand['tokens_s']:,.0f} (random ids, no loader)", f"{prep['tokens_s']:,.0f}",
+                 prep["tokens_s"] / rand["tokens_s"])
+        except Exception as exc:
+            show("prepared corpus", f"failed: {exc!r}"[:300], "-", None)
     if "sample" not in skip:
         try:
             for dtype, batch, hf, us, same in sampling(args, device):

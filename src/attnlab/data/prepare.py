@@ -32,9 +32,10 @@ import os
 import random
 import shutil
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,7 @@ class _Pieces:
                 train = yield from self._chop("train", train)
                 if train:
                     yield from self._add("train", train, False)
+                self.documents["train"] += 1  # its first part: counted in both splits
             buf = yield from self._chop(split, buf)
         if empty:
             raise DataError(f"source {source.path} is empty (or only whitespace)")
@@ -215,25 +217,38 @@ def _encode(texts: list[str], ends: list[bool], eot: int | None, dtype: str,
     return ids.astype(dtype)
 
 
+def _encode_piece(tokenizer: Tokenizer, piece: _Piece, *, eot: int | None,
+                  dtype: str) -> np.ndarray:
+    """The work of :func:`prepare` on one piece (an :class:`_Encoder`'s ``work``)."""
+    return _encode(piece.texts, piece.ends, eot, dtype, tokenizer)
+
+
+def _in_worker(work: Callable[[Tokenizer, Any], Any], piece: Any) -> Any:
+    return work(_WORKER["tokenizer"], piece)
+
+
 class _Encoder:
-    """Pieces in, id arrays out in the same order: in this process (``workers == 1``) or in a
-    pool with a few pieces in flight per worker (memory stays bounded)."""
+    """Pieces in, ``work(tokenizer, piece)`` out in the same order: in this process
+    (``workers == 1``) or in a pool with a few pieces in flight per worker (memory stays
+    bounded). ``work`` is a module-level function (or a partial of one), so a worker process
+    can run it; a piece's ``texts`` are what it sends (prepare's documents, the sentence pairs
+    of :mod:`attnlab.data.pairs`)."""
 
-    def __init__(self, tokenizer: Tokenizer, workers: int, dtype: str) -> None:
-        self.tokenizer, self.workers, self.dtype = tokenizer, workers, dtype
-        self.eot = tokenizer.eos_id
+    def __init__(self, tokenizer: Tokenizer, workers: int,
+                 work: Callable[[Tokenizer, Any], Any]) -> None:
+        self.tokenizer, self.workers, self.work = tokenizer, workers, work
 
-    def map(self, pieces: Iterator[_Piece]) -> Iterator[tuple[_Piece, np.ndarray]]:
+    def map(self, pieces: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
         if self.workers == 1:
             for p in pieces:
-                yield p, _encode(p.texts, p.ends, self.eot, self.dtype, self.tokenizer)
+                yield p, self.work(self.tokenizer, p)
             return
         with ProcessPoolExecutor(self.workers, mp_context=get_context("fork"),
                                  initializer=_init_worker,
                                  initargs=(self.tokenizer.to_dict(),)) as pool:
-            flight: deque[tuple[_Piece, Future]] = deque()
+            flight: deque[tuple[Any, Future]] = deque()
             for p in pieces:
-                flight.append((p, pool.submit(_encode, p.texts, p.ends, self.eot, self.dtype)))
+                flight.append((p, pool.submit(_in_worker, self.work, p)))
                 p.texts = []  # the worker has them; this process keeps none
                 if len(flight) >= 2 * self.workers:
                     q, fut = flight.popleft()
@@ -365,7 +380,7 @@ def _prepare(sources, out: Path, tokenizer, vocab_size: int, pre_tokenizer: str,
         tok.save(out / TOKENIZER)
     dtype = token_dtype(tok.vocab_size)
     shards: dict[str, list[dict[str, Any]]] = {"train": [], "val": []}
-    encoder = _Encoder(tok, workers, dtype)
+    encoder = _Encoder(tok, workers, partial(_encode_piece, eot=tok.eos_id, dtype=dtype))
     bar = _progress(progress, sum(d["bytes"] for d in described))
     tokens = 0
     try:
