@@ -16,14 +16,17 @@ def _one_thread():
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
-    """precision = "auto" caches what it measured; tests keep that cache out of the home dir
-    (subprocesses inherit the variable)."""
+    """precision = "auto" caches what it measured, and text is prepared into the data cache;
+    tests keep both caches out of the home dir (subprocesses inherit the variables)."""
     import os
 
-    before = os.environ.get("ATTNLAB_CACHE_DIR")
+    before = {k: os.environ.get(k) for k in ("ATTNLAB_CACHE_DIR", "ATTNLAB_DATA")}
     os.environ["ATTNLAB_CACHE_DIR"] = str(tmp_path_factory.mktemp("attnlab-cache"))
+    # the data cache too: text files are prepared into it once (attnlab.data.prepare)
+    os.environ["ATTNLAB_DATA"] = str(tmp_path_factory.mktemp("attnlab-data"))
     yield
-    if before is None:
-        os.environ.pop("ATTNLAB_CACHE_DIR", None)
-    else:
-        os.environ["ATTNLAB_CACHE_DIR"] = before
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

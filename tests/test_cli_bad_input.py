@@ -337,7 +337,7 @@ EXPECT = {
     "unknown_command": "invalid choice: 'bogus'",
     "no_command": "choose a command: train, eval",
     "train_unknown_option": "unrecognized arguments: --bogus; allowed arguments: `attnlab train",
-    "data_no_action": "choose an action: fetch or list",
+    "data_no_action": "choose an action: fetch, list or prepare",
     "eval_config_not_json": "config.json is not valid JSON",
     "eval_config_binary": "config.json is not valid JSON",
     "sample_tokenizer_not_json": "tokenizer.json is not valid JSON",

@@ -310,7 +310,8 @@ def test_resume_with_a_recipe_keeps_the_run_s_own_data_file(text, tmp_path, monk
                  "--set", "train.max_steps=4"]) == 0
     assert json.loads((run / "config.json").read_text())["data"]["path"] == str(text)
     assert [r["step"] for r in read_metrics(run / "metrics.csv")] == [2, 4]
-    assert not (tmp_path / "cache").exists()
+    # nothing downloaded (the cache holds only the text file prepared once into prepared/)
+    assert not (tmp_path / "cache" / "shakespeare").exists()
 
 
 @pytest.mark.parametrize("given, missing", [("src_path", "tgt_path"), ("tgt_path", "src_path"),

@@ -24,6 +24,8 @@ ALLOWED_NAMES = {
     # ... and its own tokenizer files (tokenizer.json, tokenizer_config.json), read and written
     ("attnlab.interop.hf_tokenizer", "tokenizer.json"),
     ("attnlab.interop.hf_tokenizer", "config.json"),
+    # a prepared token dir (attnlab data prepare) keeps the tokenizer that made its ids
+    ("attnlab.data.shards", "tokenizer.json"),
 }
 
 

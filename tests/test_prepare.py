@@ -354,3 +354,25 @@ def test_the_command_line(tmp_path):
         f"attnlab data: error: {tmp_path / 'd.jsonl'} line 1: no field 'text' (it has 'body'); "
         "name the text field with --text-field"]
     assert not (tmp_path / "q").exists()
+
+
+def test_the_command_line_prepares_sentence_pairs(tmp_path):
+    from attnlab.data.pairs import PairShards
+
+    (tmp_path / "a.de").write_text("ein haus\nzwei katzen\n\ndrei\n")
+    (tmp_path / "a.en").write_text("a house\ntwo cats\nskipped\nthree\n")
+    cmd = [sys.executable, "-m", "attnlab", "data", "prepare", str(tmp_path / "a.de"),
+           "--target", str(tmp_path / "a.en"), "--out", str(tmp_path / "p"),
+           "--val-fraction", "0"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "train 3 pairs" in r.stdout  # the pair with an empty side is skipped
+    tok = load_tokenizer(tmp_path / "p" / "tokenizer.json")
+    src, tgt = PairShards(tmp_path / "p", "train").pair(1)
+    assert tok.decode(src) == "zwei katzen" and tok.decode(tgt) == "two cats"
+    assert list(tgt[:1]) == [tok.bos_id] and list(tgt[-1:]) == [tok.eos_id]
+    with pytest.raises(DataError, match="holds sentence pairs"):
+        TokenShards(tmp_path / "p", "train")  # a language model refuses it in one line
+    bad = subprocess.run(cmd[:8] + [str(tmp_path / "a.en"), "--out", str(tmp_path / "q")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "one target file per source file" in bad.stderr

@@ -82,6 +82,12 @@ def _register_prepare(sub: argparse._SubParsersAction) -> None:
         "uint16/uint32 token shards; train on it with `attnlab train RECIPE --set "
         "data.path=DIR`. Interrupted, the same command continues where it stopped.")
     pr.add_argument("sources", nargs="+", metavar="SRC", help="files, folders or globs")
+    pr.add_argument("--target", nargs="+", default=None, metavar="TGT",
+                    help="translation: line-aligned target files, one per SRC (line i of a "
+                    "TGT translates line i of its SRC); prepares sentence pairs")
+    pr.add_argument("--src-add-special", action="store_true",
+                    help="translation: wrap source sentences in bos ... eos "
+                    "(data.src_add_special)")
     pr.add_argument("--out", required=True, metavar="DIR", help="the prepared DIR to write")
     pr.add_argument("--tokenizer", default="char", metavar="char|bpe|gpt2|RUN",
                     help="char (default), bpe (trained on a sample), gpt2 (GPT-2's byte-level "
@@ -236,13 +242,33 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
         tokenizer = RunDir(Path(tokenizer)).load_tokenizer()
         if tokenizer is None:
             raise UserError(f"--tokenizer {args.tokenizer}: that run dir has no tokenizer")
-    out = prepare(args.sources, args.out, tokenizer, vocab_size=args.vocab_size,
-                  pre_tokenizer=args.pre_tokenizer, val_fraction=args.val_fraction,
-                  text_field=args.text_field, seed=args.seed, workers=args.workers,
+    common = dict(vocab_size=args.vocab_size, pre_tokenizer=args.pre_tokenizer,
+                  val_fraction=args.val_fraction, seed=args.seed, workers=args.workers,
                   errors=args.errors, progress=True)
+    if args.target is not None:
+        return _prepare_pairs(args, tokenizer, common)
+    if args.src_add_special:
+        raise UserError("--src-add-special is for sentence pairs: give --target files too")
+    out = prepare(args.sources, args.out, tokenizer, text_field=args.text_field, **common)
     m = read_manifest(out)
     splits = ", ".join(f"{k} {v['tokens']:,} tokens ({v['documents']:,} document"
                        f"{'' if v['documents'] == 1 else 's'})" for k, v in m["splits"].items())
+    print(f"{out}: {m['tokenizer']['kind']} tokenizer, {m['tokenizer']['vocab_size']:,} ids "
+          f"({m['dtype']}); {splits}")
+    return 0
+
+
+def _prepare_pairs(args: argparse.Namespace, tokenizer, common: dict) -> int:
+    from ..data.pairs import prepare_pairs, read_pairs_manifest
+
+    if len(args.target) != len(args.sources):
+        raise UserError(f"--target names {len(args.target)} file(s) for {len(args.sources)} "
+                        "SRC file(s); allowed: one target file per source file, in order")
+    out = prepare_pairs(args.sources, args.target, args.out, tokenizer,
+                        src_add_special=args.src_add_special, **common)
+    m = read_pairs_manifest(out)
+    splits = ", ".join(f"{k} {v['pairs']:,} pairs ({v['src_tokens']:,} + {v['tgt_tokens']:,} "
+                       "tokens)" for k, v in m["splits"].items())
     print(f"{out}: {m['tokenizer']['kind']} tokenizer, {m['tokenizer']['vocab_size']:,} ids "
           f"({m['dtype']}); {splits}")
     return 0

@@ -20,6 +20,7 @@ import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from attnlab.config import check_int
@@ -175,6 +176,9 @@ class Seq2SeqBatches(_EpochBatches):
 
     Args:
         pairs: encoded ``(src_ids, tgt_ids)``; each ``tgt_ids`` must be ``[bos] ... [eos]``.
+            Or a reader of them (:class:`~attnlab.data.pairs.PairShards`): the epochs are then
+            planned from its ``lengths()`` alone, the same plan as for a list of the same
+            pairs, and a batch reads only its own rows (``pairs(indices)``).
         max_tokens: padded-token budget per batch.
         pad_id: padding id (use it as ``ignore_index`` of the loss).
         seed: seeds the per-epoch shuffles.
@@ -184,46 +188,71 @@ class Seq2SeqBatches(_EpochBatches):
     ``[B, T-1]``), long tensors padded with ``pad_id``.
     """
 
-    def __init__(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_tokens: int,
-                 pad_id: int, seed: int = 0, shuffle: bool = True) -> None:
+    def __init__(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]] | Any,
+                 max_tokens: int, pad_id: int, seed: int = 0, shuffle: bool = True) -> None:
         super().__init__(len(pairs), seed)
         check_int("max_tokens", max_tokens, 1)
-        short = [i for i, (s, t) in enumerate(pairs) if len(s) < 1 or len(t) < 2]
-        if short:
-            raise DataError(f"{len(short)} seq2seq pairs (first: index {short[0]}) have an empty "
-                            "source or a target shorter than 2 ids (targets need [bos] ... [eos])")
-        sizes = [max(len(s), len(t)) for s, t in pairs]
-        too_long = [i for i, n in enumerate(sizes) if n > max_tokens]
+        self.reader = hasattr(pairs, "lengths") and hasattr(pairs, "pairs")
+        if self.reader:
+            src_len, tgt_len = (np.asarray(n, dtype=np.int64) for n in pairs.lengths())
+        else:
+            src_len = np.fromiter((len(s) for s, _ in pairs), np.int64, len(pairs))
+            tgt_len = np.fromiter((len(t) for _, t in pairs), np.int64, len(pairs))
+        self.src_len, self.tgt_len = src_len.astype(np.int32), tgt_len.astype(np.int32)  # (N,)
+        short = np.flatnonzero((src_len < 1) | (tgt_len < 2))
+        if short.size:
+            raise DataError(f"{short.size} seq2seq pairs (first: index {int(short[0])}) have an "
+                            "empty source or a target shorter than 2 ids (targets need [bos] ... "
+                            "[eos])")
+        sizes = np.maximum(src_len, tgt_len)  # (N,)
+        too_long = int((sizes > max_tokens).sum())
         if too_long:
-            raise DataError(f"max_tokens={max_tokens} is smaller than {len(too_long)} examples "
-                            f"(the longest has {max(sizes)} tokens); raise max_tokens or drop "
-                            "long sentences")
+            raise DataError(f"max_tokens={max_tokens} is smaller than {too_long} examples "
+                            f"(the longest has {int(sizes.max())} tokens); raise max_tokens or "
+                            "drop long sentences")
         self.pairs, self.max_tokens, self.pad_id, self.shuffle = pairs, max_tokens, pad_id, shuffle
+        self._planned: tuple[int, list[np.ndarray]] | None = None  # the last epoch's plan
 
-    def _plan(self, epoch: int) -> list[list[int]]:
+    def _plan(self, epoch: int) -> list[np.ndarray]:
+        """Example indices of every batch of ``epoch`` (int64 arrays: a plan of millions of
+        pairs stays small), made once per epoch."""
+        if self._planned is None or self._planned[0] != epoch:
+            self._planned = (epoch, self._make_plan(epoch))
+        return self._planned[1]
+
+    def _make_plan(self, epoch: int) -> list[np.ndarray]:
         generator = _epoch_generator(self.seed, epoch)
-        order = list(range(len(self.pairs)))
+        n = self.num_examples
         if self.shuffle:
-            order = torch.randperm(len(order), generator=generator).tolist()
-        order.sort(key=lambda i: (len(self.pairs[i][0]), len(self.pairs[i][1])))
-        batches: list[list[int]] = []
+            order = torch.randperm(n, generator=generator).numpy()  # (N,)
+        else:
+            order = np.arange(n)
+        # a stable sort by (len(src), len(tgt)): one key, the target length below the source's
+        src, tgt = self.src_len.astype(np.int64), self.tgt_len.astype(np.int64)
+        key = src[order] * (int(tgt.max()) + 1) + tgt[order]
+        order = order[np.argsort(key, kind="stable")]
+        sizes = np.maximum(src, tgt)[order].tolist()
+        batches: list[np.ndarray] = []
         current: list[int] = []
         longest = 0
-        for i in order:
-            size = max(len(self.pairs[i][0]), len(self.pairs[i][1]))
+        for i, size in zip(order.tolist(), sizes):
             if current and (len(current) + 1) * max(longest, size) > self.max_tokens:
-                batches.append(current)
+                batches.append(np.array(current, dtype=np.int64))
                 current, longest = [], 0
             current.append(i)
             longest = max(longest, size)
-        batches.append(current)
+        batches.append(np.array(current, dtype=np.int64))
         if self.shuffle:
             batches = [batches[j] for j in torch.randperm(len(batches), generator=generator)]
         return batches
 
-    def _collate(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        src = pad([self.pairs[i][0] for i in indices], self.pad_id)[0]
-        tgt = pad([self.pairs[i][1] for i in indices], self.pad_id)[0]
+    def _collate(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.reader:  # only this batch's rows are read
+            rows = [(s.tolist(), t.tolist()) for s, t in self.pairs.pairs(indices)]
+        else:
+            rows = [self.pairs[i] for i in indices]
+        src = pad([s for s, _ in rows], self.pad_id)[0]  # (B, S)
+        tgt = pad([t for _, t in rows], self.pad_id)[0]  # (B, T)
         return src, tgt[:, :-1], tgt[:, 1:]
 
 

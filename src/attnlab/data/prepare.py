@@ -399,7 +399,7 @@ def _prepare(sources, out: Path, tokenizer, vocab_size: int, pre_tokenizer: str,
     for split in shards:
         shards[split].sort(key=lambda s: s["file"])
     manifest = {
-        "format": FORMAT, "dtype": dtype, "plan": plan, "sources": described,
+        "format": FORMAT, "kind": "tokens", "dtype": dtype, "plan": plan, "sources": described,
         "val_fraction": val_fraction, "seed": seed, "text_field": text_field,
         "tokenizer": {"kind": tok.kind, "vocab_size": tok.vocab_size, "eot_id": tok.eos_id},
         "splits": {split: {"shards": s, "tokens": sum(x["tokens"] for x in s),

@@ -75,6 +75,10 @@ class TokenShards:
     def __init__(self, path: str | Path, split: str) -> None:
         self.path = Path(path)
         manifest = read_manifest(self.path)
+        if manifest.get("kind", "tokens") != "tokens":
+            raise DataError(f"{self.path} holds sentence pairs (a translation corpus, prepared "
+                            "with --target); a language model reads a corpus prepared without "
+                            "--target")
         if split not in manifest["splits"]:
             raise DataError(f"unknown split {split!r} of {self.path}; it has "
                             + ", ".join(manifest["splits"]))

@@ -27,7 +27,7 @@ from torch import Tensor
 from ..config import ConfigError, ModelConfig
 from ..data import fetch
 from ..models.common import IGNORE_INDEX
-from ..tokenizers import MASK, SPECIALS, BPETokenizer, CharTokenizer, Tokenizer
+from ..tokenizers import MASK, SPECIALS, BPETokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer
 
 if TYPE_CHECKING:  # annotations only: the training config imports the task table
     from ..train.config import RunConfig
@@ -70,8 +70,15 @@ def resolve_model(rc: RunConfig, **derived: Any) -> ModelConfig:
 
 
 def train_tokenizer(rc: RunConfig, texts: list[str], mask: bool = False) -> Tokenizer:
-    """A new tokenizer of kind ``data.tokenizer`` for ``texts``; ``mask`` adds ``<mask>``."""
+    """A new tokenizer of kind ``data.tokenizer`` for ``texts``; ``mask`` adds ``<mask>``.
+    ``gpt2`` is GPT-2's own vocabulary (nothing trained), for training a model from scratch on
+    the tokens GPT-2 reads."""
     d = rc.data
+    if d.tokenizer == "gpt2":
+        if mask:
+            raise ConfigError("data.tokenizer='gpt2' has no <mask> token for masked-LM "
+                              "pretraining; allowed: 'char', 'bpe'")
+        return GPT2Tokenizer.from_package()
     if d.tokenizer == "char":
         specials = () if d.family == "decoder" else SPECIALS + ((MASK,) if mask else ())
         return CharTokenizer.from_text("".join(texts), specials)

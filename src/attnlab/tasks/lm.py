@@ -1,23 +1,120 @@
-"""Language modelling: next-token prediction on a text, nanoGPT-style random windows."""
+"""Language modelling: next-token prediction on a text, nanoGPT-style random windows.
+
+The training text is read through the memory maps of a prepared token dir
+(:mod:`attnlab.data.shards`), a window at a time, so a corpus of any size trains without being
+held in memory: ``data.path`` is such a DIR (``attnlab data prepare``), or a text file that is
+prepared once into the data cache (:func:`attnlab.data.prepare.prepare_cached`) and read from
+there by every later run, ``--resume`` and ``eval``. ``data.mix`` trains on several corpora at
+once: each row of a batch comes from one of them, drawn by weight.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from ..config import ConfigError
-from ..data import DataError, LMData, embedded_corpus, read_text
+from ..data import DataError, DataFileNotFoundError, default_cache_dir, embedded_corpus, read_text
+from ..data.shards import TOKENIZER, TokenShards, read_manifest
+from ..files import atomic_write_bytes
 from ..metrics import perplexity
 from ..models import token_loss
 from ..models.common import IGNORE_INDEX
-from ..tokenizers import Tokenizer
-from .base import Amp, Task, data_file, resolve_model, train_tokenizer
+from ..tokenizers import (
+    FORMAT,
+    BPETokenizer,
+    CharTokenizer,
+    GPT2Tokenizer,
+    Tokenizer,
+    load_tokenizer,
+)
+from .base import Amp, Task, data_file, resolve_model
 
 if TYPE_CHECKING:  # annotations only: the training config imports the task table
     from ..train.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+class Tokens(Protocol):
+    """A token stream read a window at a time (:class:`~attnlab.data.shards.TokenShards`)."""
+
+    def __len__(self) -> int: ...
+
+    def window(self, start: int, n: int) -> Tensor: ...
+
+    def windows(self, starts: list[int], n: int) -> Tensor: ...
+
+
+class MemoryTokens:
+    """A token stream held in memory, read as a prepared split is: a separate val/test file,
+    small enough to encode whole."""
+
+    def __init__(self, ids: Tensor) -> None:
+        self.data = ids  # (N,) int64
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def window(self, start: int, n: int) -> Tensor:
+        return self.data[start:start + n]  # (n,)
+
+    def windows(self, starts: list[int], n: int) -> Tensor:
+        return torch.stack([self.data[s:s + n] for s in starts])  # (len(starts), n)
+
+
+class JoinedTokens:
+    """Token streams read one after another as one: a corpus's train and val parts when
+    ``data.val_path`` takes the held-out part's place (the whole corpus trains)."""
+
+    def __init__(self, parts: list[Tokens]) -> None:
+        self.parts = [p for p in parts if len(p)]
+        self.starts = [0]
+        for p in self.parts:
+            self.starts.append(self.starts[-1] + len(p))
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def window(self, start: int, n: int) -> Tensor:
+        end, pieces = start + n, []
+        for part, lo, hi in zip(self.parts, self.starts, self.starts[1:]):
+            a, b = max(start, lo), min(end, hi)
+            if a < b:
+                pieces.append(part.window(a - lo, b - a))
+        return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)  # (n,)
+
+    def windows(self, starts: list[int], n: int) -> Tensor:
+        return torch.stack([self.window(s, n) for s in starts])  # (len(starts), n)
+
+
+@dataclass
+class Corpus:
+    """One training corpus: its prepared DIR, its splits and its share of the rows."""
+
+    source: str  # as the config names it (a prepared DIR or a text file)
+    weight: float
+    dir: Path
+    train: Tokens
+    val: Tokens
+
+
+def _describe(tok: Tokenizer) -> str:
+    return f"{tok.kind} tokenizer of {tok.vocab_size} ids"
+
+
+def _digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class LMTask(Task):
@@ -31,30 +128,192 @@ class LMTask(Task):
 
     def __init__(self, rc: RunConfig, tokenizer: Tokenizer | None = None):
         super().__init__(rc)
-        self._text: str | None = None
-        self._splits: dict[str, Tensor] = {}
-        self.tokenizer = tokenizer or train_tokenizer(rc, [self.text])
-        self.model_config = resolve_model(rc, vocab_size=self.tokenizer.vocab_size,
-                                          pad_id=self.tokenizer.pad_id)
+        self._files: dict[str, MemoryTokens] = {}  # val/test files, encoded
+        self._given = tokenizer
+        self._corpora: list[Corpus] | None = None
+        if tokenizer is None:  # made from the data (or a prepared DIR's) now
+            self._corpora, tokenizer = self._resolve(None)
+        self.tokenizer = tok = tokenizer
+        # GPT-2's pad is its end of text: a pad id would hide every document end from the loss
+        pad = tok.pad_id if tok.pad_id != tok.eos_id else None
+        self.model_config = resolve_model(rc, vocab_size=tok.vocab_size, pad_id=pad)
         self.block = rc.train.block_size or self.model_config.max_len
         if self.block > self.model_config.max_len:
             raise ConfigError(f"train.block_size={self.block} is longer than model.max_len="
                               f"{self.model_config.max_len}; allowed: <= model.max_len")
 
     @property
-    def text(self) -> str:
-        if self._text is None:
-            d = self.rc.data
-            if d.path:
-                self._text = read_text(d.path, "training text file")
-            elif d.name == "embedded":
-                self._text = embedded_corpus()
-            elif d.name == "shakespeare":
-                self._text = read_text(data_file(self.rc, "path", "input.txt"))
-            else:
-                raise ConfigError(f"data.name={d.name!r} needs data.path (a UTF-8 text file)")
-        return self._text
+    def corpora(self) -> list[Corpus]:
+        """The training corpora, found on first use when the tokenizer was given (a run's
+        own: ``eval --data FILE`` reads no training data)."""
+        if self._corpora is None:
+            self._corpora, _ = self._resolve(self._given)
+        return self._corpora
 
+    # ---- where the tokens come from ----------------------------------------------------------
+    def _cache(self) -> Path:
+        d = self.rc.data
+        return Path(d.cache_dir).expanduser() if d.cache_dir else default_cache_dir()
+
+    def _sources(self) -> list[tuple[str, float]]:
+        """(path, weight) of each corpus the config names."""
+        d = self.rc.data
+        if d.mix:
+            return [(m["path"], float(m["weight"])) for m in d.mix]
+        if d.path:
+            return [(d.path, 1.0)]
+        if d.name == "embedded":
+            return [(str(self._embedded_file()), 1.0)]
+        if d.name == "shakespeare":
+            return [(str(data_file(self.rc, "path", "input.txt")), 1.0)]
+        raise ConfigError(f"data.name={d.name!r} needs data.path (a UTF-8 text file or a "
+                          "prepared data dir)")
+
+    def _embedded_file(self) -> Path:
+        """The embedded corpus as a file in the cache, so it is prepared like any other (it is
+        rewritten only when another Python's topics differ)."""
+        path = self._cache() / "prepared" / "embedded.txt"
+        data = embedded_corpus().encode()
+        if not path.is_file() or path.stat().st_size != len(data) or path.read_bytes() != data:
+            atomic_write_bytes(path, data)
+        return path
+
+    def _key(self) -> str:
+        return "data.mix" if self.rc.data.mix else "data.path"
+
+    def _origin(self) -> str:
+        init = self.rc.train.init_from
+        return f"train.init_from={init}" if init else "the run's own tokenizer"
+
+    def _resolve(self, given: Tokenizer | None) -> tuple[list[Corpus], Tokenizer]:
+        """The corpora and the one tokenizer they share: a prepared DIR's (which the run's
+        own or ``init_from``'s must equal), else ``given``, else one made from the text."""
+        d, key = self.rc.data, self._key()
+        sources = self._sources()
+        fixed: tuple[str, Tokenizer] | None = None
+        for path, _ in sources:
+            if not Path(path).exists():
+                raise DataFileNotFoundError(f"{key}: {path} does not exist; allowed: a UTF-8 "
+                                            "text file or a prepared data dir")
+            if not Path(path).is_dir():
+                continue
+            tok = self._dir_tokenizer(Path(path))
+            if fixed is None:
+                fixed = (path, tok)
+            elif tok.to_dict() != fixed[1].to_dict():
+                raise ConfigError(
+                    f"{key}: {fixed[0]} was prepared with a {_describe(fixed[1])} and {path} "
+                    f"with a {_describe(tok)}; allowed: corpora of one tokenizer (prepare them "
+                    f"with attnlab data prepare --tokenizer {fixed[0]})")
+        if fixed is not None:
+            where, tok = fixed
+            if given is not None and given.to_dict() != tok.to_dict():
+                raise ConfigError(
+                    f"{key}: {where} was prepared with a {_describe(tok)}, but this run reads "
+                    f"{self._origin()} ({_describe(given)}, another vocabulary); allowed: data "
+                    "prepared with that tokenizer (attnlab data prepare --tokenizer RUN_DIR)")
+            if given is None and "data.tokenizer" in self.rc.explicit and d.tokenizer != tok.kind:
+                raise ConfigError(
+                    f"data.tokenizer={d.tokenizer!r} does not fit {key}: {where} was prepared "
+                    f"with a {_describe(tok)}; allowed: {tok.kind!r} (or leave data.tokenizer "
+                    "out: a prepared dir brings its tokenizer)")
+        raw = [p for p, _ in sources if not Path(p).is_dir()]
+        shared = fixed[1] if fixed else given
+        if shared is None and len(raw) > 1:
+            shared = self._mix_tokenizer(raw)
+        corpora = []
+        for path, weight in sources:
+            if Path(path).is_dir():
+                folder = Path(path)
+            else:  # a run's own tokenizer was most likely made by the settings: its cache first
+                folder = self._prepare(path, shared, settings_first=given is not None and
+                                       not self.rc.train.init_from and len(sources) == 1)
+            train, val = TokenShards(folder, "train"), TokenShards(folder, "val")
+            if d.val_path:  # the val file takes the held-out part's place
+                train = JoinedTokens([train, val])
+            corpora.append(Corpus(path, weight, folder, train, val))
+        tok = shared or self._dir_tokenizer(corpora[0].dir)
+        return corpora, tok
+
+    @staticmethod
+    def _dir_tokenizer(path: Path) -> Tokenizer:
+        read_manifest(path)  # one line when it is no prepared DIR
+        try:
+            return load_tokenizer(path / TOKENIZER)
+        except (OSError, ValueError) as e:
+            raise DataError(f"prepared data dir {path}: {e}; prepare the data again") from None
+
+    def _prepare(self, path: str, tokenizer: Tokenizer | None, settings_first: bool) -> Path:
+        """The prepared DIR of text file ``path`` in the cache (made on first use): tokenized
+        by ``tokenizer``, or by the one ``data.tokenizer`` builds when it is None. With
+        ``settings_first`` the DIR of the settings serves when its tokenizer is ``tokenizer``
+        (a resumed or evaluated run finds what its first run prepared)."""
+        from ..data.prepare import prepare_cached
+
+        d = self.rc.data
+
+        def cached(tok: str | Tokenizer) -> Path:
+            return prepare_cached(path, self._cache(), tok, vocab_size=d.vocab_size,
+                                  pre_tokenizer=d.pre_tokenizer, val_fraction=1 - d.train_frac)
+
+        if tokenizer is None:
+            return cached(d.tokenizer)
+        if settings_first:
+            folder = cached(d.tokenizer)
+            if self._dir_tokenizer(folder).to_dict() == tokenizer.to_dict():
+                return folder
+        try:
+            return cached(tokenizer)
+        except DataError:
+            raise
+        except ValueError as e:  # the given tokenizer cannot encode the text
+            why = str(e).split(". ")[0]
+            if self.rc.train.init_from:
+                raise ConfigError(f"train.init_from={self.rc.train.init_from}: its tokenizer "
+                                  f"cannot encode the new training text {path}: {why}") from None
+            raise DataError(f"training text {path}: {self._origin()} cannot encode it: {why}; "
+                            "a run goes on with the tokenizer it was trained with") from None
+
+    def _mix_tokenizer(self, paths: list[str]) -> Tokenizer:
+        """One tokenizer of kind ``data.tokenizer`` for the text files of a mix (each prepared
+        alone would get its own vocabulary), made once from all of them and kept in the cache
+        under a key of their contents and the settings."""
+        from ..data.prepare import SAMPLE_BYTES
+        from ..data.sources import documents, find_sources, text_blocks
+
+        d = self.rc.data
+        if d.tokenizer == "gpt2":
+            return GPT2Tokenizer.from_package()
+        found = find_sources(paths)
+        settings = {"files": [_digest(s.path) for s in found], "tokenizer": d.tokenizer,
+                    "vocab_size": d.vocab_size, "pre_tokenizer": d.pre_tokenizer}
+        key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+        path = self._cache() / "prepared" / "mix-tokenizers" / f"{key}.json"
+        if path.is_file():
+            return load_tokenizer(path)
+
+        def texts(budget: int) -> Iterator[str]:  # up to `budget` characters of each file
+            for s in found:
+                taken = 0
+                for text in text_blocks(s) if s.is_text else documents(s):
+                    yield text
+                    taken += len(text)
+                    if taken >= budget:
+                        break
+
+        if d.tokenizer == "char":
+            chars: set[str] = set()
+            for text in texts(2**62):
+                chars.update(text)
+            # end of text after each file, as prepare marks the ends of documents
+            tok: Tokenizer = CharTokenizer(sorted(chars), ("<eos>",))
+        else:
+            tok = BPETokenizer.train(texts(SAMPLE_BYTES // len(found)), d.vocab_size,
+                                     d.pre_tokenizer)
+        atomic_write_bytes(path, json.dumps({"format": FORMAT, **tok.to_dict()}).encode())
+        return load_tokenizer(path)  # (as a later run reads it: the same cache keys)
+
+    # ---- splits ------------------------------------------------------------------------------
     def _encode_file(self, path: str, what: str) -> list[int]:
         """The ids of a val/test text; one error naming the file and the first line this
         run's tokenizer cannot encode (a character tokenizer knows only the characters of
@@ -74,78 +333,122 @@ class LMTask(Task):
                             "tokenizer was built from its training text, so a val/test text "
                             "may use only what occurs there") from None
 
-    def split(self, name: str) -> Tensor:
-        if name not in self._splits:
-            d, tok = self.rc.data, self.tokenizer
-            if name == "test" and not d.test_path:
-                raise ConfigError("this run has no test split: pass --data FILE (or set "
-                                  "data.test_path)")
-            if name in ("val", "test") and getattr(d, f"{name}_path"):
-                ids = self._encode_file(getattr(d, f"{name}_path"), f"{name} text file")
-                self._splits[name] = torch.tensor(ids, dtype=torch.long)
-            elif name in ("train", "val"):
-                ids = torch.tensor(tok.encode(self.text), dtype=torch.long)
-                if d.val_path:
-                    self._splits["train"] = ids
-                else:
-                    lm = LMData(ids, d.train_frac)
-                    self._splits["train"], self._splits["val"] = lm.train, lm.val
-            else:
-                raise ConfigError(f"unknown split {name!r}; allowed: train, val, test")
-        data = self._splits[name]
+    def _file(self, name: str) -> MemoryTokens:
+        if name not in self._files:
+            path = getattr(self.rc.data, f"{name}_path")
+            ids = self._encode_file(path, f"{name} text file")
+            self._files[name] = MemoryTokens(torch.tensor(ids, dtype=torch.long))
+        return self._files[name]
+
+    def _checked(self, data: Tokens, name: str, source: str = "") -> Tokens:
         if len(data) < self.block + 1:
-            raise ConfigError(f"the {name} split has {len(data)} tokens, fewer than "
+            of = f" of {source}" if source else ""
+            raise ConfigError(f"the {name} split{of} has {len(data)} tokens, fewer than "
                               f"train.block_size + 1 = {self.block + 1}; use more text or a "
                               "smaller block_size")
         return data
 
-    def check_data(self) -> None:
-        for name in ("train", "val"):
-            self.split(name)
+    def split(self, name: str) -> Tokens:
+        """The token stream of split ``name`` (a mix: of its first corpus)."""
+        d = self.rc.data
+        if name == "test" and not d.test_path:
+            raise ConfigError("this run has no test split: pass --data FILE (or set "
+                              "data.test_path)")
+        if name in ("val", "test") and getattr(d, f"{name}_path"):
+            return self._checked(self._file(name), name)
+        if name not in ("train", "val"):
+            raise ConfigError(f"unknown split {name!r}; allowed: train, val, test")
+        return self._checked(getattr(self.corpora[0], name), name)
 
-    def _windows(self, data: Tensor, starts: list[int]) -> tuple[Tensor, Tensor]:
-        x = torch.stack([data[i:i + self.block] for i in starts])  # (B, T)
-        y = torch.stack([data[i + 1:i + 1 + self.block] for i in starts])  # (B, T)
-        return x, y
+    def _eval_parts(self, split: str) -> list[tuple[Corpus | None, Tokens]]:
+        """What ``split`` evaluates: each corpus's val split (a mix without data.val_path),
+        else the one stream of :meth:`split`."""
+        if split == "val" and not self.rc.data.val_path and len(self.corpora) > 1:
+            return [(c, self._checked(c.val, "val", c.source)) for c in self.corpora]
+        data = self.split(split)
+        return [(None, MemoryTokens(data) if isinstance(data, Tensor) else data)]
+
+    def check_data(self) -> None:
+        for c in self.corpora:
+            self._checked(c.train, "train", c.source if len(self.corpora) > 1 else "")
+        self._eval_parts("val")
+
+    # ---- batches -----------------------------------------------------------------------------
+    def _windows(self, data: Tokens, starts: list[int]) -> tuple[Tensor, Tensor]:
+        w = data.windows(starts, self.block + 1)  # (B, T + 1)
+        return w[:, :-1].clone(), w[:, 1:].clone()  # (B, T), (B, T): no shared storage
 
     def next_batch(self) -> tuple[Tensor, Tensor]:
-        data = self.split("train")
-        ix = torch.randint(len(data) - self.block, (self.rc.train.batch_size,),
-                           generator=self.generator)
-        return self._windows(data, ix.tolist())
+        """``batch_size`` windows at random places: of the one corpus, or of a mix's corpus
+        that each row draws by weight (the same generator: resumable)."""
+        bs, gen = self.rc.train.batch_size, self.generator
+        if len(self.corpora) == 1:
+            data = self.corpora[0].train
+            ix = torch.randint(len(data) - self.block, (bs,), generator=gen)
+            return self._windows(data, ix.tolist())
+        weights = torch.tensor([c.weight for c in self.corpora], dtype=torch.float64)  # (C,)
+        which = torch.multinomial(weights, bs, replacement=True, generator=gen)  # (B,)
+        starts = torch.zeros(bs, dtype=torch.long)  # (B,)
+        for i, c in enumerate(self.corpora):
+            rows = (which == i).nonzero().flatten()
+            if len(rows):
+                starts[rows] = torch.randint(len(c.train) - self.block, (len(rows),),
+                                             generator=gen)
+        w = torch.stack([self.corpora[i].train.window(s, self.block + 1)
+                         for i, s in zip(which.tolist(), starts.tolist())])  # (B, T + 1)
+        return w[:, :-1].clone(), w[:, 1:].clone()  # (B, T), (B, T): no shared storage
 
     def loss_sum(self, model: nn.Module, batch, label_smoothing: float = 0.0) -> Tensor:
         x, y = batch
         logits, _ = model(x)  # (B, T, V)
         return token_loss(logits, y, self.model_config.pad_id, label_smoothing, "sum")
 
-    @torch.no_grad()
-    def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
-                 max_batches: int = 0) -> dict[str, float]:
-        """Mean loss over ``max_batches`` random windows (the same ones every time), or over
-        every target of the split when ``max_batches`` is 0: its non-overlapping windows, and
-        one more ending at the last token for the targets they leave over (the earlier ones
-        ignored there)."""
-        data, bs = self.split(split), self.eval_batch_size()
+    # ---- evaluation --------------------------------------------------------------------------
+    def _batches(self, data: Tokens, max_batches: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """``max_batches`` batches of random windows (the same ones every time), or every
+        target of ``data`` when ``max_batches`` is 0: its non-overlapping windows, and one more
+        ending at the last token for the targets they leave over (the earlier ones ignored
+        there). Read a batch at a time."""
+        bs = self.eval_batch_size()
         if max_batches:
             gen = torch.Generator().manual_seed(self.rc.train.seed + 7919)
             starts = torch.randint(len(data) - self.block, (max_batches * bs,),
                                    generator=gen).tolist()
         else:
             starts = list(range(0, len(data) - self.block, self.block))
-        batches = [self._windows(data, starts[i:i + bs]) for i in range(0, len(starts), bs)]
+        for i in range(0, len(starts), bs):
+            yield self._windows(data, starts[i:i + bs])
         left = 0 if max_batches else len(data) - 1 - len(starts) * self.block  # (whole split)
         if left:  # targets after the last window: one more window, ending at the last token
             x, y = self._windows(data, [len(data) - 1 - self.block])
             y[:, :self.block - left] = IGNORE_INDEX  # scored by the windows before
-            batches.append((x, y))
+            yield x, y
+
+    def _mean_loss(self, model: nn.Module, data: Tokens, device: torch.device, amp: Amp,
+                   max_batches: int) -> float:
         total = torch.zeros((), dtype=torch.float64, device=device)
         n = 0.0
-        for batch in batches:
+        for batch in self._batches(data, max_batches):
             x, y = (t.to(device) for t in batch)
             with amp():
                 total += self.loss_sum(model, (x, y)).double()
             n += float(self.count((x, y)))
-        loss = float(total) / max(n, 1)
+        return float(total) / max(n, 1)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
+                 max_batches: int = 0) -> dict[str, float]:
+        """Mean loss over ``max_batches`` random windows (the same ones every time), or over
+        every target of the split when ``max_batches`` is 0. A mix reports the mean of its
+        corpora's val losses, weighted as their training rows are."""
+        parts = self._eval_parts(split)
+        losses = [self._mean_loss(model, data, device, amp, max_batches) for _, data in parts]
+        if len(parts) == 1:
+            loss = losses[0]
+        else:
+            loss = sum(c.weight * v for (c, _), v in zip(parts, losses)) / sum(
+                c.weight for c, _ in parts)
+            log.info("%s loss by corpus: %s", split, ", ".join(
+                f"{c.source} {v:.4f}" for (c, _), v in zip(parts, losses)))
         # a diverged model's loss is nan: reported as such, not an error that ends the run
         return {"val_loss": loss, "ppl": loss if math.isnan(loss) else perplexity(loss)}

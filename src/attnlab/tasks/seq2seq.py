@@ -4,6 +4,12 @@ Seq2seq tasks feed the trainer ``(src, tgt_in, tgt_out)`` batches (``tgt_in = <b
 ``tgt_out = y1 .. <eos>``, right-padded with ``pad_id``). Translation is evaluated with greedy
 (or beam-search) decoding (:func:`attnlab.decoding.translate_texts`, KV cache) and corpus
 BLEU (sacrebleu).
+
+Translation trains from a prepared pairs DIR (:mod:`attnlab.data.pairs`), read through memory
+maps a batch at a time: ``data.path`` names one, or the raw ``data.src_path`` /
+``data.tgt_path`` are prepared once into the data cache (keyed by both files' contents and the
+tokenizer), so a second run, ``--resume`` and ``eval`` encode no training pair again. The
+batches are the ones the pairs encoded in memory gave. Val and test pairs are read whole.
 """
 
 from __future__ import annotations
@@ -12,16 +18,25 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ..config import ConfigError
-from ..data import Seq2SeqBatches, read_parallel
+from ..data import DataError, Seq2SeqBatches, default_cache_dir, read_parallel
+from ..data.pairs import (
+    TOKENIZER_KINDS,
+    PairShards,
+    cached_pairs_dir,
+    prepare_pairs_cached,
+    read_pairs_manifest,
+)
+from ..data.shards import MANIFEST, TOKENIZER
 from ..decoding import translate_texts
 from ..metrics import bleu
 from ..models import token_loss
-from ..tokenizers import Tokenizer
-from .base import Amp, EpochTask, Task, data_file, resolve_model, train_tokenizer
+from ..tokenizers import Tokenizer, load_tokenizer
+from .base import Amp, EpochTask, Task, data_file, resolve_model
 
 if TYPE_CHECKING:  # annotations only: the training config imports the task table
     from ..train.config import RunConfig
@@ -50,7 +65,8 @@ class Seq2SeqTask(Task):
 
 
 class TranslationTask(Seq2SeqTask, EpochTask):
-    """Parallel text (Multi30k de->en): one joint BPE vocabulary, shared embeddings."""
+    """Parallel text (Multi30k de->en): one joint BPE vocabulary, shared embeddings; the
+    training pairs from a prepared pairs DIR (``data.path``, or the cache's of the raw files)."""
 
     kind = "translation"
     eval_data_keys = ("src_path", "tgt_path")
@@ -79,36 +95,136 @@ class TranslationTask(Seq2SeqTask, EpochTask):
                 neither = " (or neither, to use the downloaded Multi30k)" if fetched else ""
                 raise ConfigError(f"data.{given} is set but data.{missing} is not: give "
                                   f"both{neither}")
+        if d.path and (d.src_path or d.tgt_path):
+            raise ConfigError(f"data.path={d.path!r} (a prepared pairs dir) and data.src_path / "
+                              "data.tgt_path both name the training pairs; allowed: one of them")
         self._pairs: dict[str, list[tuple[str, str]]] = {}
-        if tokenizer is None:
-            train = self.pairs("train")
-            tokenizer = train_tokenizer(rc, [s for s, _ in train] + [t for _, t in train])
+        self._val_ids: list[tuple[list[int], list[int]]] | None = None  # data.path's val split
+        self._dir: Path | None = None  # the prepared pairs DIR of the training split
+        if d.path:
+            self._dir = self._given_dir(tokenizer)
+            tokenizer = tokenizer or self._dir_tokenizer(self._dir)
+        elif tokenizer is None:
+            if d.tokenizer not in TOKENIZER_KINDS:
+                raise ConfigError(f"translation needs a tokenizer with <pad>, <bos> and <eos>: "
+                                  f"data.tokenizer={d.tokenizer!r} is not allowed: one of "
+                                  + ", ".join(repr(k) for k in TOKENIZER_KINDS))
+            self._dir = self._cached(d.tokenizer)  # its tokenizer trained on the training pairs
+            tokenizer = self._dir_tokenizer(self._dir)
         tok = self.tokenizer = tokenizer
         if tok.pad_id is None or tok.bos_id is None or tok.eos_id is None:
             raise ConfigError("translation needs a tokenizer with <pad>, <bos> and <eos>")
         self.model_config = resolve_model(rc, vocab_size=tok.vocab_size, pad_id=tok.pad_id)
 
-    def pairs(self, name: str) -> list[tuple[str, str]]:
-        if name not in self._pairs:
+    # ---- where the training pairs come from --------------------------------------------------
+    def _cache(self) -> Path:
+        d = self.rc.data
+        return Path(d.cache_dir).expanduser() if d.cache_dir else default_cache_dir()
+
+    @staticmethod
+    def _dir_tokenizer(path: Path) -> Tokenizer:
+        read_pairs_manifest(path)  # one line when it is no prepared pairs DIR
+        try:
+            return load_tokenizer(path / TOKENIZER)
+        except (OSError, ValueError) as e:
+            raise DataError(f"prepared pairs dir {path}: {e}; prepare the pairs again") from None
+
+    def _given_dir(self, given: Tokenizer | None) -> Path:
+        """``data.path``, checked: a prepared pairs DIR whose tokenizer and source specials
+        are this run's."""
+        d = self.rc.data
+        path = Path(d.path)
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"data.path={d.path!r} is a file; for translation it names a "
+                              "prepared pairs dir (attnlab.data.pairs.prepare_pairs); raw "
+                              "line-aligned files go in data.src_path and data.tgt_path")
+        own = self._dir_tokenizer(path)
+        about = f"a {own.kind} tokenizer of {own.vocab_size} ids"
+        if given is not None and given.to_dict() != own.to_dict():
+            origin = (f"train.init_from={self.rc.train.init_from}" if self.rc.train.init_from
+                      else "the run's own tokenizer")
+            raise ConfigError(f"data.path: {path} was prepared with {about}, but this run reads "
+                              f"{origin} ({given.kind}, another vocabulary); allowed: pairs "
+                              "prepared with that tokenizer (prepare_pairs(..., tokenizer=it))")
+        if given is None and "data.tokenizer" in self.rc.explicit and d.tokenizer != own.kind:
+            raise ConfigError(f"data.tokenizer={d.tokenizer!r} does not fit data.path: {path} "
+                              f"was prepared with {about}; allowed: {own.kind!r} (or leave "
+                              "data.tokenizer out: a prepared dir brings its tokenizer)")
+        special = bool(read_pairs_manifest(path)["src_add_special"])
+        if special != d.src_add_special:
+            raise ConfigError(f"data.src_add_special={d.src_add_special} does not fit data.path: "
+                              f"the sources of {path} were encoded with src_add_special="
+                              f"{special}; allowed: {special} (or prepare the pairs again)")
+        return path
+
+    def _cached(self, tokenizer: str | Tokenizer) -> Path:
+        """The cache's prepared DIR of the raw training files (made on first use), tokenized by
+        ``tokenizer`` or by the one a kind (``data.tokenizer``) trains on the pairs."""
+        d = self.rc.data
+        return prepare_pairs_cached(*self._files("train"), self._cache(), tokenizer,
+                                    vocab_size=d.vocab_size, pre_tokenizer=d.pre_tokenizer,
+                                    src_add_special=d.src_add_special)
+
+    def _train_dir(self) -> Path:
+        if self._dir is None:  # a given tokenizer (a resumed or evaluated run, init_from)
             d = self.rc.data
-            fetched = d.name == "multi30k"
-            if name == "train":
-                files = (data_file(self.rc, "src_path", "train.de" if fetched else None),
-                         data_file(self.rc, "tgt_path", "train.en" if fetched else None))
-            elif name == "val":
-                files = (data_file(self.rc, "val_src_path", "val.de" if fetched else None),
-                         data_file(self.rc, "val_tgt_path", "val.en" if fetched else None))
-            elif name == "test":
-                if not (d.test_src_path and d.test_tgt_path):
-                    raise ConfigError("this run has no test split: pass --data SRC TGT (or set "
-                                      "data.test_src_path and data.test_tgt_path)")
-                files = (Path(d.test_src_path), Path(d.test_tgt_path))
+            # what the first run of these settings prepared, when its tokenizer is this one
+            first = cached_pairs_dir(*self._files("train"), self._cache(), d.tokenizer,
+                                     vocab_size=d.vocab_size, pre_tokenizer=d.pre_tokenizer,
+                                     src_add_special=d.src_add_special)
+            self._dir = first if self._fits(first) else self._cached(self.tokenizer)
+        return self._dir
+
+    def _fits(self, path: Path) -> bool:
+        """Is ``path`` a finished DIR of this run's tokenizer?"""
+        if not (path / MANIFEST).is_file():
+            return False
+        try:
+            return self._dir_tokenizer(path).to_dict() == self.tokenizer.to_dict()
+        except DataError:
+            return False
+
+    def _files(self, name: str) -> tuple[Path, Path]:
+        d = self.rc.data
+        fetched = d.name == "multi30k"
+        if name == "train":
+            return (data_file(self.rc, "src_path", "train.de" if fetched else None),
+                    data_file(self.rc, "tgt_path", "train.en" if fetched else None))
+        if name == "val":
+            return (data_file(self.rc, "val_src_path", "val.de" if fetched else None),
+                    data_file(self.rc, "val_tgt_path", "val.en" if fetched else None))
+        if name == "test":
+            if not (d.test_src_path and d.test_tgt_path):
+                raise ConfigError("this run has no test split: pass --data SRC TGT (or set "
+                                  "data.test_src_path and data.test_tgt_path)")
+            return Path(d.test_src_path), Path(d.test_tgt_path)
+        raise ConfigError(f"unknown split {name!r}; allowed: train, val, test")
+
+    # ---- val and test pairs, in memory ------------------------------------------------------
+    def _dir_val(self, name: str) -> bool:
+        """Is split ``name`` the val split of ``data.path`` (when no val files are named)?"""
+        d = self.rc.data
+        if name != "val" or not d.path or d.val_src_path:
+            return False
+        if self._val_ids is None:
+            val = PairShards(self._dir, "val")
+            self._val_ids = [(s.tolist(), t.tolist()) for s, t in val.pairs(range(len(val)))]
+        return bool(self._val_ids)
+
+    def pairs(self, name: str) -> list[tuple[str, str]]:
+        """The ``(source, target)`` sentences of a split (of ``data.path``'s val split: its
+        ids decoded)."""
+        if name not in self._pairs:
+            if self._dir_val(name):
+                tok = self.tokenizer
+                self._pairs[name] = [(tok.decode(s), tok.decode(t)) for s, t in self._val_ids]
             else:
-                raise ConfigError(f"unknown split {name!r}; allowed: train, val, test")
-            self._pairs[name] = read_parallel(*files)
+                self._pairs[name] = read_parallel(*self._files(name))
         return self._pairs[name]
 
     def encode(self, name: str) -> list[tuple[list[int], list[int]]]:
+        if self._dir_val(name):
+            return self._val_ids
         tok, add = self.tokenizer, self.rc.data.src_add_special
         return [(tok.encode(s, add), tok.encode(t, True)) for s, t in self.pairs(name)]
 
@@ -118,15 +234,18 @@ class TranslationTask(Seq2SeqTask, EpochTask):
 
     def _make_train_batches(self) -> Seq2SeqBatches:
         limit = min(self.rc.data.max_len or self.model_config.max_len, self.model_config.max_len)
-        pairs = self.encode("train")
-        kept = [(s, t) for s, t in pairs if len(s) <= limit and len(t) <= limit]
-        if len(kept) < len(pairs):
+        pairs = PairShards(self._train_dir(), "train")
+        src_len, tgt_len = pairs.lengths()  # (N,) each
+        keep = np.flatnonzero((src_len <= limit) & (tgt_len <= limit))
+        if len(keep) < len(pairs):
             log.info("dropped %d of %d training pairs longer than %d tokens",
-                     len(pairs) - len(kept), len(pairs), limit)
-        if not kept:
+                     len(pairs) - len(keep), len(pairs), limit)
+        if not len(keep):
             raise ConfigError(f"every training pair is longer than {limit} tokens; raise "
                               "model.max_len (or data.max_len)")
-        return Seq2SeqBatches(kept, self.rc.train.max_tokens, self.tokenizer.pad_id,
+        if len(keep) < len(pairs):
+            pairs = pairs.select(keep)
+        return Seq2SeqBatches(pairs, self.rc.train.max_tokens, self.tokenizer.pad_id,
                               self.rc.train.seed)
 
     @torch.no_grad()

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from ..config import ConfigError, ModelConfig, check, check_literal, check_types
 from ..tasks import TASKS, task_class
 
-TokenizerKind = Literal["char", "bpe"]
+TokenizerKind = Literal["char", "bpe", "gpt2"]
 PreTokenizer = Literal["byte_level", "whitespace"]
 HoldoutUnit = Literal["sentence", "row"]
 Schedule = Literal["cosine", "inverse_sqrt", "constant"]
@@ -42,7 +42,12 @@ class DataConfig:
     """
 
     name: str = "embedded"  # a key of attnlab.tasks.TASKS
-    path: str = ""  # LM text file, or classification TSV (label and sentence columns)
+    # LM: a text file (tokenized once into the cache's prepared/) or a prepared token dir
+    # (`attnlab data prepare`); classification: a TSV (label and sentence columns)
+    path: str = ""
+    # LM: several corpora instead of path, [{path = "a_dir", weight = 0.7}, ...]: each
+    # training row picks one by weight; val_loss is the weighted mean of their val losses
+    mix: list[dict[str, Any]] | None = None
     val_path: str = ""  # a separate validation file (default: held out from path)
     test_path: str = ""
     src_path: str = ""  # translation: line-aligned source / target files
@@ -52,7 +57,7 @@ class DataConfig:
     test_src_path: str = ""
     test_tgt_path: str = ""
     cache_dir: str = ""  # data cache (default $ATTNLAB_DATA or ~/.cache/attnlab/data)
-    tokenizer: TokenizerKind = "char"
+    tokenizer: TokenizerKind = "char"  # gpt2: GPT-2's byte-level BPE, as it is (no training)
     vocab_size: int = 8000  # BPE vocabulary to train
     pre_tokenizer: PreTokenizer = "whitespace"  # BPE pre-tokenizer
     train_frac: float = 0.9  # LM: first part train, rest val (nanoGPT)
@@ -93,6 +98,30 @@ class DataConfig:
         check(names is None or (isinstance(names, list) and len(names) >= 2
                                 and all(isinstance(n, str) for n in names)),
               "label_names", names, "a list of at least two strings")
+        self._check_mix()
+
+    def _check_mix(self) -> None:
+        """A mix is a list of tables {path = str, weight = number > 0}, of a language model's
+        corpora, in place of data.path."""
+        mix = self.mix
+        if mix is None:
+            return
+        allowed = 'a list of tables {path = "file or prepared dir", weight = number > 0}'
+        check(isinstance(mix, list) and len(mix) >= 1, "mix", mix, allowed)
+        for i, entry in enumerate(mix):
+            check(isinstance(entry, dict), f"mix[{i}]", entry, allowed)
+            extra = sorted(set(entry) - {"path", "weight"})
+            check(not extra, f"mix[{i}]", entry, f"keys path and weight only, not {extra}")
+            path, weight = entry.get("path"), entry.get("weight")
+            check(isinstance(path, str) and path != "", f"mix[{i}].path", path,
+                  "a non-empty string (a text file or a prepared data dir)")
+            check(isinstance(weight, (int, float)) and not isinstance(weight, bool)
+                  and math.isfinite(weight) and weight > 0, f"mix[{i}].weight", weight,
+                  "a finite number > 0")
+        check(self.family == "decoder", "mix", mix,
+              f"only for language models (data.name={self.name!r} is not one)")
+        check(not self.path, "mix", mix,
+              f"mix or path, not both (data.path={self.path!r}): move it into the mix")
 
     @property
     def family(self) -> str:
@@ -299,7 +328,7 @@ DEMO: dict[str, dict[str, Any]] = {
     "model": {"d_model": 128, "n_heads": 4, "n_layers": 4, "max_len": 128,
               "dropout": 0.0, "norm": "pre", "ffn": "gelu", "pos": "learned", "bias": False,
               "scale_embeddings": False, "init_std": 0.06, "init_residual_scale": False},
-    "data": {"name": "embedded", "tokenizer": "char"},
+    "data": {"name": "embedded"},  # (char, the default: a prepared data.path brings its own)
     "train": {"max_steps": 1600, "batch_size": 32, "lr": 2e-3, "min_lr": 2e-4,
               "warmup_steps": 100, "eval_every": 400, "eval_batches": 20, "samples": 3,
               "sample_tokens": 300},

@@ -27,7 +27,6 @@ from torch import Tensor, nn
 
 from ..config import ConfigError, ModelConfig
 from ..runs import RunDir, RunError, load_run
-from ..tasks import Task
 from ..tokenizers import Tokenizer
 from .config import RunConfig
 
@@ -119,19 +118,6 @@ def init_config(rc: RunConfig, base: ModelConfig, where: str) -> RunConfig:
     taken = {f"model.{f.name}" for f in dataclasses.fields(ModelConfig)} - {"model.n_classes",
                                                                            "model.head"}
     return dataclasses.replace(rc, model=base.replace(**changes), explicit=rc.explicit | taken)
-
-
-def check_covers(task: Task, source: str) -> None:
-    """An LM's training text must be encodable by the source's tokenizer (a character
-    tokenizer knows only the characters of the text it was built on)."""
-    text = getattr(task, "text", None)
-    if not isinstance(text, str) or task.tokenizer is None:
-        return
-    try:
-        task.tokenizer.encode(text)
-    except ValueError as e:
-        raise ConfigError(f"train.init_from={source}: its tokenizer cannot encode the new "
-                          f"training text: {e}") from None
 
 
 def keeps_head(rc: RunConfig, src: InitSource) -> bool:

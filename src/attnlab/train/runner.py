@@ -25,7 +25,6 @@ from ..tokenizers import Tokenizer
 from .config import SECTIONS, RunConfig
 from .distributed import DistInfo, cleanup, describe, env_info, init_distributed
 from .finetune import (
-    check_covers,
     init_config,
     keep_split,
     keeps_head,
@@ -208,9 +207,7 @@ def _train_run(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> RunO
         rc = init_config(rc, source.config, rc.train.init_from)
         rc = keep_split(rc, source.run_config, rc.train.init_from)
         tokenizer = source.tokenizer
-    task = build_task(rc, tokenizer)
-    if source is not None:
-        check_covers(task, source.spec)
+    task = build_task(rc, tokenizer)  # (an LM's text the source's tokenizer cannot encode fails)
     task.check_data()  # bad data fails now, before any file is written or step is taken
     resolved = dataclasses.replace(rc, model=task.model_config)
     if saved is not None:
@@ -296,7 +293,7 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
         raise ValueError(f"--beam must be >= 1, got {beam}")
     if data:
         rc = _eval_overrides(rc, split, data)
-    elif rc.data.name in OWN_FILES and not any(
+    elif rc.data.name in OWN_FILES and not rc.data.mix and not any(
             getattr(rc.data, key) or getattr(rc.data, f"{split}_{key}")
             for key in cls.eval_data_keys):  # e.g. a model imported from Hugging Face
         files = "SRC TGT" if len(cls.eval_data_keys) == 2 else "FILE"
