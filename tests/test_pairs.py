@@ -182,7 +182,7 @@ def test_a_killed_prepare_resumes_to_the_same_dir(tmp_path, monkeypatch):
     src, tgt = corpus(tmp_path, 200)
     tok = bpe_of(src, tgt)
     whole = prepare_pairs(src, tgt, tmp_path / "whole", tok, workers=1, piece_bytes=300)
-    real, written = pairs_module._write_shard, []
+    real, written = pairs_module.write_shard, []
 
     def dies(path, ids):
         if len(written) == 10:
@@ -190,13 +190,13 @@ def test_a_killed_prepare_resumes_to_the_same_dir(tmp_path, monkeypatch):
         real(path, ids)
         written.append(path)
 
-    monkeypatch.setattr(pairs_module, "_write_shard", dies)
+    monkeypatch.setattr(pairs_module, "write_shard", dies)
     with pytest.raises(KeyboardInterrupt):
         prepare_pairs(src, tgt, tmp_path / "p", tok, workers=1, piece_bytes=300)
     assert not is_prepared(tmp_path / "p")
     with pytest.raises(DataError, match="no prepared.json"):
         PairShards(tmp_path / "p", "train")
-    monkeypatch.setattr(pairs_module, "_write_shard", real)
+    monkeypatch.setattr(pairs_module, "write_shard", real)
     (tmp_path / "p" / "train" / "000000.tgt.bin").unlink()  # a finished shard lost a file
     encoded, real_encode = [], pairs_module._encode_pairs
     monkeypatch.setattr(pairs_module, "_encode_pairs",

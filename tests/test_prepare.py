@@ -190,7 +190,7 @@ def test_an_interrupted_prepare_looks_incomplete_and_resumes(tmp_path, monkeypat
     (tmp_path / "a.txt").write_text(text)
     whole = prepare([tmp_path / "a.txt"], tmp_path / "whole", "char", workers=1,
                     piece_bytes=500)
-    real, written = prep._write_shard, []
+    real, written = prep.write_shard, []
 
     def dies_after_three(path, ids):
         if len(written) == 3:
@@ -198,13 +198,13 @@ def test_an_interrupted_prepare_looks_incomplete_and_resumes(tmp_path, monkeypat
         real(path, ids)
         written.append(path)
 
-    monkeypatch.setattr(prep, "_write_shard", dies_after_three)
+    monkeypatch.setattr(prep, "write_shard", dies_after_three)
     with pytest.raises(KeyboardInterrupt):
         prepare([tmp_path / "a.txt"], tmp_path / "p", "char", workers=1, piece_bytes=500)
     assert not is_prepared(tmp_path / "p")
     with pytest.raises(DataError, match="no prepared.json"):
         TokenShards(tmp_path / "p", "train")
-    monkeypatch.setattr(prep, "_write_shard", real)
+    monkeypatch.setattr(prep, "write_shard", real)
     encoded = []
     real_encode = prep._encode
     monkeypatch.setattr(prep, "_encode", lambda *a, **k: encoded.append(1) or real_encode(*a, **k))

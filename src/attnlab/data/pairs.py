@@ -50,17 +50,16 @@ from attnlab.data.prepare import (
     PLAN,
     SAMPLE_BYTES,
     DiskFullError,
-    _check_args,
-    _clear,
-    _cores,
-    _digest,
-    _Encoder,
-    _lock,
-    _progress,
-    _read_plan,
-    _resumed_tokenizer,
-    _small,
-    _write_shard,
+    Encoder,
+    check_args,
+    file_lock,
+    one_process_suffices,
+    progress_bar,
+    resumed_tokenizer,
+    sha256_of,
+    start,
+    usable_cores,
+    write_shard,
 )
 from attnlab.data.shards import DTYPES, FORMAT, MANIFEST, TOKENIZER, read_manifest, token_dtype
 from attnlab.files import atomic_write_json
@@ -190,7 +189,7 @@ def _tokenizer_digest(tok: Tokenizer) -> str:
 # ---- tokenizing (in worker processes) --------------------------------------------------------
 def _encode_pairs(tokenizer: Tokenizer, piece: _PairPiece, *, src_add_special: bool,
                   dtype: str, max_len: int) -> tuple[np.ndarray, ...]:
-    """Source ids and offsets, target ids and offsets of one piece (an ``_Encoder``'s work):
+    """Source ids and offsets, target ids and offsets of one piece (an ``Encoder``'s work):
     ``encode(s, add_special=src_add_special)`` and ``encode(t, True)``, pairs with a side
     longer than ``max_len`` (> 0) left out."""
     srcs = tokenizer.encode_batch([s for s, _ in piece.texts])
@@ -257,7 +256,7 @@ def prepare_pairs(src_files: Sequence[str | Path] | str | Path,
         max_len: leave out pairs with a side longer than this many ids; 0 keeps every pair.
         progress: show a progress bar on stderr.
     """
-    _check_args(val_fraction, seed, workers, errors, vocab_size)
+    check_args(val_fraction, seed, workers, errors, vocab_size)
     check_int("max_len", max_len, 0)
     out = Path(out)
     new = not out.exists()
@@ -297,19 +296,9 @@ def _prepare_pairs(files: list[tuple[Path, Path]], out: Path, tokenizer: str | T
             "tokenizer": (given.kind if given else tokenizer if tokenizer == "char"
                           else [tokenizer, vocab_size, pre_tokenizer]),
             "given": _tokenizer_digest(given) if given else None}
-    if (out / MANIFEST).is_file():
-        if read_manifest(out).get("plan") == plan:
-            log.info("%s is already prepared from these files and settings", out)
-            return out
-        raise DataError(f"{out} already holds a prepared corpus made from other files or "
-                        "settings; choose another out or remove it")
-    if out.exists() and not out.is_dir():
-        raise DataError(f"out {out} is a file; expected a directory (new or unfinished)")
-    out.mkdir(parents=True, exist_ok=True)
-    if _read_plan(out) != plan:  # a new prepare, or an unfinished one of other settings
-        _clear(out)
-        atomic_write_json(out / PLAN, plan)
-    tok = given or _resumed_tokenizer(out) or _build_tokenizer(tokenizer, files, vocab_size,
+    if start(out, plan):
+        return out
+    tok = given or resumed_tokenizer(out) or _build_tokenizer(tokenizer, files, vocab_size,
                                                                pre_tokenizer, errors)
     _check_tokenizer(tok)
     if not (out / TOKENIZER).is_file():
@@ -318,15 +307,15 @@ def _prepare_pairs(files: list[tuple[Path, Path]], out: Path, tokenizer: str | T
     pieces = _PairPieces(files, val_fraction, seed, errors, piece_bytes)
     shards: dict[str, list[dict[str, Any]]] = {split: [] for split in SPLITS}
     work = partial(_encode_pairs, src_add_special=src_add_special, dtype=dtype, max_len=max_len)
-    bar = _progress(progress, sum(d[side]["bytes"] for d in described for side in SIDES))
+    bar = progress_bar(progress, sum(d[side]["bytes"] for d in described for side in SIDES))
     try:
-        for piece, arrays in _Encoder(tok, workers or _cores(), work).map(
+        for piece, arrays in Encoder(tok, workers or usable_cores(), work).map(
                 _todo(pieces, out, shards, dtype, bar)):
             src, src_off, tgt, tgt_off = arrays
             for side, ids in (("src", src), ("tgt", tgt)):
-                _write_shard(out / piece.file(side, "bin"), ids)
+                write_shard(out / piece.file(side, "bin"), ids)
             for side, offsets in (("src", src_off), ("tgt", tgt_off)):  # last: the mark
-                _write_shard(out / piece.file(side, "idx"), offsets)  # of a finished shard
+                write_shard(out / piece.file(side, "idx"), offsets)  # of a finished shard
             shards[piece.split].append(_record(piece, len(src_off) - 1, src.size, tgt.size))
             if bar is not None:
                 bar.update(piece.nbytes)
@@ -355,7 +344,7 @@ def _prepare_pairs(files: list[tuple[Path, Path]], out: Path, tokenizer: str | T
 
 
 def _describe(path: Path) -> dict[str, Any]:
-    return {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": _digest(path)}
+    return {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": sha256_of(path)}
 
 
 def _record(piece: _PairPiece, pairs: int, src_tokens: int, tgt_tokens: int) -> dict[str, Any]:
@@ -413,7 +402,7 @@ def cached_pairs_dir(src_file: str | Path, tgt_file: str | Path, cache_dir: str 
                 else tokenizer, "vocab_size": vocab_size, "pre_tokenizer": pre_tokenizer,
                 "sample_bytes": SAMPLE_BYTES, "src_add_special": bool(src_add_special)}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    both = hashlib.sha256((_digest(src) + _digest(tgt)).encode()).hexdigest()[:16]
+    both = hashlib.sha256((sha256_of(src) + sha256_of(tgt)).encode()).hexdigest()[:16]
     return Path(cache_dir) / "prepared" / f"{src.name}-{tgt.name}-pairs-{both}-{key}"
 
 
@@ -432,10 +421,10 @@ def prepare_pairs_cached(src_file: str | Path, tgt_file: str | Path, cache_dir: 
     if (out / MANIFEST).is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(out.with_name(out.name + ".lock")):
+    with file_lock(out.with_name(out.name + ".lock")):
         if not (out / MANIFEST).is_file():
             log.info("preparing %s and %s once into %s", src_file, tgt_file, out)
-            small = _small(Path(src_file)) and _small(Path(tgt_file))
+            small = one_process_suffices(Path(src_file)) and one_process_suffices(Path(tgt_file))
             prepare_pairs([src_file], [tgt_file], out, tokenizer, vocab_size=vocab_size,
                           pre_tokenizer=pre_tokenizer, src_add_special=src_add_special,
                           workers=1 if small else 0)

@@ -219,7 +219,7 @@ def _encode(texts: list[str], ends: list[bool], eot: int | None, dtype: str,
 
 def _encode_piece(tokenizer: Tokenizer, piece: _Piece, *, eot: int | None,
                   dtype: str) -> np.ndarray:
-    """The work of :func:`prepare` on one piece (an :class:`_Encoder`'s ``work``)."""
+    """The work of :func:`prepare` on one piece (an :class:`Encoder`'s ``work``)."""
     return _encode(piece.texts, piece.ends, eot, dtype, tokenizer)
 
 
@@ -227,7 +227,7 @@ def _in_worker(work: Callable[[Tokenizer, Any], Any], piece: Any) -> Any:
     return work(_WORKER["tokenizer"], piece)
 
 
-class _Encoder:
+class Encoder:
     """Pieces in, ``work(tokenizer, piece)`` out in the same order: in this process
     (``workers == 1``) or in a pool with a few pieces in flight per worker (memory stays
     bounded). ``work`` is a module-level function (or a partial of one), so a worker process
@@ -298,12 +298,12 @@ def _build_tokenizer(kind: str | Tokenizer, pieces: _Pieces, vocab_size: int,
 
 
 # ---- prepare ---------------------------------------------------------------------------------
-def _digest(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _check_args(val_fraction: float, seed: int, workers: int, errors: str,
+def check_args(val_fraction: float, seed: int, workers: int, errors: str,
                 vocab_size: int) -> None:
     if not isinstance(val_fraction, (int, float)) or not 0.0 <= val_fraction < 1.0:
         raise DataError(f"val_fraction must be a number in [0, 1), got {val_fraction!r}")
@@ -334,7 +334,7 @@ def prepare(sources: Sequence[str | Path] | str | Path, out: str | Path,
         errors: ``"strict"`` (an undecodable byte is an error) or ``"replace"``.
         progress: show a progress bar (MB/s, tokens) on stderr.
     """
-    _check_args(val_fraction, seed, workers, errors, vocab_size)
+    check_args(val_fraction, seed, workers, errors, vocab_size)
     out = Path(out)
     new = not out.exists()
     try:
@@ -352,40 +352,30 @@ def _prepare(sources, out: Path, tokenizer, vocab_size: int, pre_tokenizer: str,
              val_fraction: float, text_field: str, seed: int, workers: int, errors: str,
              progress: bool, piece_bytes: int) -> Path:
     found = find_sources(sources)
-    workers = workers or _cores()
+    workers = workers or usable_cores()
     described = [{"path": str(s.path.resolve()), "bytes": s.path.stat().st_size,
-                  "sha256": _digest(s.path)} for s in found]
+                  "sha256": sha256_of(s.path)} for s in found]
     kind = tokenizer.kind if isinstance(tokenizer, Tokenizer) else tokenizer
     plan = {"sources": described, "val_fraction": val_fraction, "seed": seed,
             "text_field": text_field, "errors": errors, "piece_bytes": piece_bytes,
             "tokenizer": kind if kind != "bpe" else [kind, vocab_size, pre_tokenizer],
             "given": tokenizer.to_dict() if isinstance(tokenizer, Tokenizer) else None}
-    if (out / MANIFEST).is_file():
-        if read_manifest(out).get("plan") == plan:
-            log.info("%s is already prepared from these sources and settings", out)
-            return out
-        raise DataError(f"{out} already holds a prepared corpus made from other sources or "
-                        "settings; choose another --out or remove it")
-    if out.exists() and not out.is_dir():
-        raise DataError(f"--out {out} is a file; expected a directory (new or unfinished)")
-    out.mkdir(parents=True, exist_ok=True)
-    if _read_plan(out) != plan:  # a new prepare, or an unfinished one of other settings
-        _clear(out)
-        atomic_write_json(out / PLAN, plan)
+    if start(out, plan):
+        return out
     pieces = _Pieces(found, val_fraction, seed, text_field, errors, piece_bytes)
-    tok = _resumed_tokenizer(out) or _build_tokenizer(tokenizer, pieces, vocab_size,
+    tok = resumed_tokenizer(out) or _build_tokenizer(tokenizer, pieces, vocab_size,
                                                       pre_tokenizer)
     pieces.anywhere = tok.kind == "char"
     if not (out / TOKENIZER).is_file():
         tok.save(out / TOKENIZER)
     dtype = token_dtype(tok.vocab_size)
     shards: dict[str, list[dict[str, Any]]] = {"train": [], "val": []}
-    encoder = _Encoder(tok, workers, partial(_encode_piece, eot=tok.eos_id, dtype=dtype))
-    bar = _progress(progress, sum(d["bytes"] for d in described))
+    encoder = Encoder(tok, workers, partial(_encode_piece, eot=tok.eos_id, dtype=dtype))
+    bar = progress_bar(progress, sum(d["bytes"] for d in described))
     tokens = 0
     try:
         for piece, ids in encoder.map(_todo(pieces, out, shards, dtype, bar)):
-            _write_shard(out / piece.file, ids)
+            write_shard(out / piece.file, ids)
             shards[piece.split].append({"file": piece.file, "tokens": int(ids.size)})
             tokens += int(ids.size)
             if bar is not None:
@@ -411,6 +401,25 @@ def _prepare(sources, out: Path, tokenizer, vocab_size: int, pre_tokenizer: str,
     return out
 
 
+def start(out: Path, plan: dict[str, Any]) -> bool:
+    """Make ``out`` ready for the prepare that ``plan`` describes; True when it is already
+    finished. A finished DIR of another plan is refused; an unfinished one is resumed if its
+    plan is this one, else emptied."""
+    if (out / MANIFEST).is_file():
+        if read_manifest(out).get("plan") == plan:
+            log.info("%s is already prepared from these sources and settings", out)
+            return True
+        raise DataError(f"{out} already holds a prepared corpus made from other sources or "
+                        "settings; choose another --out or remove it")
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} is a file; expected a directory (new or unfinished)")
+    out.mkdir(parents=True, exist_ok=True)
+    if read_plan(out) != plan:  # a new prepare, or an unfinished one of other settings
+        clear_unfinished(out)
+        atomic_write_json(out / PLAN, plan)
+    return False
+
+
 def _todo(pieces: _Pieces, out: Path, shards: dict[str, list[dict[str, Any]]], dtype: str,
           bar) -> Iterator[_Piece]:
     """The pieces still to tokenize; those with a finished shard are only recorded."""
@@ -425,7 +434,7 @@ def _todo(pieces: _Pieces, out: Path, shards: dict[str, list[dict[str, Any]]], d
         yield piece
 
 
-def _write_shard(path: Path, ids: np.ndarray) -> None:
+def write_shard(path: Path, ids: np.ndarray) -> None:
     try:
         atomic_write_bytes(path, ids.astype(ids.dtype.newbyteorder("<"), copy=False).tobytes())
     except OSError as e:
@@ -436,20 +445,20 @@ def _write_shard(path: Path, ids: np.ndarray) -> None:
         raise
 
 
-def _cores() -> int:
+def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):  # the cores this process may use (taskset, cgroups)
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
 
 
-def _read_plan(out: Path) -> dict[str, Any] | None:
+def read_plan(out: Path) -> dict[str, Any] | None:
     try:
         return json.loads((out / PLAN).read_text())
     except (OSError, ValueError):
         return None
 
 
-def _clear(out: Path) -> None:
+def clear_unfinished(out: Path) -> None:
     """Empty an unfinished DIR of another prepare (its shards would not fit this one)."""
     for name in ("train", "val"):
         shutil.rmtree(out / name, ignore_errors=True)
@@ -457,7 +466,7 @@ def _clear(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
 
 
-def _resumed_tokenizer(out: Path) -> Tokenizer | None:
+def resumed_tokenizer(out: Path) -> Tokenizer | None:
     """The tokenizer an unfinished prepare of the same plan saved (a BPE is not retrained)."""
     if (out / TOKENIZER).is_file():
         try:
@@ -467,7 +476,7 @@ def _resumed_tokenizer(out: Path) -> Tokenizer | None:
     return None
 
 
-def _progress(show: bool, total: int):
+def progress_bar(show: bool, total: int):
     if not show:
         return None
     from tqdm.auto import tqdm
@@ -492,24 +501,24 @@ def prepare_cached(path: str | Path, cache_dir: str | Path, tokenizer: str | Tok
                 else tokenizer, "vocab_size": vocab_size, "pre_tokenizer": pre_tokenizer,
                 "val_fraction": val_fraction}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    out = Path(cache_dir) / "prepared" / f"{path.stem}-{_digest(path)[:16]}-{key}"
+    out = Path(cache_dir) / "prepared" / f"{path.stem}-{sha256_of(path)[:16]}-{key}"
     if (out / MANIFEST).is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(out.with_name(out.name + ".lock")):
+    with file_lock(out.with_name(out.name + ".lock")):
         if not (out / MANIFEST).is_file():
             log.info("preparing %s once into %s", path, out)
             prepare([path], out, tokenizer, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer,
-                    val_fraction=val_fraction, workers=1 if _small(path) else 0)
+                    val_fraction=val_fraction, workers=1 if one_process_suffices(path) else 0)
     return out
 
 
-def _small(path: Path) -> bool:
+def one_process_suffices(path: Path) -> bool:
     return path.stat().st_size < 4 * PIECE_BYTES  # one process is quicker than starting more
 
 
 @contextlib.contextmanager
-def _lock(path: Path):
+def file_lock(path: Path):
     import fcntl
 
     with open(path, "w") as f:

@@ -112,11 +112,6 @@ def _describe(tok: Tokenizer) -> str:
     return f"{tok.kind} tokenizer of {tok.vocab_size} ids"
 
 
-def _digest(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 class LMTask(Task):
     """Next-token prediction on a text: random windows of ``block_size`` tokens."""
 
@@ -278,14 +273,14 @@ class LMTask(Task):
         """One tokenizer of kind ``data.tokenizer`` for the text files of a mix (each prepared
         alone would get its own vocabulary), made once from all of them and kept in the cache
         under a key of their contents and the settings."""
-        from ..data.prepare import SAMPLE_BYTES
+        from ..data.prepare import SAMPLE_BYTES, sha256_of
         from ..data.sources import documents, find_sources, text_blocks
 
         d = self.rc.data
         if d.tokenizer == "gpt2":
             return GPT2Tokenizer.from_package()
         found = find_sources(paths)
-        settings = {"files": [_digest(s.path) for s in found], "tokenizer": d.tokenizer,
+        settings = {"files": [sha256_of(s.path) for s in found], "tokenizer": d.tokenizer,
                     "vocab_size": d.vocab_size, "pre_tokenizer": d.pre_tokenizer}
         key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
         path = self._cache() / "prepared" / "mix-tokenizers" / f"{key}.json"
