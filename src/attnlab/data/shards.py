@@ -95,15 +95,9 @@ class TokenShards:
     def __len__(self) -> int:
         return int(self.starts[-1])
 
-    def _read(self, shard: int, lo: int, hi: int) -> np.ndarray:
-        """Ids ``[lo, hi)`` of shard ``shard``, copied out of a map that is closed again."""
-        mm = np.memmap(self.files[shard], dtype=self.dtype, mode="r")
-        out = np.array(mm[lo:hi], dtype=np.int64)
-        del mm  # unmapped: no page of the corpus stays in this process
-        return out
-
-    def window(self, start: int, n: int) -> torch.Tensor:
-        """Ids ``[start, start + n)`` of the split (crossing shard boundaries as needed)."""
+    def _window(self, start: int, n: int, maps: dict[int, np.memmap]) -> np.ndarray:
+        """Ids ``[start, start + n)`` (crossing shard boundaries as needed), read through the
+        maps in ``maps`` (opened here when missing; the caller drops them)."""
         if start < 0 or n < 0 or start + n > len(self):
             raise DataError(f"window [{start}, {start + n}) is outside the {self.split} split "
                             f"of {len(self)} tokens")
@@ -113,13 +107,22 @@ class TokenShards:
             base = int(self.starts[shard])
             hi = min(end, int(self.starts[shard + 1]))
             if hi > pos:
-                parts.append(self._read(shard, pos - base, hi - base))
+                if shard not in maps:
+                    maps[shard] = np.memmap(self.files[shard], dtype=self.dtype, mode="r")
+                parts.append(np.array(maps[shard][pos - base:hi - base], dtype=np.int64))
             pos, shard = hi, shard + 1
-        return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, np.int64))
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def window(self, start: int, n: int) -> torch.Tensor:
+        """Ids ``[start, start + n)`` of the split: (n,) int64."""
+        return torch.from_numpy(self._window(start, n, {}))
 
     def windows(self, starts: list[int], n: int) -> torch.Tensor:
-        """``len(starts)`` windows of ``n`` ids, stacked: (len(starts), n) int64."""
-        return torch.stack([self.window(s, n) for s in starts])
+        """``len(starts)`` windows of ``n`` ids, stacked: (len(starts), n) int64. Each shard
+        is mapped once for the call and unmapped after it, so no page of the corpus stays in
+        the process."""
+        maps: dict[int, np.memmap] = {}
+        return torch.from_numpy(np.stack([self._window(s, n, maps) for s in starts]))
 
     def ids(self) -> torch.Tensor:
         """The whole split as one int64 tensor."""
