@@ -225,12 +225,13 @@ def train_in_loop(args, device: torch.device, which: str = "attnlab", source: st
 TRAINER_RECIPE = "shakespeare_char"  # the recipe the trainer part starts from
 
 
-def trainer_overrides(args, device: torch.device) -> list[str]:
+def trainer_overrides(args, device: torch.device, prepared: Path | None = None) -> list[str]:
     """The ``--set`` values that make :data:`TRAINER_RECIPE` train this script's model, data,
-    batch and settings."""
+    batch and settings (on the ``prepared`` DIR of GPT-2 tokens, if given)."""
     s = shapes(args)
-    sets = {**{f"model.{k}": json.dumps(v) for k, v in model_fields(s).items()},
-            "data.path": json.dumps(str(input_txt(args))), "data.tokenizer": '"char"',
+    data = {"data.path": json.dumps(str(prepared)), "data.tokenizer": '"gpt2"'} if prepared \
+        else {"data.path": json.dumps(str(input_txt(args))), "data.tokenizer": '"char"'}
+    sets = {**{f"model.{k}": json.dumps(v) for k, v in model_fields(s).items()}, **data,
             "train.device": f'"{device}"',
             "train.compile": json.dumps(args.compile and not args.tiny),
             "train.precision": '"bf16"' if device.type == "cuda" else '"fp32"',
@@ -242,7 +243,7 @@ def trainer_overrides(args, device: torch.device) -> list[str]:
     return [f"{key}={value}" for key, value in sets.items()]
 
 
-def train_trainer(args, device: torch.device) -> dict:
+def train_trainer(args, device: torch.device, prepared: Path | None = None) -> dict:
     """Tokens/s of ``attnlab train`` itself (the CLI, its Trainer and data pipeline, in a
     subprocess) on the same model, data and batch shape: what a user gets, read from the
     run's metrics log (one row per iteration; the first ``warmup`` rows dropped)."""
@@ -254,7 +255,7 @@ def train_trainer(args, device: torch.device) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "attnlab", "train", TRAINER_RECIPE, "--out",
                str(Path(tmp) / "run")]
-        for override in trainer_overrides(args, device):
+        for override in trainer_overrides(args, device, prepared):
             cmd += ["--set", override]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])))
@@ -435,6 +436,10 @@ def main(argv: list[str] | None = None) -> None:
             show("training tokens/s, GPT-2 vocabulary, batches read from a prepared corpus",
                  f"{rand['tokens_s']:,.0f} (random ids, no loader)", f"{prep['tokens_s']:,.0f}",
                  prep["tokens_s"] / rand["tokens_s"])
+            run = train_trainer(args, device, prepared=args.prepared)
+            show("training tokens/s, `attnlab train --set data.path=DIR` (prepared corpus)",
+                 f"{rand['tokens_s']:,.0f} (random ids in this loop)", f"{run['tokens_s']:,.0f}",
+                 run["tokens_s"] / rand["tokens_s"])
         except Exception as exc:
             show("prepared corpus", f"failed: {exc!r}"[:300], "-", None)
     if "sample" not in skip:

@@ -76,24 +76,48 @@ def skipped(comparison: str, why: str) -> dict:
 
 # --- nanoGPT ---------------------------------------------------------------------------------
 
-def nanogpt_copy(src: Path, data_file: Path) -> Path:
-    """A scratch copy of nanoGPT with the char data prepared from the local input.txt. Its
-    prepare.py runs unmodified; it imports ``requests`` (only used when input.txt is missing),
-    so a stub module is put on its path when the package is absent."""
-    dst = SCRATCH / "nanogpt"
+STAMP = ".prepared-from"  # beside train.bin: the sha256 of the input.txt it was prepared from
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def nanogpt_copy(src: Path, data_file: Path, scratch: Path | None = None) -> Path:
+    """A scratch copy of nanoGPT (in ``scratch``, default :data:`SCRATCH`) with the char data
+    prepared from ``data_file``. Its prepare.py runs unmodified; it imports ``requests`` (only
+    used when input.txt is missing), so a stub module is put on its path when the package is
+    absent.
+
+    The prepared data records the hash of the file it came from (:data:`STAMP`) and is
+    prepared again when ``data_file`` differs: a test's copy prepared from a few KB once
+    served `make bench` after it, which then trained nanoGPT on that."""
+    scratch = SCRATCH if scratch is None else scratch
+    dst = scratch / "nanogpt"
     if not (dst / "train.py").exists():
         shutil.copytree(src, dst, dirs_exist_ok=True)
         for path in (dst, *dst.rglob("*")):  # the peers folder is read-only: copies are not
             path.chmod(path.stat().st_mode | 0o200)
     data = dst / "data" / "shakespeare_char"
-    if not (data / "train.bin").exists():
-        shutil.copyfile(data_file, data / "input.txt")
-        stub = SCRATCH / "stub"
-        stub.mkdir(exist_ok=True)
+    stamp, want = data / STAMP, _sha256(data_file)
+    prepared = stamp.is_file() and stamp.read_text().strip() == want
+    if not (prepared and (data / "train.bin").exists()):
+        stamp.unlink(missing_ok=True)  # (a kill from here on: prepared again next time)
+        if not (data / "input.txt").exists() or not data_file.samefile(data / "input.txt"):
+            shutil.copyfile(data_file, data / "input.txt")
+        stub = scratch / "stub"
+        stub.mkdir(parents=True, exist_ok=True)
         (stub / "requests.py").write_text("")
         env = dict(os.environ, PYTHONPATH=str(stub))
         subprocess.run([sys.executable, "prepare.py"], cwd=data, env=env, check=True,
                        capture_output=True)
+        stamp.write_text(want + "\n")
     return dst
 
 

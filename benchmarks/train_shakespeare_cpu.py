@@ -1,6 +1,6 @@
 """The shakespeare_char_cpu recipe end to end, and attnlab's training step against HF GPT-2's.
 
-1. Trains configs/shakespeare_char_cpu.toml (nanoGPT's documented CPU config) on Tiny
+1. Trains the shakespeare_char_cpu recipe (nanoGPT's documented CPU config) on Tiny
    Shakespeare and prints the val loss at iteration 2000 and the wall time (nanoGPT: 1.89 /
    120 s reported; 630 s for 10,000 iterations measured on the 2-core reference machine).
 2. Side by side in one process: one training step of attnlab's DecoderLM and of Hugging Face's
@@ -39,6 +39,7 @@ NANOGPT = ROOT.parent / "shared" / "peers" / "nanogpt"
 sys.path.insert(0, str(ROOT / "src"))
 
 from attnlab.models import token_loss  # noqa: E402
+from attnlab.recipes import RECIPES  # noqa: E402
 from attnlab.runs import RunDir  # noqa: E402
 from attnlab.tasks import build_task  # noqa: E402
 from attnlab.train import build_optimizer, load_config, train_run  # noqa: E402
@@ -54,7 +55,7 @@ from attnlab.train.precision import (  # noqa: E402
 def train_recipe(args) -> dict:
     overrides = [f"data.path={args.data}", "train.progress=false", "train.tensorboard=false",
                  *args.set]
-    rc = load_config(ROOT / "configs" / "shakespeare_char_cpu.toml", overrides)
+    rc = load_config(RECIPES / "shakespeare_char_cpu.toml", overrides)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         outcome = train_run(rc, Path(tmp) / "run")
@@ -96,7 +97,7 @@ def step_speed(args) -> dict:
     from attnlab import build_model
 
     torch.manual_seed(0)
-    rc = load_config(ROOT / "configs" / "shakespeare_char_cpu.toml", [f"data.path={args.data}"])
+    rc = load_config(RECIPES / "shakespeare_char_cpu.toml", [f"data.path={args.data}"])
     task = build_task(rc)
     cfg = task.model_config
     models = {"attnlab": build_model(cfg), "hf_gpt2": hf_model(cfg)}

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from _runs import TEXT, lm_run
+from attnlab.recipes import find_recipe
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -142,7 +143,7 @@ def test_gpu_trainer_part_trains_the_model_of_the_loop(tmp_path):
     for tiny in (True, False):
         args = argparse.Namespace(tiny=tiny, accum=4, compile=True, warmup=1, iters=2,
                                   data_dir=tmp_path)
-        rc = load_config(gpu.ROOT / "configs" / f"{gpu.TRAINER_RECIPE}.toml",
+        rc = load_config(find_recipe(gpu.TRAINER_RECIPE),
                          gpu.trainer_overrides(args, torch.device("cpu")))
         loop = gpu.attnlab_model(gpu.shapes(args)).config
         assert rc.model.replace(vocab_size=65, pad_id=None) == loop
@@ -223,3 +224,38 @@ def test_data_speed_quick_prints_the_three_comparisons(tmp_path, capsys):
     (row,) = table_rows(out, "`prepare_cached`")
     assert "failed" not in row[1] and row[1].startswith("second run: ")
     assert got["second"]["first"]["dir"] == got["second"]["second"]["dir"]
+
+
+def test_nanogpt_copy_is_prepared_again_from_other_data(tmp_path):
+    """`make bench` after `make test` trained nanoGPT on the 9 KB file a test had prepared the
+    scratch copy from: the copy records the hash of its input and prepares again on another."""
+    checkout = tmp_path / "nanogpt"
+    (checkout / "data" / "shakespeare_char").mkdir(parents=True)
+    (checkout / "train.py").write_text("")
+    (checkout / "data" / "shakespeare_char" / "prepare.py").write_text(
+        "from pathlib import Path\n"
+        "text = Path('input.txt').read_text()\n"
+        "Path('train.bin').write_text(str(len(text)))\n"
+        "with open('runs.log', 'a') as f:\n"
+        "    f.write('prepared\\n')\n")
+    small, full = tmp_path / "small.txt", tmp_path / "full.txt"
+    small.write_text(TEXT * 200)
+    full.write_text(TEXT * 2000)
+    nanogpt_copy = script("run_all").nanogpt_copy
+    scratch = tmp_path / "scratch"
+    data = scratch / "nanogpt" / "data" / "shakespeare_char"
+
+    def prepared() -> tuple[str, int]:
+        return (data / "train.bin").read_text(), (data / "runs.log").read_text().count("\n")
+
+    assert nanogpt_copy(checkout, small, scratch) == scratch / "nanogpt"
+    assert prepared() == (str(len(TEXT) * 200), 1)
+    nanogpt_copy(checkout, small, scratch)  # the same data: nothing to do
+    assert prepared() == (str(len(TEXT) * 200), 1)
+    nanogpt_copy(checkout, full, scratch)  # another file: prepared again
+    assert prepared() == (str(len(TEXT) * 2000), 2)
+    (data / ".prepared-from").unlink()  # a copy prepared before the stamp existed
+    nanogpt_copy(checkout, full, scratch)
+    assert prepared() == (str(len(TEXT) * 2000), 3)
+    nanogpt_copy(checkout, data / "input.txt", scratch)  # its own input.txt (gpu.py's fallback)
+    assert prepared() == (str(len(TEXT) * 2000), 3)

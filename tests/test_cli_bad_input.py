@@ -391,6 +391,42 @@ def test_no_traceback_escapes_a_real_process(row, env):
     assert digest(env["base"]) == before
 
 
+def _real(argv, cwd=None, cache=None):
+    """``attnlab *argv`` in its own process (stderr as a user sees it: logging included), with
+    an empty probe cache when ``cache`` is a folder (a machine's first run)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if cache is not None:
+        env["ATTNLAB_CACHE_DIR"] = str(cache)
+    return subprocess.run([sys.executable, "-m", "attnlab", *map(str, argv)], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+
+
+def test_a_bad_config_prints_its_error_line_alone(tmp_path):
+    """`run dir: runs/...` came first, before the config was read."""
+    p = _real(["train", "shakespeare_char", "--set", "train.lrr=1"], cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.splitlines() == [
+        p.stderr.strip()] and "unknown config key 'train.lrr'" in p.stderr, p.stderr
+    assert "run dir" not in p.stderr and p.stdout == "" and os.listdir(tmp_path) == []
+
+
+def test_translate_checks_its_arguments_before_any_work_and_probes_quietly(env, tmp_path):
+    """--max-len -1 printed the note of the speed probe that ran before it was refused; the
+    note is debug output (-v), not something every first run prints."""
+    text = tmp_path / "in.txt"
+    text.write_text("the lazy dog\nquick brown fox\n")
+    p = _real(["translate", env["mt"], "--input", text, "--max-len", "-1"],
+              cache=tmp_path / "a")
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "attnlab translate: error: --max-len -1 is not allowed: >= 1 (the most target tokens "
+        "per sentence; leave it out for 1.5 x the source's + 10)"], p.stderr
+    assert not (tmp_path / "a").exists()  # nothing was probed
+    p = _real(["translate", env["mt"], "--input", text], cache=tmp_path / "b")
+    assert p.returncode == 0 and p.stderr == "" and p.stdout, p.stderr
+    p = _real(["translate", env["mt"], "--input", text, "-v"], cache=tmp_path / "c")
+    assert p.returncode == 0 and "inference layout" in p.stderr and "cached in" in p.stderr
+
+
 def test_help_still_prints_the_full_help(capsys):
     assert main(["sample", "--help"]) == 0
     out = capsys.readouterr().out

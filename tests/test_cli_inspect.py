@@ -385,3 +385,39 @@ def test_info_names_the_file_it_cannot_read(tmp_path, capsys, name, text, messag
     elif text is not None:
         path.write_text(text)
     _one_line_exit_2(main(["info", str(path)]), capsys, message)
+
+
+def test_info_memory_is_in_the_runs_precision_and_an_encoder_has_no_kv_cache(runs, tmp_path,
+                                                                            capsys):
+    """An encoder reads its input in one pass (no KV cache line); a bf16 run holds 2 bytes a
+    parameter, not fp32's 4; counts have thousands separators."""
+    from attnlab.info import estimate, human_bytes
+
+    def memory(out: str) -> dict[str, str]:
+        pairs = (line.strip().rsplit(":", 1) for line in out.splitlines()
+                 if line.strip().startswith("memory, "))
+        return {label: value.strip() for label, value in pairs}
+
+    assert main(["info", str(runs["encoder"])]) == 0
+    out = capsys.readouterr().out
+    assert "KV" not in out and "memory, inference (fp32)" in memory(out)
+    assert main(["info", str(runs["decoder"])]) == 0
+    out = capsys.readouterr().out
+    assert "memory, inference (fp32 + KV cache)" in memory(out)
+    model = build_model(ModelConfig.from_dict(RunDir(runs["decoder"]).read_config()["model"]))
+    n = model.num_parameters()
+    assert out.splitlines()[0].startswith(f"model: decoder, {n:,} parameters, ")
+    bf16 = tmp_path / "bf16"
+    make_run(bf16, "decoder")
+    config = RunDir(bf16).read_config()
+    RunDir(bf16).write_config({**config, "train": {"precision": "auto"}})  # measured: bf16
+    RunDir(bf16).save_checkpoint("best", model, meta={"step": 1, "precision": "bf16"})
+    assert main(["info", str(bf16)]) == 0
+    got = memory(capsys.readouterr().out)
+    cfg = model.config
+    want = estimate(cfg, n, 1, cfg.max_len, bytes_per_value=2)
+    assert got["memory, inference (bf16 + KV cache)"] == human_bytes(
+        want.inference_memory_bytes)
+    assert want.inference_memory_bytes == 2 * n + want.kv_cache_bytes
+    assert got["memory, training (bf16 autocast, fp32 weights + AdamW)"] == human_bytes(
+        want.train_memory_bytes)

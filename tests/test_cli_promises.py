@@ -70,10 +70,37 @@ def test_eval_bleu_with_beam_search_says_which_decoding(mt_run, capsys):
     assert code == 0 and "decoding: greedy" in out
 
 
-def test_eval_beam_on_a_run_without_bleu_is_one_line(reverse_run, capsys):
-    code, out, err = run_cli(capsys, "eval", reverse_run, "--beam", 4)
+def test_eval_beam_on_a_run_that_does_not_decode_is_one_line(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "eval", lm_run(tmp_path / "lm"), "--beam", 4)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "--beam is for translation runs" in err
+
+
+def test_eval_beam_scores_a_synthetic_run_with_beam_search(reverse_run, capsys):
+    """`attnlab eval RUN --beam 4` on reverse / copy / sort was refused ("a synthetic run is
+    scored without beam search"): its accuracy is exact-match decoding, which a beam can do."""
+    from attnlab.decoding import translate
+    from attnlab.tasks import build_task
+    from attnlab.train import RunConfig
+
+    code, out, err = run_cli(capsys, "eval", reverse_run, "--beam", 4, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["decoding"] == "beam search, beam 4, length penalty 0.6"
+    # the same figure by hand: each held-out sequence beam-searched, compared with its answer
+    task = build_task(RunConfig.from_dict(json.loads((reverse_run / "config.json").read_text())))
+    model, data = load_run(reverse_run).model, task.data
+    right = total = 0
+    for src, _, _ in task.examples("val"):
+        rows = [[t for t in row if t != data.pad_id] for row in src.tolist()]
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # the run trained in bf16
+            hyps = translate(model, rows, beam=4, max_len=data.max_len + 1, bos_id=data.bos_id,
+                             eos_id=data.eos_id, pad_id=data.pad_id)
+        right += sum(h == data.answer(r) for r, h in zip(rows, hyps))
+        total += len(rows)
+    assert result["accuracy"] == pytest.approx(right / total)
+    code, out, _ = run_cli(capsys, "eval", reverse_run, "--json")
+    assert code == 0 and json.loads(out)["decoding"] == "greedy"
 
 
 # ---- 8. eval names the data it evaluated ------------------------------------------------------

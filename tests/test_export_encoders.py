@@ -22,9 +22,10 @@ from attnlab.interop import (
     marian_to_hf,
 )
 from attnlab.models import DecoderLM, EncoderClassifier, Transformer
+from attnlab.recipes import RECIPES
 
 transformers = pytest.importorskip("transformers", reason="HF interop needs transformers")
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = RECIPES  # the shipped recipes
 LABELS = ["negative", "neutral", "positive"]
 
 
@@ -360,11 +361,25 @@ def test_onnx_every_family_dynamic_batch_and_length(tmp_path, family) -> None:
     assert model.training  # the mode is restored after the export
     model.eval()
     session = ort.InferenceSession(str(file), providers=["CPUExecutionProvider"])
+    # named as Hugging Face's exports name them, with named dynamic axes (were ids, s95, s85)
+    seq = "decoder_sequence" if family == "encoder_decoder" else "sequence"
+    want_inputs = {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"],
+                   "decoder_input_ids": ["batch", "decoder_sequence"]}
+    names_of = {"decoder": ["input_ids"],
+                "encoder_decoder": ["input_ids", "decoder_input_ids", "attention_mask"]}
+    assert names == names_of.get(family, ["input_ids", "attention_mask"])
+    assert {i.name: i.shape for i in session.get_inputs()} == {n: want_inputs[n] for n in names}
+    (out,) = session.get_outputs()
+    assert out.name == "logits"
+    assert out.shape == (["batch", seq, model.config.tgt_vocab]
+                         if family in ("decoder", "encoder_decoder")
+                         else ["batch", model.config.n_classes])
     for batch, length in ((3, 13), (1, 4)):  # neither the example's batch nor its length
         args, kwargs, _ = example_inputs(model, batch, length, generator=gen)
         if family == "encoder_decoder":  # a source shorter than the target, with padding
             args = (args[0][:, : length - 2].clone(), args[1])
-            args[0][0, -1] = 0
+            kwargs = {"src_mask": kwargs["src_mask"][:, : length - 2].clone()}
+            args[0][0, -1], kwargs["src_mask"][0, -1] = 0, False
         feed = [*args, *kwargs.values()]
         got = session.run(None, {n: t.numpy() for n, t in zip(names, feed)})[0]
         with torch.no_grad():

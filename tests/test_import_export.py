@@ -21,6 +21,7 @@ from _runs import char_tokenizer, scramble, write_run
 from attnlab import DecoderLM, ModelConfig
 from attnlab.cli import main
 from attnlab.interop import llama_from_hf
+from attnlab.recipes import RECIPES
 from attnlab.runs import load_run
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -191,7 +192,7 @@ def test_llama_settings_attnlab_lacks_are_one_line(tmp_path, capsys) -> None:
     assert not (tmp_path / "run").exists()
 
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = RECIPES  # the shipped recipes
 
 
 def _decoder_recipes() -> list[str]:
@@ -286,18 +287,18 @@ def test_import_a_bert_encoder_without_pooler_then_classify(tmp_path, capsys) ->
         err = capsys.readouterr().err
         assert "without a trained classification head" in err and err.count("\n") == 1
 
-    # import then export: BertForSequenceClassification reads a pooler this run lacks, so
-    # that export is refused in one line; the encoder alone round-trips
-    assert cli("export", tmp_path / "run", "--to", "hf", "--out", tmp_path / "hf") == 2
-    assert "--encoder-only" in capsys.readouterr().err and not (tmp_path / "hf").exists()
-    assert cli("export", tmp_path / "run", "--to", "hf", "--out", tmp_path / "hf",
-               "--encoder-only") == 0
-    again = transformers.AutoModel.from_pretrained(tmp_path / "hf").eval()
-    with torch.no_grad():
-        got = again(**batch).last_hidden_state
-    torch.testing.assert_close(got[valid], want[valid], atol=1e-4, rtol=0)
-    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
-    assert tok("a naïve café")["input_ids"] == ref("a naïve café")["input_ids"]
+    # import then export: its classification head was never trained, so the encoder is what
+    # goes back out, as the BertModel it came from; no --encoder-only needed (it was refused
+    # until given), and with it the same
+    for out, flag in ((tmp_path / "hf", []), (tmp_path / "hf_flag", ["--encoder-only"])):
+        assert cli("export", tmp_path / "run", "--to", "hf", "--out", out, *flag) == 0
+        again = transformers.AutoModel.from_pretrained(out).eval()
+        assert type(again).__name__ == "BertModel"
+        with torch.no_grad():
+            got = again(**batch).last_hidden_state
+        torch.testing.assert_close(got[valid], want[valid], atol=1e-4, rtol=0)
+        tok = transformers.AutoTokenizer.from_pretrained(out)
+        assert tok("a naïve café")["input_ids"] == ref("a naïve café")["input_ids"]
 
 
 def test_bert_classifier_import_keeps_its_labels_and_export_round_trips(tmp_path,
@@ -363,6 +364,7 @@ def test_encoder_decoder_exports_as_marian_or_names_what_prevents_it(tmp_path, c
     assert cli("export", pre, "--to", "hf", "--out", tmp_path / "hf2") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "norm='post'" in err and not (tmp_path / "hf2").exists()
+    assert err.rstrip().endswith("; or export it as it is with --to onnx")
 
 
 # ---- the real all-MiniLM-L6-v2 -----------------------------------------------------------------
@@ -476,8 +478,35 @@ def test_import_and_export_refuse_a_used_out_and_odd_sources(hf_gpt2, tmp_path, 
     assert cli("export", run, "--to", "hf", "--out", tmp_path / "hf") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pos='learned'" in err and "pos='rope'" in err
+    assert "--to onnx" in err  # what Hugging Face cannot hold, ONNX can
     assert not (tmp_path / "hf").exists() and not (tmp_path / "x").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_import_and_export_folders_follow_the_umask_like_run_dirs(hf_gpt2, tmp_path,
+                                                                  capsys) -> None:
+    """They were 0700 (tempfile.mkdtemp), so other users could not read them, unlike the run
+    dirs training writes (0755 folders, 0644 files under umask 022)."""
+    before = os.umask(0o022)
+    try:
+        assert cli("import", hf_gpt2[0], "--out", tmp_path / "run") == 0
+        assert cli("export", tmp_path / "run", "--to", "hf", "--out", tmp_path / "hf") == 0
+        trained = tmp_path / "trained"
+        assert main(["train", "reverse", "--set", "model.d_model=16", "--set", "model.n_heads=2",
+                     "--set", "model.n_layers=1", "--set", "train.max_steps=1", "--set",
+                     "data.val_size=4", "--set", "train.progress=false", "--set",
+                     "train.tensorboard=false", "--out", str(trained)]) == 0
+    finally:
+        os.umask(before)
+    capsys.readouterr()
+
+    def modes(folder: Path) -> set[tuple[str, str]]:
+        return {("dir" if p.is_dir() else "file", oct(p.stat().st_mode & 0o777))
+                for p in (folder, *folder.rglob("*"))}
+
+    assert modes(trained) == {("dir", "0o755"), ("file", "0o644")}
+    for folder in (tmp_path / "run", tmp_path / "hf"):
+        assert modes(folder) == modes(trained), folder
 
 
 def test_export_onnx_of_a_decoder_run(tmp_path, capsys) -> None:
@@ -498,7 +527,7 @@ def test_export_onnx_of_a_decoder_run(tmp_path, capsys) -> None:
     out = out.rename(tmp_path / "moved.onnx")
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     ids = torch.randint(0, tok.vocab_size, (3, 11))  # another batch size and length
-    got = session.run(None, {"ids": ids.numpy()})[0]
+    got = session.run(None, {"input_ids": ids.numpy()})[0]
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(got), model(ids)[0], atol=1e-4, rtol=0)
     capsys.readouterr()

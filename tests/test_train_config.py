@@ -11,11 +11,12 @@ import torch
 
 from attnlab import ModelConfig, build_model
 from attnlab.config import ConfigError
+from attnlab.recipes import RECIPES
 from attnlab.train import DEMO, RunConfig, TrainConfig, load_config, lr_at, noam_peak
 from attnlab.train.config import apply_overrides, parse_value
 from attnlab.train.optim import build_optimizer, cosine_lr, inverse_sqrt_lr, param_groups
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = RECIPES  # the shipped recipes
 
 
 def write(path: Path, text: str) -> Path:

@@ -1,6 +1,13 @@
 """attnlab: the Transformer of "Attention Is All You Need" and its encoder-only and
 decoder-only descendants, as small, readable, tested PyTorch.
 
+A trained run in three lines (after ``attnlab train shakespeare_char``, or any decoder run)::
+
+    import attnlab
+
+    run = attnlab.load_run("runs/shakespeare_char")  # model (eval mode) + tokenizer + config
+    print(attnlab.generate_text(run.model, run.tokenizer, "ROMEO:", 100, top_k=40, seed=0)[0])
+
 The names below are imported on first use, so ``import attnlab.cli`` (and ``attnlab --help``)
 does not pay for importing torch.
 """
@@ -10,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _EXPORTS = {
     "AttentionMaps": ".models",
@@ -21,6 +28,8 @@ _EXPORTS = {
     "ModelConfig": ".config",
     "Transformer": ".models",
     "build_model": ".models",
+    "generate_text": ".decoding",
+    "load_run": ".runs",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

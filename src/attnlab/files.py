@@ -35,6 +35,20 @@ def set_umask_mode(path: str | Path) -> None:
     os.chmod(path, 0o666 & ~mask)
 
 
+def set_umask_modes(folder: str | Path) -> None:
+    """:func:`set_umask_mode` for every file under ``folder``, and the mode a plainly made
+    folder gets (0777 less the umask) for it and the folders in it: a folder written into a
+    ``tempfile.mkdtemp`` (0700) and renamed into place, or files written by a library through
+    mkstemp (0600), are then as readable as a run dir."""
+    mask = os.umask(0)
+    os.umask(mask)
+    folder = Path(folder)
+    for path in (folder, *folder.rglob("*")):
+        if path.is_symlink():
+            continue
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def fsync_file(path: str | Path) -> None:
     """Flush a file just written by a library (safetensors) to the disk, as our own writes do:
     a checkpoint's manifest must not land before its tensors."""

@@ -7,7 +7,8 @@ feed-forward ``2 * 2 * D * d_ff`` (``2 * 3`` for SwiGLU), and the output head ``
 Training is forward + backward = 3x the forward FLOPs. Memory for training follows
 Korthikanti et al. 2022: activations of ``B*T*D*34 + 5*B*H*T^2`` bytes per layer in 16-bit
 (doubled for fp32), plus 16 bytes per parameter for fp32 weights, gradients and AdamW's two
-moments; inference needs the weights and the KV cache.
+moments; inference needs the weights (in the run's precision: 2 bytes a parameter in bf16)
+and, for a model that decodes, the KV cache.
 """
 
 from __future__ import annotations
@@ -123,23 +124,36 @@ def human_bytes(n: float) -> str:
     return f"{n:.3g} PiB"
 
 
-def report(cfg: ModelConfig, by_component: dict[str, int], batch: int, length: int) -> str:
-    """A plain-text table of parameters by component and the cost estimates."""
+# bytes of a value in each training precision (autocast: fp32 weights, 16-bit activations)
+PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def report(cfg: ModelConfig, by_component: dict[str, int], batch: int, length: int,
+           precision: str = "fp32") -> str:
+    """A plain-text table of parameters by component and the cost estimates; ``precision``
+    (fp32, bf16, fp16: a run's) sizes the activations and the inference weights."""
+    if precision not in PRECISION_BYTES:
+        raise ValueError(f"precision={precision!r} is not allowed: one of "
+                         f"{', '.join(PRECISION_BYTES)}")
     total = sum(by_component.values())
-    lines = [f"model: {cfg.family}, d_model={cfg.d_model}, heads={cfg.n_heads}, "
-             f"layers={cfg.n_layers}" + (f"+{cfg.dec_layers}" if cfg.family == "encoder_decoder"
-                                         else "") + f", norm={cfg.norm}, pos={cfg.pos}, "
-             f"ffn={cfg.ffn}", "", f"{'component':<32}{'parameters':>14}{'share':>9}"]
+    lines = [f"model: {cfg.family}, {total:,} parameters, d_model={cfg.d_model}, "
+             f"heads={cfg.n_heads}, layers={cfg.n_layers}"
+             + (f"+{cfg.dec_layers}" if cfg.family == "encoder_decoder" else "")
+             + f", norm={cfg.norm}, pos={cfg.pos}, ffn={cfg.ffn}", "",
+             f"{'component':<32}{'parameters':>14}{'share':>9}"]
     for name, n in by_component.items():
         lines.append(f"{name:<32}{n:>14,}{n / total:>9.1%}")
     lines.append(f"{'total':<32}{total:>14,}")
-    c = estimate(cfg, total, batch, length)
-    lines += [
-        "",
-        f"at batch {batch}, length {length}:",
-        f"  FLOPs per token, inference (forward): {human(c.flops_per_token_forward)}",
-        f"  FLOPs per token, training (fwd+bwd):  {human(c.flops_per_token_train)}",
-        f"  memory, training (fp32 + AdamW):      {human_bytes(c.train_memory_bytes)}",
-        f"  memory, inference (fp32 + KV cache):  {human_bytes(c.inference_memory_bytes)}",
-    ]
+    c = estimate(cfg, total, batch, length, PRECISION_BYTES[precision])
+    # an encoder reads its input in one pass: no cache of keys and values
+    cache = "" if cfg.family == "encoder" else " + KV cache"
+    trained = "fp32 + AdamW" if precision == "fp32" else \
+        f"{precision} autocast, fp32 weights + AdamW"
+    rows = [("FLOPs per token, inference (forward)", human(c.flops_per_token_forward)),
+            ("FLOPs per token, training (fwd+bwd)", human(c.flops_per_token_train)),
+            (f"memory, training ({trained})", human_bytes(c.train_memory_bytes)),
+            (f"memory, inference ({precision}{cache})", human_bytes(c.inference_memory_bytes))]
+    width = max(len(label) for label, _ in rows) + 2
+    lines += ["", f"at batch {batch}, length {length}:",
+              *(f"  {label + ':':<{width}}{value}" for label, value in rows)]
     return "\n".join(lines)

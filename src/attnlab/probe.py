@@ -118,7 +118,8 @@ def fastest(step: Callable[[str], None], key: str, candidates: Sequence[str], *,
     best_s = reduce(best_s)
     best = candidates[min(range(len(candidates)), key=best_s.__getitem__)]
     ms = {c: round(1000 * t, 2) for c, t in zip(candidates, best_s)}
-    log.info("%s: %s (fastest of %d rounds, ms: %s; cached in %s)", what, best, rounds,
+    # a note for -v (debug): the first run of a command on a machine is no time to print it
+    log.debug("%s: %s (fastest of %d rounds, ms: %s; cached in %s)", what, best, rounds,
              ", ".join(f"{c} {v}" for c, v in ms.items()), path)
     _write_cache(path, key, {field: best, "ms": ms, "cpu": cpu_model(),
                              "torch": torch.__version__})

@@ -26,11 +26,39 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train, sample from, evaluate and look inside Transformers.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"attnlab {version()}",
+                        help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(sub)
     parser.commands = list(sub.choices)
+    _verbose_everywhere(parser)
     return parser
+
+
+def version() -> str:
+    """The installed distribution's version (what pip installed), else the package's own."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("attnlab")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from .. import __version__
+
+        return __version__
+
+
+def _verbose_everywhere(parser: argparse.ArgumentParser) -> None:
+    """``-v`` after a command (``attnlab sample RUN -v``) as well as before it; left out, it
+    keeps the value given before the command (SUPPRESS: no default that would overwrite it)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in {id(p): p for p in action.choices.values()}.values():
+                if "-v" not in sub._option_string_actions:
+                    sub.add_argument("-v", "--verbose", action="store_true",
+                                     default=argparse.SUPPRESS, help="debug logging")
+                _verbose_everywhere(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,8 +48,9 @@ def run_command(func: Callable[[argparse.Namespace], int | None],
                 args: argparse.Namespace) -> int:
     try:
         return int(func(args) or 0)
-    except KeyboardInterrupt:
-        print("attnlab: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a command may say what it kept and how to go on
+        said = " ".join(str(e.args[0]).split()) if e.args else "interrupted"
+        print(f"attnlab {args.command}: {said}", file=sys.stderr)
         return 130
     except (*USER_ERRORS, OSError) as e:
         if isinstance(e, KeyError):

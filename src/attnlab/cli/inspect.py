@@ -31,9 +31,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="sequence length (default: the model's max_len)")
     p.set_defaults(func=cmd_info)
 
-    v = sub.add_parser("viz", help="attention heatmaps, HTML explorer, positional encodings")
+    v = sub.add_parser("viz", help="attention heatmaps, HTML explorer, positional encodings",
+                       description="Draw what a model attends to (viz attention) or its "
+                       "positional encodings (viz positions).")
     vs = v.add_subparsers(dest="what", metavar="WHAT", required=True)
-    a = vs.add_parser("attention", help="attention of a trained model on a text")
+    a = vs.add_parser("attention", help="attention of a trained model on a text",
+                      description="The attention weights of a trained run on one text, as a "
+                      "grid of heatmaps (--out, one image per attention kind) and/or a "
+                      "self-contained HTML page to explore them (--html): a decoder's "
+                      "self-attention, an encoder's, or an encoder-decoder's encoder, decoder "
+                      "and cross-attention (on --target, default its own greedy translation).")
     a.add_argument("run_dir")
     a.add_argument("--text", required=True, help="the input (the source, for translation)")
     a.add_argument("--target", default=None,
@@ -61,13 +68,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 # ---- info -----------------------------------------------------------------------------------
-def _config_from(target: Path) -> tuple[ModelConfig, str | None]:
+def _precision(*names: object) -> str:
+    """The first of ``names`` that is a precision a run holds its values in (fp32, bf16,
+    fp16), else fp32 (``auto`` is measured when training starts)."""
+    from ..info import PRECISION_BYTES
+
+    return next((n for n in names if n in PRECISION_BYTES), "fp32")
+
+
+def _config_from(target: Path) -> tuple[ModelConfig, str | None, str]:
     """The model config of a run dir, a recipe (path or name, as ``attnlab train`` takes) or a
-    bare model config; and, for a config, a line on where its vocabulary size comes from."""
+    bare model config; for a config, a line on where its vocabulary size comes from; and the
+    precision it trains in (a run's: what its checkpoint recorded)."""
     if target.is_dir():
         from ..runs import RunDir
 
-        return ModelConfig.from_dict(RunDir(target).read_config()["model"]), None
+        run = RunDir(target)
+        config = run.read_config()
+        precision = _precision(run.checkpoint_meta("best").get("precision"),
+                               (config.get("train") or {}).get("precision"))
+        return ModelConfig.from_dict(config["model"]), None, precision
     if not target.is_file():
         from .train import find_recipe
 
@@ -93,10 +113,10 @@ def _config_from(target: Path) -> tuple[ModelConfig, str | None]:
     cfg = ModelConfig.from_dict(model)
     why = "model.vocab_size of the config" if "vocab_size" in model else (
         "model.vocab_size's default; set it in the config for the real count")
-    return cfg, f"vocabulary: {cfg.vocab_size} ({why})"
+    return cfg, f"vocabulary: {cfg.vocab_size} ({why})", "fp32"
 
 
-def _recipe_model(data: dict) -> tuple[ModelConfig, str]:
+def _recipe_model(data: dict) -> tuple[ModelConfig, str, str]:
     """A recipe's model as training builds it, without reading data: the family from the data
     set, and the vocabulary size training would give it (or the assumed one, and why)."""
     from ..data import SYNTHETIC_NAMES
@@ -124,11 +144,11 @@ def _recipe_model(data: dict) -> tuple[ModelConfig, str]:
     if d.label_names and "model.n_classes" not in rc.explicit:
         changes["n_classes"] = len(d.label_names)
     cfg = rc.model.replace(**changes)
-    return cfg, f"vocabulary: {cfg.vocab_size} ({why})"
+    return cfg, f"vocabulary: {cfg.vocab_size} ({why})", _precision(rc.train.precision)
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    cfg, vocabulary = _config_from(Path(args.target))
+    cfg, vocabulary, precision = _config_from(Path(args.target))
     length = cfg.max_len if args.length is None else args.length
     if args.batch < 1 or length < 1:
         raise UserError(f"--batch {args.batch} and --length {length} must be positive integers")
@@ -144,7 +164,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         model = build_model(cfg)
     if vocabulary:
         print(vocabulary)
-    print(report(cfg, model.num_parameters(by_component=True), args.batch, length))
+    print(report(cfg, model.num_parameters(by_component=True), args.batch, length, precision))
     return 0
 
 

@@ -7,28 +7,43 @@ exit code 2 (see :mod:`attnlab.cli.common`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import math
+import shlex
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from ..recipes import find_recipe
 from .common import UserError
 
 log = logging.getLogger(__name__)
-REPO_CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "train", help="train a model from a TOML recipe (no recipe: the demo)",
-        description="Train from a TOML recipe (configs/*.toml, or a recipe name such as "
-        "shakespeare_char). Without one, trains a small character-level LM on Python's own "
-        "documentation for a few minutes and prints samples. Under `torchrun "
-        "--nproc_per_node=K` the same command trains with DDP.")
+        description="Train from a TOML recipe (a .toml file, or a recipe name such as "
+        "shakespeare_char: ./configs/NAME.toml if there is one, else the shipped recipe; "
+        "`attnlab recipes` lists them). Without one, trains a small character-level LM on "
+        "Python's own documentation for a few minutes and prints samples. Under `torchrun "
+        "--nproc_per_node=K` the same command trains with DDP. Ctrl-C stops it; the message "
+        "says which step the last checkpoint holds and how to resume.")
     p.add_argument("config", nargs="?", default=None,
-                   help="a .toml recipe file or the name of one in configs/")
+                   help="a .toml recipe file or a recipe name (see `attnlab recipes`)")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="override a config value, e.g. train.lr=3e-4 "
                    "(repeatable; sections: model, data, train)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the run's seed (sets train.seed; wins over --set train.seed)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the config the run would start from (the recipe with --set, "
+                   "--seed and --init-from applied; sizes taken from the data are filled in "
+                   "by training) as TOML, and exit without training or writing anything")
+    p.add_argument("--json", action="store_true", help="with --print-config: print JSON")
     p.add_argument("--out", default=None, help="run dir (default: runs/<recipe name>)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its last checkpoint")
@@ -40,8 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "eval", help="evaluate a trained run dir",
         description="Loss and the task metric of a run: perplexity (LM, every window of the "
-        "split), BLEU with greedy decoding or beam search (translation), accuracy and F1 "
-        "(classification), computed as training's evaluation computes them.")
+        "split), BLEU with greedy decoding or beam search (translation), exact-match accuracy "
+        "likewise (copy, reverse, sort), accuracy and F1 (classification), computed as "
+        "training's evaluation computes them.")
     p.add_argument("run_dir", help="a training run dir (the --out of `attnlab train`)")
     p.add_argument("--split", default="val", choices=("val", "test"))
     p.add_argument("--data", nargs="+", default=None, metavar="PATH",
@@ -51,24 +67,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="'best' (default; falls back to 'last'), 'last', or a .safetensors file")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda, ...")
     p.add_argument("--beam", type=int, default=1,
-                   help="BLEU with beam search of this width (translation; default 1 = greedy)")
+                   help="decode with beam search of this width (encoder-decoder runs: "
+                   "translation's BLEU, the synthetic tasks' accuracy; default 1 = greedy)")
     p.add_argument("--length-penalty", type=float, default=0.6,
                    help="GNMT length-penalty alpha for --beam > 1 (default 0.6)")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    p.add_argument("--progress", action="store_true",
+                   help="show a progress bar of the batches evaluated on stderr (default: "
+                   "when stderr is a terminal)")
     p.set_defaults(func=cmd_eval)
+
+    p = subparsers.add_parser(
+        "recipes", help="list the training recipes, one line each",
+        description="The recipes `attnlab train NAME` takes, one per line: the name and what it "
+        "trains (the first sentence of its comments). Shipped with attnlab; a ./configs/NAME.toml "
+        "of the working directory comes first and is marked so. `attnlab train NAME "
+        "--print-config` shows one in full.")
+    p.set_defaults(func=cmd_recipes)
 
     p = subparsers.add_parser("data", help="fetch a public data set, or prepare a corpus",
                               description="attnlab data fetch shakespeare|multi30k|sst2; "
                               "attnlab data prepare SRC... --out DIR")
     sub = p.add_subparsers(dest="action", metavar="ACTION")
-    f = sub.add_parser("fetch", help="download (or copy with --from) and verify a data set")
+    f = sub.add_parser("fetch", help="download (or copy with --from) and verify a data set",
+                       description="Download a public data set into the data cache (or copy "
+                       "it from a local folder with --from) and check its files.")
     f.add_argument("name", help="shakespeare, multi30k or sst2")
     f.add_argument("--from", dest="source_dir", default=None, metavar="DIR",
                    help="copy from this local folder instead of downloading")
     f.add_argument("--cache", dest="cache_dir", default=None, metavar="DIR",
                    help="cache folder (default $ATTNLAB_DATA or ~/.cache/attnlab/data)")
     f.set_defaults(func=cmd_data_fetch)
-    ls = sub.add_parser("list", help="the data sets that `fetch` knows")
+    ls = sub.add_parser("list", help="the data sets that `fetch` knows",
+                        description="The data sets that `attnlab data fetch` knows: name, "
+                        "files, what they hold.")
     ls.set_defaults(func=cmd_data_list)
     _register_prepare(sub)
     p.set_defaults(func=lambda args: _usage(p))
@@ -112,22 +144,16 @@ def _usage(p: argparse.ArgumentParser) -> int:
     raise UserError("choose an action: fetch, list or prepare (see `attnlab data --help`)")
 
 
-def find_recipe(name: str) -> Path:
-    """A recipe path, or the name of a recipe in ./configs or the repository's configs/."""
-    path = Path(name)
-    if path.is_file():
-        return path
-    if path.suffix != ".toml" and len(path.parts) == 1:
-        for folder in (Path("configs"), REPO_CONFIGS):
-            candidate = folder / f"{name}.toml"
-            if candidate.is_file():
-                return candidate
-    if path.parts[:-1] == ("configs",) and (REPO_CONFIGS / path.name).is_file():
-        return REPO_CONFIGS / path.name  # the README's configs/X.toml, run outside the repo
-    known = sorted(p.stem for p in REPO_CONFIGS.glob("*.toml")) if REPO_CONFIGS.is_dir() else []
-    hint = f"; recipes: {', '.join(known)}" if known else ""
-    raise FileNotFoundError(f"config file {name} does not exist (give a .toml file or a recipe "
-                            f"name{hint})")
+def cmd_recipes(args: argparse.Namespace) -> int:
+    from ..recipes import describe, local, shipped
+
+    mine, ours = local(), shipped()
+    names = sorted({*mine, *ours})
+    width = max(map(len, names)) + 2
+    for name in names:
+        where = f"  [{mine[name]}]" if name in mine else ""
+        print(f"{name:<{width}}{describe(mine.get(name) or ours[name])}{where}".rstrip())
+    return 0
 
 
 def _default_out(stem: str, resume: bool) -> Path:
@@ -159,19 +185,29 @@ def cmd_train(args: argparse.Namespace) -> int:
     recipe = find_recipe(args.config) if args.config else None
     stem = recipe.stem if recipe else "demo"
     out = Path(args.out) if args.out else _default_out(stem, args.resume)
-    if not args.out:  # say where, before a long run that may be stopped
-        log.info("run dir: %s%s", out, " (resumed: the newest with a checkpoint)"
-                 if args.resume else "")
     run = RunDir(out)
     # --init-from wins over a train.init_from of the recipe or of --set (given last)
     # (ensure_ascii=False: TOML has no surrogate pairs for characters beyond the BMP)
     given = json.dumps(args.init_from, ensure_ascii=False) if args.init_from else None
-    overrides = args.overrides + ([f"train.init_from={given}"] if given else [])
+    overrides = args.overrides + ([f"train.init_from={given}"] if given else []) + (
+        [f"train.seed={args.seed}"] if args.seed is not None else [])
     if recipe is None and args.resume and run.config_file.is_file():
         rc = load_config(None, overrides, base=run.read_config())  # the run's own
     else:
         rc = load_config(recipe, overrides)
-    outcome = train_run(rc, out, resume=args.resume)
+    if args.print_config:
+        print(json.dumps(rc.to_dict(), indent=2, ensure_ascii=False) if args.json
+              else config_toml(rc.to_dict()))
+        return 0
+    if args.json:
+        raise UserError("--json is for --print-config (training prints its results as lines)")
+    if not args.out:  # say where, before a long run that may be stopped (a bad config first)
+        log.info("run dir: %s%s", out, " (resumed: the newest with a checkpoint)"
+                 if args.resume else "")
+    try:
+        outcome = train_run(rc, out, resume=args.resume)
+    except KeyboardInterrupt:
+        raise UserInterrupt(interrupted_line(run)) from None
     if not outcome.is_main:
         return 0
     r = outcome.result
@@ -197,6 +233,57 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+class UserInterrupt(KeyboardInterrupt):
+    """Ctrl-C during training, with the line that says what was kept and how to resume."""
+
+
+def interrupted_line(run) -> str:
+    """What a stopped training leaves: the step its last checkpoint holds and the exact
+    command that continues from there (or that nothing was kept)."""
+    meta = run.checkpoint_meta("last") if run.has_checkpoint("last") else {}
+    if "step" not in meta:
+        return (f"interrupted before the first checkpoint of {run.path}: nothing to resume; "
+                "run the same command again to start over")
+    return (f"interrupted; the last checkpoint ({run.path / 'last'}) holds step {meta['step']}; "
+            f"resume with: attnlab train --out {shlex.quote(str(run.path))} --resume")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return repr(value) if math.isfinite(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()
+                               if v is not None) + "}"
+    raise TypeError(f"no TOML form for {type(value).__name__}")
+
+
+def _toml_key(key: str) -> str:
+    return key if key and all(c.isalnum() or c in "_-" for c in key) else json.dumps(key)
+
+
+def config_toml(config: dict[str, dict[str, Any]]) -> str:
+    """A run config as a TOML recipe that ``attnlab train FILE`` reads back to the same config
+    (TOML has no null: an unset value is a comment, and so left at its default)."""
+    parts = []
+    for section, values in config.items():
+        lines = [f"[{section}]"]
+        for key, value in values.items():
+            lines.append(f"# {key} = (unset)" if value is None else
+                         f"{_toml_key(key)} = {_toml_value(value)}")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
 def _scope(batches: int) -> str:
     return "the whole val split" if batches == 0 else f"{batches} sampled val batches"
 
@@ -208,11 +295,41 @@ def _vocab_text(tokenizer) -> str:
         return ""
 
 
+@contextlib.contextmanager
+def eval_progress(show: bool, what: str) -> Iterator[None]:
+    """Inside, each batch an attnlab model runs (a forward call of a whole model) advances a
+    progress bar on stderr when ``show``; an evaluation of a whole split can take long, and
+    the evaluation code reports nothing until it ends."""
+    if not show:
+        yield
+        return
+    import torch
+    from tqdm.auto import tqdm
+
+    from ..models import DecoderLM, EncoderClassifier, MaskedLM, Transformer
+
+    whole = (DecoderLM, EncoderClassifier, MaskedLM, Transformer)
+    bar = tqdm(desc=what, unit="batch", file=sys.stderr, dynamic_ncols=True, leave=False)
+
+    def count(module, inputs, output) -> None:
+        if isinstance(module, whole):
+            bar.update(1)
+
+    handle = torch.nn.modules.module.register_module_forward_hook(count)
+    try:
+        yield
+    finally:
+        handle.remove()
+        bar.close()
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from ..train import evaluate_run
 
-    result = evaluate_run(args.run_dir, args.split, args.data, args.checkpoint, args.device,
-                          beam=args.beam, length_penalty=args.length_penalty)
+    show = args.progress or sys.stderr.isatty()
+    with eval_progress(show, f"eval {args.split if not args.data else 'data'}"):
+        result = evaluate_run(args.run_dir, args.split, args.data, args.checkpoint,
+                              args.device, beam=args.beam, length_penalty=args.length_penalty)
     if args.json:
         print(json.dumps(result))
         return 0

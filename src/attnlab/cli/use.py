@@ -247,10 +247,17 @@ def cmd_translate(args: argparse.Namespace) -> int:
     for flag, value in (("--beam", args.beam), ("--batch-size", args.batch_size)):
         if value < 1:
             raise UserError(f"{flag} {value} is not allowed: >= 1")
+    if args.max_len is not None and args.max_len < 1:
+        raise UserError(f"--max-len {args.max_len} is not allowed: >= 1 (the most target tokens "
+                        "per sentence; leave it out for 1.5 x the source's + 10)")
     if not math.isfinite(args.length_penalty):
         raise UserError(f"--length-penalty {args.length_penalty} is not allowed: a finite number "
                         "(0 = none, 0.6 as in GNMT)")
     run = _load(args, "encoder_decoder")
+    cap = run.model.config.max_len
+    if args.max_len is not None and args.max_len > cap:  # before any decoding work
+        raise UserError(f"--max-len {args.max_len} is not allowed: 1..{cap} (the model's target "
+                        "positions, its max_len)")
     lines = _read_lines(args.input)
     if not any(line.strip() for line in lines):  # as classify: likely a forgotten pipe
         raise UserError("no sentence to translate: give one sentence per line")

@@ -243,8 +243,9 @@ def prepare_pairs(src_files: Sequence[str | Path] | str | Path,
     """Tokenize line-aligned parallel files into the prepared pairs DIR ``out``; its path.
 
     Args:
-        src_files, tgt_files: a file or a list of them; line i of ``src_files[k]`` translates
-            line i of ``tgt_files[k]``. Plain text, ``.gz`` or ``.zst``.
+        src_files: a file or a list of them; line i of ``src_files[k]`` translates line i of
+            ``tgt_files[k]``. Plain text, ``.gz`` or ``.zst``.
+        tgt_files: the target files, one per source file, in the same order.
         out: the DIR to write; an unfinished one of the same arguments is resumed.
         tokenizer: a tokenizer with <pad>, <bos> and <eos> (a run's), ``"bpe"`` (one joint
             BPE of ``vocab_size`` ids and ``pre_tokenizer``, trained on at most

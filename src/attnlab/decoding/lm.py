@@ -228,12 +228,14 @@ def generate(model: nn.Module, prompts, max_new_tokens: int = 100, *,
             faster after :func:`~.speed.inference_layout` (1.5x for a GPT-2-sized vocabulary
             at batch 1), which the caller applies where :func:`~.speed.layout_pays`
             (``attnlab.runs.load_run`` returns the layout training saved).
-        prompts: one prompt (a list of ids or a (T,) tensor) or several (a list of lists or a
-            (B, T) tensor); prompts may have different lengths (they are left-padded).
+        prompts (list[int] | list[list[int]] | Tensor): one prompt (a list of ids or a (T,)
+            tensor) or several (a list of lists or a (B, T) tensor); prompts may have
+            different lengths (they are left-padded).
         temperature: 0 = greedy (argmax); > 0 samples from softmax(logits / temperature).
         top_k: sample among the k most likely tokens only. top_p: nucleus, in (0, 1].
-        seed / generator: a seed for a new ``torch.Generator`` on the model's device, or a
-            generator to draw from (same seed -> same tokens); neither = torch's global RNG.
+        seed: a seed for a new ``torch.Generator`` on the model's device (same seed -> same
+            tokens); neither ``seed`` nor ``generator`` = torch's global RNG.
+        generator: a generator to draw from.
         eos_id: a row stops at this token (left out of the output).
         stop: strings that end a row once its generated text contains one (needs
             ``tokenizer`` to decode).

@@ -240,8 +240,9 @@ def translate(model: nn.Module, src: Tensor | Sequence[Sequence[int]], *, beam: 
         length_penalty: alpha of the GNMT length penalty; 0 = raw sum of log-probabilities.
         max_len: most target tokens per sentence, the end token included (one for all, or one
             per sentence); default the model's ``max_len``.
-        bos_id / eos_id: the target start and end tokens; pad_id pads the source (default
-            the model config's ``pad_id``).
+        bos_id: the target start token.
+        eos_id: the target end token.
+        pad_id: pads the source (default the model config's ``pad_id``).
         src_mask: (B, S) bool, True at real source tokens (default ``src != pad_id``).
 
     Returns:
@@ -286,9 +287,11 @@ def translate_texts(model: nn.Module, texts: Sequence[str], src_tokenizer: Token
     Args:
         model: a :class:`~attnlab.models.Transformer` in eval mode.
         texts: the source sentences (leading/trailing whitespace is dropped; none may be empty).
-        src_tokenizer / tgt_tokenizer: encode the sources / decode the targets (the target
-            tokenizer, default the source one, gives the bos and eos ids).
-        beam, length_penalty: as in :func:`translate`.
+        src_tokenizer: encodes the sources.
+        tgt_tokenizer: decodes the targets (default the source tokenizer); it gives the bos
+            and eos ids.
+        beam: as in :func:`translate`.
+        length_penalty: as in :func:`translate`.
         max_len: most target tokens per sentence; default :func:`decode_limit` of each
             source (so a sentence's translation does not depend on its batch; under int8
             weights its activations' rounding does: see ``decoding.quant``).

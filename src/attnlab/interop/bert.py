@@ -11,7 +11,7 @@ How the two models line up, and what attnlab does not have:
   default). Sentence pairs with segment 1 are not reproduced. Exported models get zero
   segment embeddings, so their segment-0 outputs equal attnlab's.
 * Only BERT's own layout exports (:func:`bert_problems`): post-norm, an embedding LayerNorm,
-  learned positions, biases. attnlab's pre-norm encoders (``configs/sst2.toml``) have no
+  learned positions, biases. attnlab's pre-norm encoders (the ``sst2`` recipe) have no
   ``BertForSequenceClassification`` counterpart, nor has mean pooling.
 """
 

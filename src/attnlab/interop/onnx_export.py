@@ -3,19 +3,31 @@
 Needs ``onnx`` and ``onnxscript`` (and ``onnxruntime`` to verify); all are imported lazily.
 Every dimension of every input is exported as dynamic (batch and sequence lengths), up to
 the constraints the model itself has (e.g. ``T <= max_len`` for learned positions). All three
-families export (:func:`example_inputs` makes their inputs): a DecoderLM's logits (B, T, V)
-from ``ids``; an EncoderClassifier's (B, C) from ``ids`` and ``mask``; a Transformer's
-teacher-forced (B, T, V) from ``src`` and ``tgt`` (source padding from ``pad_id``).
+families export (:func:`example_inputs` makes their inputs), named as Hugging Face's and
+Optimum's exports name them, so that code written for those runs the file as it is: a
+DecoderLM's ``logits`` (batch, sequence, V) from ``input_ids``; an EncoderClassifier's
+(batch, C) from ``input_ids`` and ``attention_mask``; a Transformer's teacher-forced
+(batch, decoder_sequence, V) from ``input_ids``, ``attention_mask`` (the source's) and
+``decoder_input_ids``. The dynamic axes carry those names (:data:`AXES`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+
+# the names of each input's dynamic axes (as Optimum's ONNX exports name them); an input named
+# otherwise gets axes that torch.export names itself
+AXES: dict[str, tuple[str, ...]] = {
+    "input_ids": ("batch", "sequence"),
+    "attention_mask": ("batch", "sequence"),
+    "decoder_input_ids": ("batch", "decoder_sequence"),
+}
 
 
 def example_inputs(model: nn.Module, batch: int = 2, length: int = 8, *,
@@ -25,13 +37,16 @@ def example_inputs(model: nn.Module, batch: int = 2, length: int = 8, *,
 
     Args:
         model: a DecoderLM, EncoderClassifier or Transformer (reads ``model.config``).
-        batch, length: the example's shape (B, T); ``length`` is cut to ``max_len``.
+        batch: the example's batch size B.
+        length: the example's length T, cut to ``max_len``.
         generator: for the random token ids.
 
     Returns:
-        ``(positional, keyword, input_names)``: ``(ids,), {}, ["ids"]`` for a decoder;
-        ``(ids,), {"mask": mask}, ["ids", "mask"]`` for an encoder (the last row half
-        padding); ``(src, tgt), {}, ["src", "tgt"]`` for an encoder-decoder.
+        ``(positional, keyword, input_names)``: ``(ids,), {}, ["input_ids"]`` for a decoder;
+        ``(ids,), {"mask": mask}, ["input_ids", "attention_mask"]`` for an encoder (the last
+        row half padding); ``(src, tgt), {"src_mask": mask}, ["input_ids",
+        "decoder_input_ids", "attention_mask"]`` for an encoder-decoder (the last source row
+        half padding, its ids ``pad_id`` there).
     """
     cfg = getattr(model, "config", None)
     if getattr(cfg, "family", None) not in ("decoder", "encoder", "encoder_decoder"):
@@ -44,13 +59,15 @@ def example_inputs(model: nn.Module, batch: int = 2, length: int = 8, *,
     low = 1 if cfg.vocab_size > 1 else 0  # keep clear of pad_id 0: no padding by accident
     ids = torch.randint(low, cfg.vocab_size, (batch, n), generator=generator)  # (B, T)
     if cfg.family == "decoder":
-        return (ids,), {}, ["ids"]
+        return (ids,), {}, ["input_ids"]
+    mask = torch.ones(batch, n, dtype=torch.bool)  # (B, S), True at real tokens
+    mask[-1, max(1, n // 2):] = False
     if cfg.family == "encoder":
-        mask = torch.ones(batch, n, dtype=torch.bool)  # (B, S), True at real tokens
-        mask[-1, max(1, n // 2):] = False
-        return (ids,), {"mask": mask}, ["ids", "mask"]
+        return (ids,), {"mask": mask}, ["input_ids", "attention_mask"]
+    if cfg.pad_id is not None:  # the padding the mask says, in the ids too
+        ids[~mask] = cfg.pad_id
     tgt = torch.randint(low, cfg.tgt_vocab, (batch, n), generator=generator)  # (B, T)
-    return (ids, tgt), {}, ["src", "tgt"]
+    return (ids, tgt), {"src_mask": mask}, ["input_ids", "decoder_input_ids", "attention_mask"]
 
 
 class _FirstOutput(nn.Module):
@@ -70,7 +87,8 @@ class _FirstOutput(nn.Module):
 def export_onnx(model: nn.Module, path: str | os.PathLike, example: Tensor | tuple[Tensor, ...],
                 *, kwargs: dict[str, Tensor] | None = None,
                 input_names: Sequence[str] | None = None, output_name: str = "logits",
-                verify: bool = False, atol: float = 1e-4) -> Path:
+                axes: Mapping[str, Sequence[str]] | None = None, verify: bool = False,
+                atol: float = 1e-4) -> Path:
     """Write ``model`` (in eval mode) as an ONNX graph to ``path`` and return the path.
 
     Args:
@@ -79,6 +97,10 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: Tensor | tup
         kwargs: keyword tensor inputs, e.g. ``{"mask": valid}``; they follow the positional
             ones in the ONNX graph.
         input_names: ONNX input names; default ``input0, ...`` then the keyword names.
+        axes: the names of the dynamic axes of each input, by input name (default
+            :data:`AXES`); an axis named here can take any size up to the model's ``max_len``
+            (and one name is one size: ``input_ids`` and ``attention_mask`` share theirs).
+            Every axis of another input is dynamic too, named by ``torch.export``.
         verify: run the file with ``onnxruntime`` on the example and compare (``atol``).
 
     Raises:
@@ -101,8 +123,8 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: Tensor | tup
     if len(names) != len(tensors):
         raise ValueError(f"{len(names)} input_names for {len(tensors)} inputs: one name each")
     wrapper = _FirstOutput(model, len(args), list(kwargs))
-    auto = torch.export.Dim.AUTO
-    dynamic = (tuple({d: auto for d in range(t.dim())} for t in tensors),)  # (*tensors,)
+    dynamic = (tuple(_dims(names, tensors, AXES if axes is None else axes,
+                           getattr(getattr(model, "config", None), "max_len", None))),)
     path = Path(path)
     was_training = model.training
     wrapper.eval()  # and so the model, its child (torch warns about a training-mode wrapper)
@@ -115,14 +137,39 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: Tensor | tup
         # one self-contained file, unless the weights pass protobuf's 2 GB limit: then they go
         # to FILE.onnx.data beside it (keep the two together)
         size = sum(p.numel() * p.element_size() for p in model.parameters())
-        torch.onnx.export(wrapper, tensors, str(path), dynamo=True, input_names=names,
-                          output_names=[output_name], dynamic_shapes=dynamic, verbose=False,
-                          external_data=size >= 2**31 - 2**27)
+        with warnings.catch_warnings():  # an axis name two inputs share: as meant
+            warnings.filterwarnings("ignore", message=r".*The axis name: .* will not be used")
+            torch.onnx.export(wrapper, tensors, str(path), dynamo=True, input_names=names,
+                              output_names=[output_name], dynamic_shapes=dynamic,
+                              verbose=False, external_data=size >= 2**31 - 2**27)
         if verify:
             _verify(path, wrapper, tensors, names, atol)
     finally:
         model.train(was_training)
     return path
+
+
+def _dims(names: Sequence[str], tensors: Sequence[Tensor], axes: Mapping[str, Sequence[str]],
+          max_len: int | None) -> list[dict[int, object]]:
+    """``torch.export``'s dynamic shape of each input: a named ``Dim`` (one object per name, so
+    inputs that share an axis name share its size) where ``axes`` names the axis, else
+    ``Dim.AUTO``. Named sequence axes are bounded by ``max_len`` (the positions the model has)."""
+    named: dict[str, object] = {}
+    shapes = []
+    for name, t in zip(names, tensors):
+        given = list(axes.get(name, ()))
+        shape: dict[int, object] = {}
+        for d in range(t.dim()):
+            axis = given[d] if d < len(given) else None
+            if axis is None:
+                shape[d] = torch.export.Dim.AUTO
+                continue
+            if axis not in named:
+                bound = {} if axis == "batch" or not max_len else {"max": max_len}
+                named[axis] = torch.export.Dim(axis, **bound)
+            shape[d] = named[axis]
+        shapes.append(shape)
+    return shapes
 
 
 def _verify(path: Path, wrapper: nn.Module, tensors: tuple[Tensor, ...], names: list[str],

@@ -23,6 +23,7 @@ from typing import Any
 
 from torch import nn
 
+from ..files import set_umask_modes
 from ..tokenizers import Tokenizer
 from .hf import CONFIG_FILE, attnlab_config, read_hf_config, read_optional_json
 
@@ -173,8 +174,8 @@ def load_pretrained(src: str | os.PathLike, *, dropout: float = 0.0) -> Pretrain
         # an encoder masks out its pad_id: the padding the tokenizer writes, whatever
         # config.json's pad_token_id says (BERT's default 0 need not be the [PAD] of the vocab)
         model.config = cfg.replace(pad_id=tokenizer.pad_id)
-    log.info("loaded %s (%s, %d parameters)", source, arch,
-             sum(p.numel() for p in model.parameters()))
+    log.info("loaded %s (%s, %s parameters)", source, arch,
+             f"{sum(p.numel() for p in model.parameters()):,}")
     return Pretrained(model.float().eval(), tokenizer, label_names, source)
 
 
@@ -201,11 +202,13 @@ def _check_out(out: str | os.PathLike) -> Path:
 
 def _write_folder(out: Path, write: Callable[[Path], None]) -> None:
     """``write(tmp)`` into a temporary folder beside ``out``, then rename it to ``out``: a
-    failure at any point leaves no ``out`` behind."""
+    failure at any point leaves no ``out`` behind. The folder and its files get the modes
+    the umask gives (as a run dir's): mkdtemp's 0700 made them private to their writer."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     try:
         write(tmp)
+        set_umask_modes(tmp)
         if out.exists():
             out.rmdir()  # empty (see _check_out)
         os.replace(tmp, out)
@@ -344,7 +347,7 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, which: str = "
         FileExistsError: ``out`` exists and is not empty.
         ValueError: a model that no supported architecture can express (the settings named).
     """
-    from ..runs import load_run
+    from ..runs import RunDir, load_run
     from .hf import _transformers
     from .hf_tokenizer import save_hf_tokenizer
 
@@ -354,6 +357,12 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, which: str = "
     if encoder_only and family != "encoder":
         raise ValueError(f"--encoder-only is for encoder runs; {run_dir} holds a {family} model "
                          "(leave it out)")
+    if family == "encoder" and not encoder_only and RunDir(run_dir).untrained_head(which):
+        # an imported BertModel / MiniLM: its head was never trained, so the encoder is all
+        # there is to export, and the class it came from is the one it goes back as
+        log.info("%s has no trained classification head: exported as its encoder, a BertModel",
+                 run_dir)
+        encoder_only = True
     names = run.label_names if family == "encoder" else None
     # what the model reads around a text, so that the exported tokenizer adds it too
     from ..decoding.classify import cls_id
@@ -361,8 +370,11 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, which: str = "
     cls = run.tokenizer is not None and cls_id(run.tokenizer, run.model.config) is not None
     wrap = ("bos" if family == "encoder" and cls else
             "bos eos" if family == "encoder_decoder" and run.data.get("src_add_special") else "")
-    hf = to_hf(run.model.float(), label_names=names, tokenizer=run.tokenizer,
-               encoder_only=encoder_only)
+    try:
+        hf = to_hf(run.model.float(), label_names=names, tokenizer=run.tokenizer,
+                   encoder_only=encoder_only)
+    except ValueError as e:  # what Hugging Face cannot hold, ONNX can
+        raise ValueError(f"{e}; or export it as it is with --to onnx") from None
     if run.tokenizer is not None and family == "decoder":
         for role in ("bos", "eos", "pad"):  # so that generate() knows where to stop
             value = getattr(run.tokenizer, f"{role}_id")

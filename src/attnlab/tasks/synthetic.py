@@ -1,5 +1,6 @@
 """The synthetic seq2seq tasks (copy / reverse / sort): data made on the fly, exact-match
-accuracy of greedy decoding (:func:`attnlab.decoding.translate`).
+accuracy of greedy decoding (:func:`attnlab.decoding.translate`), or of beam search
+(``attnlab eval RUN --beam 4``).
 
 Their tokenizer is an :class:`~attnlab.tokenizers.IdTokenizer`: the text of a sequence is its
 content token ids separated by spaces, so a trained run can be used from the command line
@@ -24,11 +25,22 @@ if TYPE_CHECKING:  # annotations only: the training config imports the task tabl
 
 
 class SyntheticTask(Seq2SeqTask):
-    """copy / reverse / sort, generated on the fly; metric: exact-match greedy accuracy."""
+    """copy / reverse / sort, generated on the fly; metric: exact-match accuracy of greedy
+    decoding, or of beam search where evaluation sets ``beam``."""
 
     kind = "synthetic"
     metric_names = ("accuracy",)
     default_metric = "accuracy"
+    # How evaluate() decodes: greedy (as in training) unless set otherwise (``attnlab eval
+    # --beam 4``): a wider search can find the answer greedy decoding misses
+    beam = 1
+    length_penalty = 0.6
+
+    def decoding(self) -> str:
+        """How the answers are decoded, in words."""
+        if self.beam == 1:
+            return "greedy"
+        return f"beam search, beam {self.beam}, length penalty {self.length_penalty:g}"
 
     def __init__(self, rc: RunConfig, tokenizer: Tokenizer | None = None):
         super().__init__(rc)
@@ -76,7 +88,8 @@ class SyntheticTask(Seq2SeqTask):
             with amp():
                 hyps = translate(model, rows, max_len=self.data.max_len + 1,
                                  bos_id=self.data.bos_id, eos_id=self.data.eos_id,
-                                 pad_id=self.data.pad_id)
+                                 pad_id=self.data.pad_id, beam=self.beam,
+                                 length_penalty=self.length_penalty)
             for row, hyp in zip(rows, hyps):
                 right += hyp == self.data.answer(row)
                 total += 1
