@@ -94,8 +94,11 @@ def test_the_gpt2_tokenizer_is_gpt2s(tmp_path):
 
 def write_formats(tmp_path, texts: list[str]) -> dict[str, object]:
     """The same documents in every format attnlab reads."""
-    import pyarrow as pa
+    pa = pytest.importorskip("pyarrow", reason="pyarrow (a dependency) reads these formats")
     import pyarrow.parquet as pq
+
+    zstandard = pytest.importorskip("zstandard", reason="zstandard (the dev extra) writes the "
+                                    ".zst test file")
 
     rows = [{"id": i, "text": t} for i, t in enumerate(texts)]
     files = {}
@@ -118,8 +121,6 @@ def write_formats(tmp_path, texts: list[str]) -> dict[str, object]:
     p = tmp_path / "d.jsonl.gz"
     p.write_bytes(gzip.compress(files["jsonl"].read_bytes()))
     files["jsonl.gz"] = p
-    import zstandard
-
     p = tmp_path / "d.csv.zst"
     p.write_bytes(zstandard.ZstdCompressor().compress(files["csv"].read_bytes()))
     files["csv.zst"] = p
