@@ -84,7 +84,7 @@ def test_eval_on_the_training_file_warns(lm_run, caplog):
 
 def test_demo_is_the_default_command(monkeypatch, tmp_path, capsys):
     """`attnlab` alone = `attnlab train` with the built-in demo config (shortened here)."""
-    from attnlab.train import config
+    from attnlab import run_config as config
 
     small = {"model": {**config.DEMO["model"], "d_model": 32, "n_layers": 1, "max_len": 16},
              "data": {"name": "embedded"},

@@ -196,8 +196,8 @@ CONFIGS = RECIPES  # the shipped recipes
 
 
 def _decoder_recipes() -> list[str]:
+    from attnlab.run_config import read_toml
     from attnlab.tasks import task_class
-    from attnlab.train.config import read_toml
 
     return sorted(p.stem for p in CONFIGS.glob("*.toml") if task_class(
         read_toml(p).get("data", {}).get("name", "embedded")).family == "decoder")

@@ -46,25 +46,26 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _runtime_nodes(tree: ast.AST):
+def _runtime_nodes(tree: ast.AST, type_only: bool = False):
     """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` blocks, which hold
-    imports for annotations only and never run."""
+    imports for annotations only and never run (``type_only``: those too)."""
     stack = [tree]
     while stack:
         node = stack.pop()
         yield node
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if not type_only and isinstance(node, ast.If) and _is_type_checking(node):
             stack.extend(node.orelse)
             continue
         stack.extend(ast.iter_child_nodes(node))
 
 
-def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The modules of ``known`` that module ``name`` imports, at the top or in a function."""
+def imports_of(name: str, path: Path, known: dict[str, Path], type_only: bool = False) -> set[str]:
+    """The modules of ``known`` that module ``name`` imports, at the top or in a function
+    (``type_only``: in ``if TYPE_CHECKING:`` blocks too)."""
     is_package = path.name == "__init__.py"
     package = name if is_package else name.rpartition(".")[0]
     found = set()
-    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8")), type_only):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -79,9 +80,9 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     return {m for m in found if m in known and m != name}
 
 
-def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+def import_graph(root: Path, package: str, type_only: bool = False) -> dict[str, set[str]]:
     known = modules(root, package)
-    return {name: imports_of(name, path, known) for name, path in known.items()}
+    return {name: imports_of(name, path, known, type_only) for name, path in known.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -147,6 +148,12 @@ def test_no_import_cycles_in_attnlab():
     assert cycles(graph) == []
 
 
+def test_no_type_only_import_runs_back_up():
+    """Annotations follow the layers too: an ``if TYPE_CHECKING:`` import that closes a cycle
+    means a type lives above the code that uses it (move the type down)."""
+    assert cycles(import_graph(SRC, "attnlab", type_only=True)) == []
+
+
 def test_only_runs_spells_run_dir_file_names():
     assert run_dir_names(SRC, "attnlab") == []
 
@@ -173,8 +180,20 @@ def test_a_cycle_is_found_through_function_level_and_relative_imports(tmp_path):
     assert graph["pkg.a"] == {"pkg.sub", "pkg.sub.b"}
     assert graph["pkg.d"] == set()  # annotations-only imports do not run
     assert cycles(graph) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
+    assert import_graph(tmp_path, "pkg", type_only=True)["pkg.d"] == {"pkg", "pkg.a"}
     write(tmp_path, {"pkg/c.py": "x = 1\n"})
     assert cycles(import_graph(tmp_path, "pkg")) == []
+
+
+def test_a_type_only_import_that_runs_back_up_is_a_cycle(tmp_path):
+    write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/low.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                      "    from .high import Config\n",
+        "pkg/high.py": "from . import low\nclass Config: ...\n",
+    })
+    assert cycles(import_graph(tmp_path, "pkg")) == []  # nothing runs back up ...
+    assert cycles(import_graph(tmp_path, "pkg", type_only=True)) == [["pkg.high", "pkg.low"]]
 
 
 @pytest.mark.parametrize("code, found", [

@@ -17,10 +17,10 @@ from attnlab.data import pairs as pairs_module
 from attnlab.data.pairs import PairShards, prepare_pairs, read_pairs_manifest
 from attnlab.data.prepare import prepare
 from attnlab.data.shards import MANIFEST, is_prepared
+from attnlab.run_config import RunConfig
 from attnlab.runs import read_metrics
 from attnlab.tasks import TranslationTask, train_tokenizer
 from attnlab.tokenizers import SPECIALS, BPETokenizer, CharTokenizer, load_tokenizer
-from attnlab.train.config import RunConfig
 
 DE = "der die das ein eine hund katze mann frau läuft springt über den zaun im park".split()
 EN = "the a dog cat man woman runs jumps over fence in park big small red".split()

@@ -12,8 +12,8 @@ import torch
 from attnlab import ModelConfig, build_model
 from attnlab.config import ConfigError
 from attnlab.recipes import RECIPES
+from attnlab.run_config import apply_overrides, parse_value
 from attnlab.train import DEMO, RunConfig, TrainConfig, load_config, lr_at, noam_peak
-from attnlab.train.config import apply_overrides, parse_value
 from attnlab.train.optim import build_optimizer, cosine_lr, inverse_sqrt_lr, param_groups
 
 CONFIGS = RECIPES  # the shipped recipes
@@ -255,3 +255,12 @@ def test_a_fine_tuning_recipe_s_shape_key_alone_says_to_leave_it_to_the_source()
     with pytest.raises(ConfigError, match="divisor of d_model=128") as plain:
         RunConfig.from_dict({**recipe, "train": {}})
     assert "init_from" not in str(plain.value)
+
+
+def test_the_run_config_and_the_task_table_name_the_same_data_sets():
+    """The run config sits below the tasks and names the data sets itself: the two tables
+    agree on every name and on the family each trains."""
+    from attnlab.run_config import DATA_FAMILIES
+    from attnlab.tasks import TASKS
+
+    assert {name: cls.family for name, cls in TASKS.items()} == DATA_FAMILIES

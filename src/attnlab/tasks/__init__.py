@@ -1,25 +1,21 @@
 """Tasks: the per-data-set glue between the data and the training loop.
 
-:data:`TASKS` is the one table of data sets: ``data.name`` -> the task class that trains it,
-and through the class, the model family (``data.family``), the metrics, and which files
-``attnlab eval --data`` may replace.
+:data:`TASKS` gives each data set of :data:`attnlab.run_config.DATA_FAMILIES` the task class
+that trains it, and through the class its metrics and which files ``attnlab eval --data`` may
+replace. (The run config, below the tasks, names the data sets and their families.)
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..config import ConfigError
 from ..data import SYNTHETIC_NAMES
+from ..run_config import RunConfig
 from ..tokenizers import Tokenizer
 from .base import Amp, Task, data_file, resolve_model, train_tokenizer
 from .classification import ClassifyTask, MaskedLMTask
 from .lm import LMTask
 from .seq2seq import Seq2SeqTask, TranslationTask
 from .synthetic import SyntheticTask
-
-if TYPE_CHECKING:  # annotations only: the training config imports the task table
-    from ..train.config import RunConfig
 
 TASKS: dict[str, type[Task]] = {
     "embedded": LMTask,  # the pydoc topics every Python install has

@@ -1,6 +1,6 @@
 """What every task shares: the :class:`Task` interface and the helpers that read a run config.
 
-A task turns a :class:`~attnlab.train.config.RunConfig` into what the trainer needs:
+A task turns a :class:`~attnlab.run_config.RunConfig` into what the trainer needs:
 
 * ``tokenizer`` (trained on the training data, or the run's saved one when resuming),
 * ``model_config``: the model config with what the data decides filled in (vocabulary size,
@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -27,10 +27,8 @@ from torch import Tensor
 from ..config import ConfigError, ModelConfig
 from ..data import fetch
 from ..models.common import IGNORE_INDEX
+from ..run_config import RunConfig
 from ..tokenizers import MASK, SPECIALS, BPETokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer
-
-if TYPE_CHECKING:  # annotations only: the training config imports the task table
-    from ..train.config import RunConfig
 
 Amp = Callable[[], contextlib.AbstractContextManager]
 

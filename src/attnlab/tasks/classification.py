@@ -4,7 +4,7 @@ masked-language-model pretraining on the same sentences."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,11 +21,9 @@ from ..data import (
 from ..decoding.classify import cls_id
 from ..metrics import accuracy, f1, macro_f1
 from ..models.common import IGNORE_INDEX
+from ..run_config import RunConfig
 from ..tokenizers import Tokenizer
 from .base import Amp, EpochTask, data_file, resolve_model, train_tokenizer
-
-if TYPE_CHECKING:  # annotations only: the training config imports the task table
-    from ..train.config import RunConfig
 
 
 class ClassifyTask(EpochTask):

@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +29,7 @@ from ..files import atomic_write_bytes
 from ..metrics import perplexity
 from ..models import token_loss
 from ..models.common import IGNORE_INDEX
+from ..run_config import RunConfig
 from ..tokenizers import (
     FORMAT,
     BPETokenizer,
@@ -38,9 +39,6 @@ from ..tokenizers import (
     load_tokenizer,
 )
 from .base import Amp, Task, data_file, resolve_model
-
-if TYPE_CHECKING:  # annotations only: the training config imports the task table
-    from ..train.config import RunConfig
 
 log = logging.getLogger(__name__)
 

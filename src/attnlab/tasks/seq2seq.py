@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -35,11 +34,9 @@ from ..data.shards import MANIFEST, TOKENIZER
 from ..decoding import translate_texts
 from ..metrics import bleu
 from ..models import token_loss
+from ..run_config import RunConfig
 from ..tokenizers import Tokenizer, load_tokenizer
 from .base import Amp, EpochTask, Task, data_file, resolve_model
-
-if TYPE_CHECKING:  # annotations only: the training config imports the task table
-    from ..train.config import RunConfig
 
 log = logging.getLogger(__name__)
 

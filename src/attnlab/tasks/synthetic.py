@@ -8,20 +8,16 @@ content token ids separated by spaces, so a trained run can be used from the com
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor, nn
 
 from ..config import ConfigError
 from ..data import SyntheticData
 from ..decoding import translate
+from ..run_config import RunConfig
 from ..tokenizers import IdTokenizer, Tokenizer
 from .base import Amp, resolve_model
 from .seq2seq import Seq2SeqTask
-
-if TYPE_CHECKING:  # annotations only: the training config imports the task table
-    from ..train.config import RunConfig
 
 
 class SyntheticTask(Seq2SeqTask):

@@ -26,9 +26,9 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ConfigError, ModelConfig
+from ..run_config import RunConfig
 from ..runs import RunDir, RunError, load_run
 from ..tokenizers import Tokenizer
-from .config import RunConfig
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ import torch
 
 from ..devices import resolve_device
 from ..models import build_model
+from ..run_config import RunConfig
 from ..runs import RunDir, RunError
 from ..tasks import Task
-from .config import RunConfig
 from .distributed import DistInfo, all_gather_objects, all_reduce_sum, shard, wrap_ddp
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr

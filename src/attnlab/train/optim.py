@@ -17,7 +17,7 @@ import re
 import torch
 from torch import nn
 
-from .config import TrainConfig
+from ..run_config import TrainConfig
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 

@@ -19,10 +19,10 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..devices import resolve_device
+from ..run_config import SECTIONS, RunConfig
 from ..runs import RunDir, RunError, load_run
 from ..tasks import build_task, task_class
 from ..tokenizers import Tokenizer
-from .config import SECTIONS, RunConfig
 from .distributed import DistInfo, cleanup, describe, env_info, init_distributed
 from .finetune import (
     init_config,
