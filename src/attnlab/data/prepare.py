@@ -45,7 +45,7 @@ import numpy as np
 from attnlab.config import check_int
 from attnlab.data.errors import DataError
 from attnlab.data.shards import FORMAT, MANIFEST, TOKENIZER, read_manifest, token_dtype
-from attnlab.data.sources import ERRORS, Source, documents, find_sources, text_blocks, text_size
+from attnlab.data.sources import ERRORS, Source, documents, find_sources, text_blocks_at, text_size
 from attnlab.files import atomic_write_bytes, atomic_write_json
 from attnlab.tokenizers import (
     BPETokenizer,
@@ -138,11 +138,10 @@ class _Pieces:
         places where tokenizing the parts gives the ids of the whole."""
         size = text_size(source)
         val_at = int(size * (1 - self.val_fraction)) if self.val_fraction else size + 1
-        pos, buf, split, empty = 0, "", "train", True
-        for block in text_blocks(source, self.errors):
+        buf, split, empty = "", "train", True
+        for block, pos in text_blocks_at(source, self.errors):  # pos: bytes read so far
             empty = empty and not block.strip()
             buf += block
-            pos += len(block.encode())
             if split == "train" and pos >= val_at:  # the split point is in this buffer
                 cut = self._cut(buf, len(buf) - _chars_after(buf, pos - val_at))
                 train, buf, split = buf[:cut], buf[cut:], "val"
@@ -208,13 +207,13 @@ def _encode(texts: list[str], ends: list[bool], eot: int | None, dtype: str,
     tokenizer = tokenizer or _WORKER["tokenizer"]
     parts = []
     for ids, end in zip(tokenizer.encode_batch(texts), ends):
-        parts.append(np.asarray(ids, dtype=np.int64))
+        parts.append(ids)  # uint32
         if end and eot is not None:
-            parts.append(np.array([eot], dtype=np.int64))
-    ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    if ids.size and int(ids.max()) >= np.iinfo(dtype).max + 1:  # a bug, not bad input
+            parts.append(np.array([eot], dtype=np.uint32))
+    ids = np.concatenate(parts) if parts else np.zeros(0, np.uint32)
+    if ids.size and int(ids.max()) > np.iinfo(dtype).max:  # a bug, not bad input
         raise AssertionError(f"bug: id {int(ids.max())} does not fit the shards' {dtype}")
-    return ids.astype(dtype)
+    return ids.astype(dtype, copy=False)
 
 
 def _encode_piece(tokenizer: Tokenizer, piece: _Piece, *, eot: int | None,

@@ -149,6 +149,13 @@ def _utf8_boundary(data: bytes) -> int:
 
 def text_blocks(source: Source, errors: str = "strict") -> Iterator[str]:
     """The decoded text of a ``.txt`` source in blocks of about ``BLOCK`` bytes."""
+    for text, _ in text_blocks_at(source, errors):
+        yield text
+
+
+def text_blocks_at(source: Source, errors: str = "strict") -> Iterator[tuple[str, int]]:
+    """:func:`text_blocks`, each block with the byte offset where it ends (in the
+    decompressed stream), so a caller can place a byte position without encoding again."""
     decode = _Decoder(source, errors)
     with source.open() as f:
         while True:
@@ -157,10 +164,10 @@ def text_blocks(source: Source, errors: str = "strict") -> Iterator[str]:
                 break
             text = decode(data)
             if text:
-                yield text
+                yield text, decode.offset
     tail = decode(b"", final=True)
     if tail:
-        yield tail
+        yield tail, decode.offset
 
 
 def text_size(source: Source) -> int:
