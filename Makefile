@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean venv
+.PHONY: demo test lint bench docs clean venv
 
 venv: $(STAMP)
 
@@ -28,5 +28,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python benchmarks/run_all.py $(BENCH_ARGS)
 
+# The documentation site (mkdocs.yml) into site/; a warning (a broken link, a page missing from
+# the nav, a failing code block that the build runs) is an error.
+docs: $(STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg NO_MKDOCS_2_WARNING=1 \
+		$(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) runs build dist *.egg-info src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs site build dist *.egg-info src/*.egg-info .pytest_cache .ruff_cache
