@@ -50,6 +50,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
+from attnlab.data.fetch import sha256_of  # noqa: E402
+
 PARTS = ("nanogpt", "hf-step", "hf-sample", "torch-transformer")
 
 
@@ -79,16 +81,6 @@ def skipped(comparison: str, why: str) -> dict:
 STAMP = ".prepared-from"  # beside train.bin: the sha256 of the input.txt it was prepared from
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def nanogpt_copy(src: Path, data_file: Path, scratch: Path | None = None) -> Path:
     """A scratch copy of nanoGPT (in ``scratch``, default :data:`SCRATCH`) with the char data
     prepared from ``data_file``. Its prepare.py runs unmodified; it imports ``requests`` (only
@@ -105,7 +97,7 @@ def nanogpt_copy(src: Path, data_file: Path, scratch: Path | None = None) -> Pat
         for path in (dst, *dst.rglob("*")):  # the peers folder is read-only: copies are not
             path.chmod(path.stat().st_mode | 0o200)
     data = dst / "data" / "shakespeare_char"
-    stamp, want = data / STAMP, _sha256(data_file)
+    stamp, want = data / STAMP, sha256_of(data_file)
     prepared = stamp.is_file() and stamp.read_text().strip() == want
     if not (prepared and (data / "train.bin").exists()):
         stamp.unlink(missing_ok=True)  # (a kill from here on: prepared again next time)

@@ -44,6 +44,7 @@ import numpy as np
 
 from attnlab.config import ConfigError, check_int
 from attnlab.data.errors import DataError, DataFileNotFoundError
+from attnlab.data.fetch import sha256_of
 from attnlab.data.parallel import aligned_lines, iter_parallel
 from attnlab.data.prepare import (
     PIECE_BYTES,
@@ -56,7 +57,6 @@ from attnlab.data.prepare import (
     one_process_suffices,
     progress_bar,
     resumed_tokenizer,
-    sha256_of,
     start,
     usable_cores,
     write_shard,

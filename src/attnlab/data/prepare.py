@@ -44,6 +44,7 @@ import numpy as np
 
 from attnlab.config import check_int
 from attnlab.data.errors import DataError
+from attnlab.data.fetch import sha256_of
 from attnlab.data.shards import FORMAT, MANIFEST, TOKENIZER, read_manifest, token_dtype
 from attnlab.data.sources import ERRORS, Source, documents, find_sources, text_blocks_at, text_size
 from attnlab.files import atomic_write_bytes, atomic_write_json
@@ -297,11 +298,6 @@ def _build_tokenizer(kind: str | Tokenizer, pieces: _Pieces, vocab_size: int,
 
 
 # ---- prepare ---------------------------------------------------------------------------------
-def sha256_of(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def check_args(val_fraction: float, seed: int, workers: int, errors: str,
                 vocab_size: int) -> None:
     if not isinstance(val_fraction, (int, float)) or not 0.0 <= val_fraction < 1.0:

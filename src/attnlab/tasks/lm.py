@@ -271,7 +271,8 @@ class LMTask(Task):
         """One tokenizer of kind ``data.tokenizer`` for the text files of a mix (each prepared
         alone would get its own vocabulary), made once from all of them and kept in the cache
         under a key of their contents and the settings."""
-        from ..data.prepare import SAMPLE_BYTES, sha256_of
+        from ..data.fetch import sha256_of
+        from ..data.prepare import SAMPLE_BYTES
         from ..data.sources import documents, find_sources, text_blocks
 
         d = self.rc.data

@@ -42,9 +42,19 @@ log = logging.getLogger(__name__)
 
 
 class Seq2SeqTask(Task):
-    """Shared loss and teacher-forced validation loss of the seq2seq tasks."""
+    """Shared loss, teacher-forced validation loss and decoding of the seq2seq tasks."""
 
     family = "encoder_decoder"
+    # How evaluate() decodes: greedy (beam 1, as in training) unless set otherwise
+    # (``attnlab eval --beam 4``): a wider search can find what greedy decoding misses.
+    beam = 1
+    length_penalty = 0.6
+
+    def decoding(self) -> str:
+        """How evaluate() decodes, in words."""
+        if self.beam == 1:
+            return "greedy"
+        return f"beam search, beam {self.beam}, length penalty {self.length_penalty:g}"
 
     def loss_sum(self, model: nn.Module, batch, label_smoothing: float = 0.0) -> Tensor:
         src, tgt_in, tgt_out = batch
@@ -69,16 +79,6 @@ class TranslationTask(Seq2SeqTask, EpochTask):
     eval_data_keys = ("src_path", "tgt_path")
     metric_names = ("bleu",)
     default_metric = "bleu"
-    # How evaluate() decodes for BLEU: greedy (beam 1, as in training) unless set otherwise
-    # (``attnlab eval --beam 4``).
-    beam = 1
-    length_penalty = 0.6
-
-    def decoding(self) -> str:
-        """How BLEU's translations are decoded, in words."""
-        if self.beam == 1:
-            return "greedy"
-        return f"beam search, beam {self.beam}, length penalty {self.length_penalty:g}"
 
     def __init__(self, rc: RunConfig, tokenizer: Tokenizer | None = None):
         super().__init__(rc)

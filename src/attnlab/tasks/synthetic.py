@@ -27,17 +27,6 @@ class SyntheticTask(Seq2SeqTask):
     kind = "synthetic"
     metric_names = ("accuracy",)
     default_metric = "accuracy"
-    # How evaluate() decodes: greedy (as in training) unless set otherwise (``attnlab eval
-    # --beam 4``): a wider search can find the answer greedy decoding misses
-    beam = 1
-    length_penalty = 0.6
-
-    def decoding(self) -> str:
-        """How the answers are decoded, in words."""
-        if self.beam == 1:
-            return "greedy"
-        return f"beam search, beam {self.beam}, length penalty {self.length_penalty:g}"
-
     def __init__(self, rc: RunConfig, tokenizer: Tokenizer | None = None):
         super().__init__(rc)
         d = rc.data
