@@ -297,6 +297,16 @@ def _build_tokenizer(kind: str | Tokenizer, pieces: _Pieces, vocab_size: int,
                     "or a run dir")
 
 
+def build_tokenizer(sources: Sequence[str | Path], kind: str, *, vocab_size: int = 8000,
+                    pre_tokenizer: str = "byte_level", text_field: str = "text",
+                    errors: str = "strict") -> Tokenizer:
+    """A new tokenizer of ``kind`` for the text of ``sources``, as :func:`prepare` makes one:
+    ``char`` (every character, ``<eos>`` when there is more than one document), ``bpe``
+    (trained on at most ``SAMPLE_BYTES``, an equal share of each source) or ``gpt2``."""
+    pieces = _Pieces(find_sources(sources), 0.0, 0, text_field, errors, PIECE_BYTES)
+    return _build_tokenizer(kind, pieces, vocab_size, pre_tokenizer)
+
+
 # ---- prepare ---------------------------------------------------------------------------------
 def check_args(val_fraction: float, seed: int, workers: int, errors: str,
                 vocab_size: int) -> None:

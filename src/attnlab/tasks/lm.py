@@ -32,9 +32,6 @@ from ..models.common import IGNORE_INDEX
 from ..run_config import RunConfig
 from ..tokenizers import (
     FORMAT,
-    BPETokenizer,
-    CharTokenizer,
-    GPT2Tokenizer,
     Tokenizer,
     load_tokenizer,
 )
@@ -272,38 +269,19 @@ class LMTask(Task):
         alone would get its own vocabulary), made once from all of them and kept in the cache
         under a key of their contents and the settings."""
         from ..data.fetch import sha256_of
-        from ..data.prepare import SAMPLE_BYTES
-        from ..data.sources import documents, find_sources, text_blocks
+        from ..data.prepare import build_tokenizer
+        from ..data.sources import find_sources
 
         d = self.rc.data
-        if d.tokenizer == "gpt2":
-            return GPT2Tokenizer.from_package()
-        found = find_sources(paths)
-        settings = {"files": [sha256_of(s.path) for s in found], "tokenizer": d.tokenizer,
+        found = [str(s.path) for s in find_sources(paths)]
+        settings = {"files": [sha256_of(Path(f)) for f in found], "tokenizer": d.tokenizer,
                     "vocab_size": d.vocab_size, "pre_tokenizer": d.pre_tokenizer}
         key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
         path = self._cache() / "prepared" / "mix-tokenizers" / f"{key}.json"
         if path.is_file():
             return load_tokenizer(path)
-
-        def texts(budget: int) -> Iterator[str]:  # up to `budget` characters of each file
-            for s in found:
-                taken = 0
-                for text in text_blocks(s) if s.is_text else documents(s):
-                    yield text
-                    taken += len(text)
-                    if taken >= budget:
-                        break
-
-        if d.tokenizer == "char":
-            chars: set[str] = set()
-            for text in texts(2**62):
-                chars.update(text)
-            # end of text after each file, as prepare marks the ends of documents
-            tok: Tokenizer = CharTokenizer(sorted(chars), ("<eos>",))
-        else:
-            tok = BPETokenizer.train(texts(SAMPLE_BYTES // len(found)), d.vocab_size,
-                                     d.pre_tokenizer)
+        tok = build_tokenizer(found, d.tokenizer, vocab_size=d.vocab_size,
+                              pre_tokenizer=d.pre_tokenizer)
         atomic_write_bytes(path, json.dumps({"format": FORMAT, **tok.to_dict()}).encode())
         return load_tokenizer(path)  # (as a later run reads it: the same cache keys)
 
