@@ -71,7 +71,7 @@ def hf_model(cfg):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     hf_cfg = GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.max_len, n_embd=cfg.d_model,
-                        n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.ff_dim,
+                        n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_ff,
                         activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0,
                         attn_pdrop=0.0, layer_norm_epsilon=cfg.norm_eps,
                         tie_word_embeddings=True, bos_token_id=None, eos_token_id=None)

@@ -44,7 +44,7 @@ def test_config_error_is_a_value_error():
 
 def test_heads_not_dividing_is_fine_with_explicit_head_dim():
     c = ModelConfig(d_model=30, n_heads=4, head_dim=8, pos="learned")
-    assert c.dh == 8
+    assert c.head_dim == 8
     build_model(c)
 
 
@@ -60,6 +60,6 @@ def test_frozen_and_derived_values():
     c = ModelConfig(d_model=64, n_heads=8)
     with pytest.raises(AttributeError):
         c.d_model = 32
-    assert c.dh == 8 and c.ff_dim == 256 and c.use_final_norm is False
-    assert ModelConfig(norm="pre").use_final_norm is True
-    assert ModelConfig(ffn="swiglu", d_model=96, n_heads=4).ff_dim == 256
+    assert c.head_dim == 8 and c.d_ff == 256 and c.final_norm is False
+    assert ModelConfig(norm="pre").final_norm is True
+    assert ModelConfig(ffn="swiglu", d_model=96, n_heads=4).d_ff == 256

@@ -292,7 +292,7 @@ def test_marian_export_same_logits(tmp_path, share, tie, scale, tgt_vocab, ffn) 
     model = paper_transformer(share, tie, scale, tgt_vocab, ffn)
     src, src_mask = padded_batch([9, 5], 53)
     gen = torch.Generator().manual_seed(2)
-    tgt = torch.randint(1, model.config.tgt_vocab, (2, 7), generator=gen)  # (B, T)
+    tgt = torch.randint(1, model.config.tgt_vocab_size, (2, 7), generator=gen)  # (B, T)
     with torch.no_grad():
         want = model(src, tgt, src_mask=src_mask)[0]
     hf = marian_to_hf(model, decoder_start_id=1, eos_id=2)
@@ -371,7 +371,7 @@ def test_onnx_every_family_dynamic_batch_and_length(tmp_path, family) -> None:
     assert {i.name: i.shape for i in session.get_inputs()} == {n: want_inputs[n] for n in names}
     (out,) = session.get_outputs()
     assert out.name == "logits"
-    assert out.shape == (["batch", seq, model.config.tgt_vocab]
+    assert out.shape == (["batch", seq, model.config.tgt_vocab_size]
                          if family in ("decoder", "encoder_decoder")
                          else ["batch", model.config.n_classes])
     for batch, length in ((3, 13), (1, 4)):  # neither the example's batch nor its length

@@ -96,7 +96,7 @@ def test_transformer_matches_torch(norm_first: bool, activation: str, bias: bool
                 p.normal_(mean=1.0 if name.endswith("weight") else 0.0, std=0.3)
     stacks = transformer_from_torch(ref).eval()
     assert stacks.config.norm == ("pre" if norm_first else "post")
-    assert stacks.config.ffn == activation and stacks.config.use_final_norm
+    assert stacks.config.ffn == activation and stacks.config.final_norm
 
     src, tgt = torch.randn(b, s, d), torch.randn(b, t, d)
     src_valid, tgt_valid = right_padding([7, 4, 6], s), right_padding([5, 5, 3], t)

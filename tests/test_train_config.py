@@ -97,7 +97,7 @@ def test_recipes_exist_and_demo_file_equals_builtin_demo():
 def test_nanogpt_cpu_recipe_matches_the_documented_config():
     rc = load_config(CONFIGS / "shakespeare_char_cpu.toml")
     m, t = rc.model, rc.train
-    assert (m.n_layers, m.n_heads, m.d_model, m.ff_dim, m.max_len) == (4, 4, 128, 512, 64)
+    assert (m.n_layers, m.n_heads, m.d_model, m.d_ff, m.max_len) == (4, 4, 128, 512, 64)
     assert (m.ffn, m.norm, m.pos, m.bias, m.tie_embeddings, m.dropout) == \
         ("gelu", "pre", "learned", False, True, 0.0)
     assert (t.batch_size, t.max_steps, t.lr, t.min_lr, t.warmup_steps) == (12, 2000, 1e-3, 1e-4,

@@ -14,6 +14,8 @@ import typing
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
+from .errors import ConfigError
+
 Family = Literal["encoder_decoder", "encoder", "decoder"]
 NormPlacement = Literal["post", "pre"]
 NormType = Literal["layernorm", "rmsnorm"]
@@ -21,10 +23,6 @@ FFNKind = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
 PosKind = Literal["sinusoidal", "learned", "rope"]
 Pooling = Literal["cls", "mean", "max", "pooler"]
 EncoderHead = Literal["classify", "mlm"]
-
-
-class ConfigError(ValueError):
-    """A configuration value that is not allowed."""
 
 
 def check(cond: bool, name: str, value: Any, allowed: str) -> None:
@@ -165,8 +163,10 @@ class ModelConfig:
                 self.n_heads,
                 f"a divisor of d_model={self.d_model} (or set head_dim explicitly)",
             )
+        self._resolve_defaults()
         if self.pos == "rope":
-            check(self.dh % 2 == 0, "head_dim", self.dh, "an even number for rope positions")
+            check(self.head_dim % 2 == 0, "head_dim", self.head_dim,
+                  "an even number for rope positions")
         if self.pos == "sinusoidal":
             check(self.d_model % 2 == 0, "d_model", self.d_model, "even for sinusoidal positions")
         if self.pad_id is not None:
@@ -184,51 +184,40 @@ class ModelConfig:
                 "only when tgt_vocab_size equals vocab_size",
             )
 
-    # ---- derived values -------------------------------------------------------------------
-    @property
-    def dh(self) -> int:
-        """Head dimension Dh."""
-        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
-
-    @property
-    def ff_dim(self) -> int:
-        if self.d_ff is not None:
-            return self.d_ff
-        if self.ffn == "swiglu":  # keep the parameter count of a 4x MLP (Shazeer 2020)
-            return int(2 * 4 * self.d_model / 3)
-        return 4 * self.d_model
-
-    @property
-    def p_attn(self) -> float:
-        return self.dropout if self.attn_dropout is None else self.attn_dropout
-
-    @property
-    def use_final_norm(self) -> bool:
-        return self.norm == "pre" if self.final_norm is None else self.final_norm
-
     @property
     def pools_first_token(self) -> bool:
         """Whether the classifier reads the first token ([CLS]), which the data must supply."""
         return self.pooling in ("cls", "pooler")
 
-    @property
-    def tgt_vocab(self) -> int:
-        return self.tgt_vocab_size or self.vocab_size
-
-    @property
-    def dec_layers(self) -> int:
-        return self.n_decoder_layers or self.n_layers
+    def _resolve_defaults(self) -> None:
+        """Give every ``None = derived`` field its value, so each value has one name
+        (``cfg.head_dim``, ``cfg.d_ff``, ...); :meth:`to_dict` and :meth:`replace` still treat
+        those fields as unset, so a replaced ``d_model`` re-derives ``head_dim``."""
+        derived = {
+            "head_dim": self.d_model // self.n_heads,
+            "d_ff": int(2 * 4 * self.d_model / 3) if self.ffn == "swiglu" else 4 * self.d_model,
+            "attn_dropout": self.dropout,
+            "final_norm": self.norm == "pre",
+        }
+        if self.family == "encoder_decoder":
+            derived |= {"n_decoder_layers": self.n_layers, "tgt_vocab_size": self.vocab_size}
+        unset = frozenset(k for k in derived if getattr(self, k) is None)
+        for k in unset:
+            object.__setattr__(self, k, derived[k])
+        object.__setattr__(self, "_unset", unset)
 
     # ---- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as a plain dict; derived fields that were not set stay None."""
+        return {**dataclasses.asdict(self), **dict.fromkeys(self._unset)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         return from_dict(cls, d)
 
     def replace(self, **changes: Any) -> ModelConfig:
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes``; fields derived before are derived again."""
+        return dataclasses.replace(self, **{**dict.fromkeys(self._unset), **changes})
 
 
 def from_dict(cls: type, d: dict[str, Any], where: str = "") -> Any:

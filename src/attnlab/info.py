@@ -59,10 +59,10 @@ class Costs:
 
 
 def _layer_flops(cfg: ModelConfig, ctx: int, cross_ctx: int | None = None) -> float:
-    inner = cfg.n_heads * cfg.dh
+    inner = cfg.n_heads * cfg.head_dim
     ffn_mats = 3 if cfg.ffn == "swiglu" else 2
     flops = 2 * 4 * cfg.d_model * inner + 2 * 2 * ctx * inner + 2 * ffn_mats * cfg.d_model * \
-        cfg.ff_dim
+        cfg.d_ff
     if cross_ctx is not None:  # cross-attention: q and out projections per target token,
         # k/v of the memory counted with the source tokens (estimate); scores over the source
         flops += 2 * 2 * cfg.d_model * inner + 2 * 2 * cross_ctx * inner
@@ -73,7 +73,7 @@ def estimate(cfg: ModelConfig, params: int, batch: int, length: int,
              bytes_per_value: int = 4) -> Costs:
     """Costs of one model at batch ``batch`` and sequence length ``length`` (source and target
     lengths equal for the encoder-decoder). ``bytes_per_value``: 4 fp32, 2 bf16/fp16."""
-    inner = cfg.n_heads * cfg.dh
+    inner = cfg.n_heads * cfg.head_dim
     if cfg.family == "decoder":
         fwd = cfg.n_layers * _layer_flops(cfg, length) + 2 * cfg.d_model * cfg.vocab_size
         layers = cfg.n_layers
@@ -86,18 +86,18 @@ def estimate(cfg: ModelConfig, params: int, batch: int, length: int,
     else:  # per target token, with one source token per target token
         enc = cfg.n_layers * _layer_flops(cfg, length)
         # every decoder layer projects the memory to its own cross-attention keys and values
-        dec = cfg.dec_layers * (_layer_flops(cfg, length, cross_ctx=length)
+        dec = cfg.n_decoder_layers * (_layer_flops(cfg, length, cross_ctx=length)
                                 + 2 * 2 * cfg.d_model * inner)
-        fwd = enc + dec + 2 * cfg.d_model * cfg.tgt_vocab
-        layers = cfg.n_layers + cfg.dec_layers
+        fwd = enc + dec + 2 * cfg.d_model * cfg.tgt_vocab_size
+        layers = cfg.n_layers + cfg.n_decoder_layers
     act_scale = bytes_per_value / 2
     activations = layers * (batch * length * cfg.d_model * 34
                             + 5 * batch * cfg.n_heads * length**2) * act_scale
     # keys and values of every decoder layer; an encoder-decoder's cache also holds each decoder
     # layer's cross-attention keys and values of the memory (source length = length here)
-    kv = {"decoder": 2 * cfg.n_layers, "encoder": 0,
-          "encoder_decoder": 4 * cfg.dec_layers}[cfg.family] * batch * length * inner \
-        * bytes_per_value
+    kv_tensors = {"decoder": 2 * cfg.n_layers, "encoder": 0,
+                  "encoder_decoder": 4 * (cfg.n_decoder_layers or 0)}[cfg.family]
+    kv = kv_tensors * batch * length * inner * bytes_per_value
     return Costs(
         params=params,
         flops_per_token_forward=fwd,
@@ -138,7 +138,7 @@ def report(cfg: ModelConfig, by_component: dict[str, int], batch: int, length: i
     total = sum(by_component.values())
     lines = [f"model: {cfg.family}, {total:,} parameters, d_model={cfg.d_model}, "
              f"heads={cfg.n_heads}, layers={cfg.n_layers}"
-             + (f"+{cfg.dec_layers}" if cfg.family == "encoder_decoder" else "")
+             + (f"+{cfg.n_decoder_layers}" if cfg.family == "encoder_decoder" else "")
              + f", norm={cfg.norm}, pos={cfg.pos}, ffn={cfg.ffn}", "",
              f"{'component':<32}{'parameters':>14}{'share':>9}"]
     for name, n in by_component.items():

@@ -270,7 +270,8 @@ class RunConfig:
 
     def replace(self, section: str, **changes: Any) -> RunConfig:
         """A copy with some fields of one section changed (not marked explicit)."""
-        new = dataclasses.replace(getattr(self, section), **changes)
+        old = getattr(self, section)
+        new = old.replace(**changes) if section == "model" else dataclasses.replace(old, **changes)
         return dataclasses.replace(self, **{section: new})
 
 

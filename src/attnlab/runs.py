@@ -43,6 +43,7 @@ from torch import nn
 from .config import ModelConfig
 from .data.synthetic import SYNTHETIC_NAMES
 from .devices import resolve_device
+from .errors import RunError
 from .files import atomic_write_json, fsync_dir, fsync_file, set_umask_mode
 from .models import build_model
 from .state_tree import flatten, unflatten
@@ -55,10 +56,6 @@ MANIFEST = "manifest.json"
 CHECKPOINTS = ("best", "last")
 # checkpoint meta "head" of an imported encoder whose classification head was never trained
 UNTRAINED_HEAD = "untrained"
-
-
-class RunError(ValueError):
-    """A run dir or checkpoint that cannot be used."""
 
 
 # ---- atomic files and folders -----------------------------------------------------------------

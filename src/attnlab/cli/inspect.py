@@ -224,7 +224,7 @@ def _collect_views(run, args) -> list:
     model, cfg, tok = run.model, run.model.config, run.tokenizer
     # (an encoder-decoder's stacks may differ in depth: a layer one lacks is the other's only)
     n_layers = cfg.n_layers if cfg.family != "encoder_decoder" else max(cfg.n_layers,
-                                                                          cfg.dec_layers)
+                                                                          cfg.n_decoder_layers)
     layers = _check_index(args.layer, n_layers, "layer")
     heads = _check_index(args.head, cfg.n_heads, "head")
     layers = True if layers is None else layers

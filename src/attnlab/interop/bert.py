@@ -203,12 +203,12 @@ def bert_problems(cfg: ModelConfig) -> list[str]:
         ("head='classify'", cfg.head == "classify", cfg.head),
         ("norm='post'", cfg.norm == "post", cfg.norm),
         ("norm_type='layernorm'", cfg.norm_type == "layernorm", cfg.norm_type),
-        ("final_norm=False", not cfg.use_final_norm, cfg.use_final_norm),
+        ("final_norm=False", not cfg.final_norm, cfg.final_norm),
         ("embed_norm=True", cfg.embed_norm, cfg.embed_norm),
         ("pos='learned'", cfg.pos == "learned", cfg.pos),
         ("scale_embeddings=False", not cfg.scale_embeddings, cfg.scale_embeddings),
         ("bias=True", cfg.bias, cfg.bias),
-        ("head_dim=d_model/n_heads", cfg.dh * cfg.n_heads == cfg.d_model, cfg.head_dim),
+        ("head_dim=d_model/n_heads", cfg.head_dim * cfg.n_heads == cfg.d_model, cfg.head_dim),
         ("ffn relu/gelu/gelu_tanh", cfg.ffn in _TO_HF_ACTIVATION, cfg.ffn),
         ("pooling='pooler'", cfg.pooling == "pooler", cfg.pooling),
     ))
@@ -245,9 +245,9 @@ def bert_to_hf(model: EncoderClassifier, label_names: list[str] | None = None) -
     tf = _transformers()
     hf_config = tf.BertConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads, intermediate_size=cfg.ff_dim,
+        num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff,
         hidden_act=_TO_HF_ACTIVATION[cfg.ffn], hidden_dropout_prob=cfg.dropout,
-        attention_probs_dropout_prob=cfg.p_attn, max_position_embeddings=cfg.max_len,
+        attention_probs_dropout_prob=cfg.attn_dropout, max_position_embeddings=cfg.max_len,
         type_vocab_size=2, layer_norm_eps=cfg.norm_eps,
         pad_token_id=0 if cfg.pad_id is None else cfg.pad_id, num_labels=cfg.n_classes,
         id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},

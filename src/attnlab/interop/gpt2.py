@@ -98,11 +98,11 @@ def gpt2_problems(cfg: ModelConfig) -> list[str]:
         ("family='decoder'", cfg.family == "decoder", cfg.family),
         ("norm='pre'", cfg.norm == "pre", cfg.norm),
         ("norm_type='layernorm'", cfg.norm_type == "layernorm", cfg.norm_type),
-        ("final_norm=True", cfg.use_final_norm, cfg.use_final_norm),
+        ("final_norm=True", cfg.final_norm, cfg.final_norm),
         ("pos='learned'", cfg.pos == "learned", cfg.pos),
         ("scale_embeddings=False", not cfg.scale_embeddings, cfg.scale_embeddings),
         ("embed_norm=False", not cfg.embed_norm, cfg.embed_norm),
-        ("head_dim=d_model/n_heads", cfg.dh * cfg.n_heads == cfg.d_model, cfg.head_dim),
+        ("head_dim=d_model/n_heads", cfg.head_dim * cfg.n_heads == cfg.d_model, cfg.head_dim),
         ("ffn relu/gelu/gelu_tanh", cfg.ffn in _TO_HF_ACTIVATION, cfg.ffn),
     ))
 
@@ -125,9 +125,9 @@ def gpt2_to_hf(model: DecoderLM) -> Any:
     tf = _transformers()
     hf_config = tf.GPT2Config(
         vocab_size=cfg.vocab_size, n_positions=cfg.max_len, n_embd=cfg.d_model,
-        n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.ff_dim,
+        n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_ff,
         activation_function=_TO_HF_ACTIVATION[cfg.ffn], resid_pdrop=cfg.dropout,
-        embd_pdrop=cfg.dropout, attn_pdrop=cfg.p_attn, layer_norm_epsilon=cfg.norm_eps,
+        embd_pdrop=cfg.dropout, attn_pdrop=cfg.attn_dropout, layer_norm_epsilon=cfg.norm_eps,
         tie_word_embeddings=cfg.tie_embeddings, bos_token_id=None, eos_token_id=None,
         pad_token_id=cfg.pad_id,
     )

@@ -149,7 +149,7 @@ def llama_problems(cfg: ModelConfig) -> list[str]:
         ("family='decoder'", cfg.family == "decoder", cfg.family),
         ("norm='pre'", cfg.norm == "pre", cfg.norm),
         ("norm_type='rmsnorm'", cfg.norm_type == "rmsnorm", cfg.norm_type),
-        ("final_norm=True", cfg.use_final_norm, cfg.use_final_norm),
+        ("final_norm=True", cfg.final_norm, cfg.final_norm),
         ("pos='rope'", cfg.pos == "rope", cfg.pos),
         ("ffn='swiglu'", cfg.ffn == "swiglu", cfg.ffn),
         ("scale_embeddings=False", not cfg.scale_embeddings, cfg.scale_embeddings),
@@ -173,12 +173,12 @@ def llama_to_hf(model: DecoderLM) -> Any:
         raise ValueError(f"this model cannot be expressed as Llama: it needs {', '.join(problems)}")
     tf = _transformers()
     hf_config = tf.LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ff_dim,
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_heads, head_dim=cfg.dh, hidden_act="silu",
+        num_key_value_heads=cfg.n_heads, head_dim=cfg.head_dim, hidden_act="silu",
         max_position_embeddings=cfg.max_len, rms_norm_eps=cfg.norm_eps,
         tie_word_embeddings=cfg.tie_embeddings, attention_bias=cfg.bias, mlp_bias=cfg.bias,
-        attention_dropout=cfg.p_attn, rope_theta=cfg.rope_base,
+        attention_dropout=cfg.attn_dropout, rope_theta=cfg.rope_base,
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_base},
         bos_token_id=None, eos_token_id=None, pad_token_id=cfg.pad_id,
     )

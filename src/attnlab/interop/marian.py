@@ -37,11 +37,11 @@ def marian_problems(cfg: ModelConfig) -> list[str]:
         ("family='encoder_decoder'", cfg.family == "encoder_decoder", cfg.family),
         ("norm='post'", cfg.norm == "post", cfg.norm),
         ("norm_type='layernorm'", cfg.norm_type == "layernorm", cfg.norm_type),
-        ("final_norm=False", not cfg.use_final_norm, cfg.use_final_norm),
+        ("final_norm=False", not cfg.final_norm, cfg.final_norm),
         ("embed_norm=False", not cfg.embed_norm, cfg.embed_norm),
         ("pos='sinusoidal'", cfg.pos == "sinusoidal", cfg.pos),
         ("bias=True", cfg.bias, cfg.bias),
-        ("head_dim=d_model/n_heads", cfg.dh * cfg.n_heads == cfg.d_model, cfg.head_dim),
+        ("head_dim=d_model/n_heads", cfg.head_dim * cfg.n_heads == cfg.d_model, cfg.head_dim),
         ("ffn relu/gelu/gelu_tanh", cfg.ffn in _TO_HF_ACTIVATION, cfg.ffn),
         # MarianMT's LayerNorms have torch's default eps (its config has no field for it)
         ("norm_eps=1e-5", cfg.norm_eps == 1e-5, cfg.norm_eps),
@@ -81,16 +81,16 @@ def marian_to_hf(model: Transformer, *, decoder_start_id: int | None = None,
                          f"{', '.join(problems)}")
     for name, value in (("decoder_start_id", decoder_start_id), ("eos_id", eos_id)):
         if value is not None:
-            check_int(name, value, 0, cfg.tgt_vocab - 1)  # (else generate() fails far later)
+            check_int(name, value, 0, cfg.tgt_vocab_size - 1)  # (else generate() fails far later)
     pad = 0 if cfg.pad_id is None else cfg.pad_id
     tf = _transformers()
     hf_config = tf.MarianConfig(
-        vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.tgt_vocab, d_model=cfg.d_model,
-        encoder_layers=cfg.n_layers, decoder_layers=cfg.dec_layers,
+        vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.tgt_vocab_size, d_model=cfg.d_model,
+        encoder_layers=cfg.n_layers, decoder_layers=cfg.n_decoder_layers,
         encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.ff_dim, decoder_ffn_dim=cfg.ff_dim,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
         activation_function=_TO_HF_ACTIVATION[cfg.ffn], dropout=cfg.dropout,
-        attention_dropout=cfg.p_attn, activation_dropout=cfg.dropout,
+        attention_dropout=cfg.attn_dropout, activation_dropout=cfg.dropout,
         max_position_embeddings=cfg.max_len, scale_embedding=cfg.scale_embeddings,
         share_encoder_decoder_embeddings=cfg.share_embeddings,
         tie_word_embeddings=cfg.tie_embeddings, pad_token_id=pad,
@@ -110,7 +110,7 @@ def marian_to_hf(model: Transformer, *, decoder_start_id: int | None = None,
     src_tok, tgt_tok = reads("src_emb.tok.weight"), reads("tgt_emb.tok.weight")
     table = model.src_emb.pos.table[: cfg.max_len, order]  # Marian's (sin | cos) layout
     mapped = {
-        "final_logits_bias": src_tok.new_zeros(1, cfg.tgt_vocab),
+        "final_logits_bias": src_tok.new_zeros(1, cfg.tgt_vocab_size),
         "model.encoder.embed_tokens.weight": src_tok,
         "model.decoder.embed_tokens.weight": tgt_tok,
         "model.encoder.embed_positions.weight": table,
@@ -119,7 +119,7 @@ def marian_to_hf(model: Transformer, *, decoder_start_id: int | None = None,
     }
     if cfg.share_embeddings:
         mapped["model.shared.weight"] = src_tok
-    for stack, n_layers in (("encoder", cfg.n_layers), ("decoder", cfg.dec_layers)):
+    for stack, n_layers in (("encoder", cfg.n_layers), ("decoder", cfg.n_decoder_layers)):
         for i in range(n_layers):
             src, dst = f"{stack}.layers.{i}.", f"model.{stack}.layers.{i}."
             attns = [("self_attn", "self_attn", "norm1", "self_attn_layer_norm")]

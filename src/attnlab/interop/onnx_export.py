@@ -66,7 +66,7 @@ def example_inputs(model: nn.Module, batch: int = 2, length: int = 8, *,
         return (ids,), {"mask": mask}, ["input_ids", "attention_mask"]
     if cfg.pad_id is not None:  # the padding the mask says, in the ids too
         ids[~mask] = cfg.pad_id
-    tgt = torch.randint(low, cfg.tgt_vocab, (batch, n), generator=generator)  # (B, T)
+    tgt = torch.randint(low, cfg.tgt_vocab_size, (batch, n), generator=generator)  # (B, T)
     return (ids, tgt), {"src_mask": mask}, ["input_ids", "decoder_input_ids", "attention_mask"]
 
 

@@ -147,7 +147,7 @@ class TransformerStacks(nn.Module):
         super().__init__()
         self.config = config
         self.encoder = Encoder(config, config.n_layers)
-        self.decoder = Decoder(config, config.dec_layers, cross=True)
+        self.decoder = Decoder(config, config.n_decoder_layers, cross=True)
 
     def forward(self, src: Tensor, tgt: Tensor, *, src_valid: Tensor | None = None,
                 tgt_valid: Tensor | None = None, memory_valid: Tensor | None = None,

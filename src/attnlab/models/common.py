@@ -118,7 +118,7 @@ class Encoder(nn.Module):
     def __init__(self, cfg: ModelConfig, n_layers: int | None = None):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(n_layers or cfg.n_layers))
-        self.norm = make_norm(cfg) if cfg.use_final_norm else None
+        self.norm = make_norm(cfg) if cfg.final_norm else None
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
                 capture: Collection[int] = ()) -> tuple[Tensor, dict[int, Tensor]]:
@@ -137,8 +137,8 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig, n_layers: int | None = None, cross: bool = True):
         super().__init__()
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, cross) for _ in range(n_layers or cfg.dec_layers))
-        self.norm = make_norm(cfg) if cfg.use_final_norm else None
+            DecoderLayer(cfg, cross) for _ in range(n_layers or cfg.n_decoder_layers))
+        self.norm = make_norm(cfg) if cfg.final_norm else None
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, positions: Tensor | None = None,

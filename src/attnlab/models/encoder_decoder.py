@@ -38,11 +38,11 @@ class Transformer(nn.Module):
                              f"got family={config.family!r}")
         self.config = config
         self.src_emb = Embeddings(config.vocab_size, config)
-        self.tgt_emb = Embeddings(config.tgt_vocab, config)
+        self.tgt_emb = Embeddings(config.tgt_vocab_size, config)
         self.encoder = Encoder(config, config.n_layers)
-        self.decoder = Decoder(config, config.dec_layers, cross=True)
-        self.head = nn.Linear(config.d_model, config.tgt_vocab, bias=False)
-        init_weights(self, config, config.n_layers + config.dec_layers)
+        self.decoder = Decoder(config, config.n_decoder_layers, cross=True)
+        self.head = nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
+        init_weights(self, config, config.n_layers + config.n_decoder_layers)
         if config.share_embeddings:
             self.tgt_emb.tok.weight = self.src_emb.tok.weight
         if config.tie_embeddings:
@@ -126,10 +126,10 @@ class Transformer(nn.Module):
         (B, H, T, S)) of the chosen layers, from one forward pass."""
         cfg = self.config
         src_valid = self.src_valid(src, src_mask)
-        top = max(cfg.n_layers, cfg.dec_layers)  # an index one stack lacks: the other's only
+        top = max(cfg.n_layers, cfg.n_decoder_layers)  # an index one stack lacks: the other's only
         memory, enc_maps = self._encode(src, src_valid, resolve_layers(layers, cfg.n_layers, top))
         h, self_maps, cross_maps = self._decode(tgt, memory, src_valid, None, None, None,
-                                                resolve_layers(layers, cfg.dec_layers, top))
+                                                resolve_layers(layers, cfg.n_decoder_layers, top))
         out = AttentionMaps({"encoder": enc_maps, "decoder": self_maps, "cross": cross_maps},
                             self.head(h))
         return out.keep_heads(heads, cfg.n_heads)

@@ -120,8 +120,8 @@ class _Block(nn.Module):
 
 def _attention(cfg: ModelConfig, rope: bool) -> MultiHeadAttention:
     """Multi-head attention of ``cfg``; self-attention gets the rotary embedding (pos="rope")."""
-    rotary = RotaryEmbedding(cfg.dh, cfg.max_len, cfg.rope_base) if rope else None
-    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.p_attn, cfg.bias, rotary)
+    rotary = RotaryEmbedding(cfg.head_dim, cfg.max_len, cfg.rope_base) if rope else None
+    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.attn_dropout, cfg.bias, rotary)
 
 
 class EncoderLayer(_Block):
@@ -130,7 +130,7 @@ class EncoderLayer(_Block):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.self_attn = _attention(cfg, rope=cfg.pos == "rope")
-        self.ffn = FeedForward(cfg.d_model, cfg.ff_dim, cfg.ffn, cfg.dropout, cfg.bias)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.ffn, cfg.dropout, cfg.bias)
         self.norm1, self.norm2 = make_norm(cfg), make_norm(cfg)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
@@ -159,7 +159,7 @@ class DecoderLayer(_Block):
         self.norm1 = make_norm(cfg)
         self.cross_attn = _attention(cfg, rope=False) if cross else None
         self.norm_cross = make_norm(cfg) if cross else None
-        self.ffn = FeedForward(cfg.d_model, cfg.ff_dim, cfg.ffn, cfg.dropout, cfg.bias)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.ffn, cfg.dropout, cfg.bias)
         self.norm2 = make_norm(cfg)
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: Tensor | None = None,

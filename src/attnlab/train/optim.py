@@ -54,7 +54,7 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
                 (decay if p.dim() >= 2 else no_decay).append(p)
         return [{"params": decay, "weight_decay": weight_decay},
                 {"params": no_decay, "weight_decay": 0.0}]
-    top = max(model.config.n_layers, model.config.dec_layers) + 1
+    top = max(model.config.n_layers, model.config.n_decoder_layers or 0) + 1
     groups: dict[tuple[int, bool], list[nn.Parameter]] = {}
     for name, p in model.named_parameters():  # deduplicated like parameters()
         if p.requires_grad:
