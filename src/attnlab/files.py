@@ -1,11 +1,14 @@
 """Files written so that a kill at any moment leaves the old version or the new one, never
-half of one: the one home of atomic writes (run dirs, prepared token dirs, plots)."""
+half of one: the one home of atomic writes (run dirs, checkpoint folders, imported and
+exported model folders, prepared token dirs, plots)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +77,71 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# ---- folders ------------------------------------------------------------------------------------
+def _siblings(dest: Path) -> tuple[Path, Path]:
+    """Where a write fills the new copy of ``dest``, and where the old one waits in the swap."""
+    return dest.parent / f".{dest.name}.tmp", dest.parent / f".{dest.name}.old"
+
+
+def _is_complete(folder: Path, manifest: str) -> bool:
+    """True if ``folder`` holds ``manifest`` and every file it lists, with the listed size."""
+    try:
+        files = json.loads((folder / manifest).read_text())["files"]
+        return all((folder / n).is_file() and (folder / n).stat().st_size == size
+                   for n, size in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def interrupted_copy(dest: Path, manifest: str) -> Path | None:
+    """The complete copy of ``dest`` (the new one or the old one) that a kill between the two
+    renames of :func:`write_dir_atomic` left beside it, or None."""
+    for candidate in _siblings(Path(dest)):
+        if _is_complete(candidate, manifest):
+            return candidate
+    return None
+
+
+def write_dir_atomic(dest: Path, write: Callable[[Path], None], *, manifest: str | None = None,
+                     meta: dict[str, Any] | None = None) -> None:
+    """Create or replace folder ``dest`` so that readers see the old folder or the new one,
+    never a mix, and a failed ``write`` leaves nothing new behind.
+
+    ``write(tmp)`` fills the sibling ``.NAME.tmp``; its files and folders then get the modes
+    the umask gives (as :func:`set_umask_modes`), the manifest is written last, and the
+    folder is swapped in with two renames (``NAME`` -> ``.NAME.old``, ``.NAME.tmp`` ->
+    ``NAME``).
+
+    Args:
+        dest: the folder to write.
+        write: fills the folder it is given.
+        manifest: the file name of a manifest (``{"files": {name: size}, **meta}``, JSON):
+            with one, a kill between the two renames leaves a complete copy that
+            :func:`interrupted_copy` finds and the next write puts back first.
+        meta: more entries of the manifest.
+    """
+    dest = Path(dest)
+    tmp, old = _siblings(dest)
+    found = interrupted_copy(dest, manifest) if manifest and not dest.exists() else None
+    if found is not None:  # a kill between the renames: put the complete copy back first
+        os.replace(found, dest)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        write(tmp)
+    except BaseException:  # (a full disk: give its space back; the old folder stays)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    set_umask_modes(tmp)
+    if manifest:
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        atomic_write_json(tmp / manifest, {"files": files, **(meta or {})})
+    fsync_dir(tmp)
+    if dest.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(dest, old)
+    os.replace(tmp, dest)
+    fsync_dir(dest.parent)
+    shutil.rmtree(old, ignore_errors=True)

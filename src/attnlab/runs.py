@@ -1,38 +1,16 @@
 """Run directories: what training writes and what sample / translate / eval / viz read.
 
-:class:`RunDir` is the one owner of a run dir; no other module spells the name of a file in
-it. Layout::
-
-    config.json          the resolved run config: {"model": {...}, "data": {...}, "train": {...}}
-    tokenizer.json       the tokenizer (attnlab.tokenizers), when the run has one (translation
-                         runs share one joint vocabulary between source and target)
-    metrics.csv          one row per logged or evaluated step (written by train/monitor.py)
-    tb/, loss.png        TensorBoard logs and the plotted training curves
-    results.json         the final metrics of a finished training
-    best/, last/         checkpoint folders:
-        model.safetensors    the weights (of the unwrapped model: no ``_orig_mod.``/``module.``)
-        state.safetensors    last/ only: every tensor of the training state (optimizer moments,
-                             RNG states, the batch generator's state, numpy's RNG key)
-        state.json           last/ only: the rest of it, ``{"__tensor__": key}`` where a tensor was
-        manifest.json        written last: file sizes, plus the checkpoint's meta (step, best)
-
-Weights are safetensors and the state is JSON + safetensors (loading never unpickles); the
-model is rebuilt from the config. Every write is atomic: a temporary file in the same folder,
-then ``os.replace``. Checkpoint folders are written whole into ``.NAME.tmp/`` (manifest last),
-then swapped in with two renames (``NAME`` -> ``.NAME.old``, ``.NAME.tmp`` -> ``NAME``); a kill
-at any moment leaves a complete copy that :meth:`RunDir.checkpoint_dir` finds.
+:class:`RunDir` is the one owner of a run dir: no other module spells the name of a file in
+it (the layout is listed beside the names below). Weights are safetensors
+(:mod:`attnlab.weights`), the training state JSON + safetensors (:mod:`attnlab.state_tree`),
+so loading never unpickles; the model is rebuilt from the config. Every file and checkpoint
+folder is written atomically (:mod:`attnlab.files`): a kill at any moment leaves a complete
+copy that :meth:`RunDir.checkpoint_dir` finds.
 """
 
 from __future__ import annotations
 
-import csv
-import errno
-import io
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,11 +22,26 @@ from .config import ModelConfig
 from .data.synthetic import SYNTHETIC_NAMES
 from .devices import resolve_device
 from .errors import RunError
-from .files import atomic_write_json, fsync_dir, fsync_file, set_umask_mode
+from .files import atomic_write_json, interrupted_copy, write_dir_atomic
+from .metrics_log import Row, read_metrics
 from .models import build_model
 from .state_tree import flatten, unflatten
 from .tokenizers import Tokenizer, load_tokenizer
+from .weights import load_weights, save_weights, write_tensors
 
+# The layout of a run dir:
+#   config.json        the resolved run config: {"model": {...}, "data": {...}, "train": {...}}
+#   tokenizer.json     the tokenizer, when the run has one (translation runs share one joint
+#                      vocabulary between source and target)
+#   metrics.csv        one row per logged or evaluated step (attnlab.metrics_log)
+#   tb/, loss.png      TensorBoard logs and the plotted training curves
+#   results.json       the final metrics of a finished training
+#   best/, last/       checkpoint folders, each swapped in whole (attnlab.files.write_dir_atomic):
+#     model.safetensors    the weights (of the unwrapped model: no _orig_mod. / module.)
+#     state.safetensors    last/ only: every tensor of the training state (optimizer moments,
+#                          RNG states, the batch generator's state, numpy's RNG key)
+#     state.json           last/ only: the rest of it, {"__tensor__": key} where a tensor was
+#     manifest.json        written last: file sizes, plus the checkpoint's meta (step, best)
 MODEL_FILE = "model.safetensors"
 STATE_TENSORS = "state.safetensors"
 STATE_JSON = "state.json"
@@ -56,162 +49,6 @@ MANIFEST = "manifest.json"
 CHECKPOINTS = ("best", "last")
 # checkpoint meta "head" of an imported encoder whose classification head was never trained
 UNTRAINED_HEAD = "untrained"
-
-
-# ---- atomic files and folders -----------------------------------------------------------------
-def _is_complete(folder: Path) -> bool:
-    """True if ``folder`` holds a manifest whose files all exist with the recorded sizes."""
-    try:
-        files = json.loads((folder / MANIFEST).read_text())["files"]
-        return all((folder / n).is_file() and (folder / n).stat().st_size == size
-                   for n, size in files.items())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
-
-
-def _siblings(dest: Path) -> tuple[Path, Path]:
-    return dest.parent / f".{dest.name}.tmp", dest.parent / f".{dest.name}.old"
-
-
-def _usable_copy(dest: Path) -> Path | None:
-    """``dest`` itself, or after a kill between the two renames of :func:`write_dir_atomic`,
-    its complete temporary or previous copy."""
-    if (dest / MODEL_FILE).is_file():
-        return dest
-    for candidate in _siblings(dest):
-        if _is_complete(candidate):
-            return candidate
-    return None
-
-
-def write_dir_atomic(dest: Path, write: Callable[[Path], None], meta: dict | None = None) -> None:
-    """Create folder ``dest`` so that readers see the old folder or the new one, never a mix.
-
-    ``write(tmp)`` fills a temporary sibling folder; then the manifest (file sizes and
-    ``meta``) is written last and the folder is swapped in with two renames.
-    """
-    dest = Path(dest)
-    tmp, old = _siblings(dest)
-    found = _usable_copy(dest)
-    if found is not None and found != dest:  # a kill between the renames: put it back first
-        os.replace(found, dest)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        write(tmp)
-    except BaseException:  # (a full disk: give its space back; the old folder stays)
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-    atomic_write_json(tmp / MANIFEST, {"files": files, **(meta or {})})
-    fsync_dir(tmp)
-    if dest.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(dest, old)
-    os.replace(tmp, dest)
-    fsync_dir(dest.parent)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-# ---- weights -------------------------------------------------------------------------------------
-def _unwrap(model: nn.Module) -> nn.Module:
-    model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
-    return getattr(model, "module", model)  # DistributedDataParallel wrapper
-
-
-def _write_tensors(path: str | Path, save: Callable[[str], None], what: str) -> None:
-    """``save(path)`` (a safetensors writer), flushed to the disk and with a plain file's mode;
-    a failure (a full disk) as an OSError naming ``what``, one line in the CLI."""
-    from safetensors import SafetensorError
-
-    try:
-        save(str(path))
-    except SafetensorError as e:
-        raise OSError(errno.EIO, f"cannot write {what} ({e})", str(path)) from None
-    fsync_file(path)
-    set_umask_mode(path)
-
-
-def save_weights(model: nn.Module, path: Path) -> None:
-    """Model weights as safetensors (tied weights stored once; no wrapper prefixes)."""
-    from safetensors.torch import save_model
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        _write_tensors(tmp, lambda p: save_model(_unwrap(model), p), "the weights")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def load_weights(model: nn.Module, path: Path) -> None:
-    """Load safetensors weights into ``model``; a mismatch names the differing tensors."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_model
-
-    path = Path(path)
-    if not path.is_file():
-        raise RunError(f"no checkpoint at {path}")
-    try:
-        missing, unexpected = load_model(_unwrap(model), path, strict=False)
-    except (SafetensorError, OSError) as e:
-        raise RunError(f"checkpoint {path} is not a readable safetensors file: {e}") from e
-    except RuntimeError as e:  # shape mismatch
-        first = str(e).strip().splitlines()[-1].strip()
-        raise RunError(
-            f"checkpoint {path} does not fit this model (was it trained with a different "
-            f"config?): {first}"
-        ) from e
-    if missing or unexpected:
-        raise RunError(
-            f"checkpoint {path} does not fit this model (different config?): "
-            f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
-        )
-    for name, tensor in _unwrap(model).state_dict().items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise RunError(f"checkpoint {path} is damaged: tensor {name!r} holds NaN or inf "
-                           "values; use another checkpoint (best/ or last/) or train again")
-
-
-# ---- metrics.csv ---------------------------------------------------------------------------------
-def read_metrics(path: str | Path, complete: bool = False) -> list[dict[str, int | float | None]]:
-    """The rows of a metrics log: one dict per row in header order, ``step`` as int, other
-    cells as floats, empty cells as None. A header without ``step``, an empty step cell or a
-    cell that is not a number raises ``ValueError`` naming the line and column. ``complete``:
-    leave out a last line without its newline (a row cut by a kill or a full disk)."""
-    path = Path(path)
-    with path.open(newline="", encoding="utf-8-sig") as f:  # (a BOM, as Excel saves it)
-        text = f.read()
-        if complete and not text.endswith("\n"):
-            text = text[:text.rfind("\n") + 1]
-        reader = csv.reader(io.StringIO(text))
-        header = [h.strip() for h in next(reader, [])]
-        if "step" not in header:
-            raise ValueError(f"{path} must have a header with 'step'; got header {header}")
-        rows = []
-        for line_no, cells in enumerate(reader, start=2):
-            if not any(c.strip() for c in cells):
-                continue  # a blank line
-            row: dict[str, int | float | None] = {}
-            for col, cell in zip(header, [*cells, *[""] * (len(header) - len(cells))]):
-                cell = cell.strip()
-                if not cell and col == "step":
-                    raise ValueError(f"{path} line {line_no}: the step cell is empty")
-                try:
-                    value = float(cell) if cell else None
-                except ValueError as e:
-                    raise ValueError(f"{path} line {line_no}, column {col!r}: {cell!r} is not a "
-                                     "number (cells must be numbers or empty)") from e
-                if col == "step" and not (value.is_integer() and value >= 0):  # (inf, nan too)
-                    raise ValueError(f"{path} line {line_no}: step {cell!r} is not a whole "
-                                     "number >= 0")
-                row[col] = int(value) if col == "step" else value
-            rows.append(row)
-    return rows
 
 
 # ---- the run dir ---------------------------------------------------------------------------------
@@ -275,8 +112,12 @@ class RunDir:
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def checkpoint_dir(self, which: str) -> Path | None:
-        """The usable copy of checkpoint folder ``which`` (best / last), or None."""
-        return _usable_copy(self.path / _checked(which))
+        """The usable copy of checkpoint folder ``which`` (best / last), or None: the folder, or
+        the complete copy a kill while it was being replaced left beside it."""
+        folder = self.path / _checked(which)
+        if (folder / MODEL_FILE).is_file():
+            return folder
+        return interrupted_copy(folder, MANIFEST)
 
     def has_checkpoint(self, which: str | None = None) -> bool:
         """Whether checkpoint ``which`` (default: either) exists."""
@@ -333,11 +174,11 @@ class RunDir:
             if state is not None:
                 tensors: dict[str, torch.Tensor] = {}
                 doc = flatten(state, tensors)
-                _write_tensors(tmp / STATE_TENSORS, lambda p: save_file(tensors, p),
-                               "the training state")
+                write_tensors(tmp / STATE_TENSORS, lambda p: save_file(tensors, p),
+                              "the training state")
                 atomic_write_json(tmp / STATE_JSON, doc)
 
-        write_dir_atomic(self.path / _checked(which), write, meta)
+        write_dir_atomic(self.path / _checked(which), write, manifest=MANIFEST, meta=meta)
 
     def load_weights(self, model: nn.Module, which: str = "best") -> Path:
         """Load the weights of :meth:`find_checkpoint` ``(which)`` into ``model``; returns
@@ -374,7 +215,8 @@ class RunDir:
         return state
 
     # ---- logs and results ------------------------------------------------------------------------
-    def read_metrics(self) -> list[dict[str, int | float | None]]:
+    def read_metrics(self) -> list[Row]:
+        """The rows of the metrics log (:func:`attnlab.metrics_log.read_metrics`)."""
         return read_metrics(self.metrics_file)
 
     def write_results(self, results: dict[str, Any]) -> None:

@@ -14,8 +14,6 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +21,7 @@ from typing import Any
 
 from torch import nn
 
-from ..files import set_umask_modes
+from ..files import write_dir_atomic
 from ..tokenizers import Tokenizer
 from .hf import CONFIG_FILE, attnlab_config, read_hf_config, read_optional_json
 
@@ -200,23 +198,6 @@ def _check_out(out: str | os.PathLike) -> Path:
     return out
 
 
-def _write_folder(out: Path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` into a temporary folder beside ``out``, then rename it to ``out``: a
-    failure at any point leaves no ``out`` behind. The folder and its files get the modes
-    the umask gives (as a run dir's): mkdtemp's 0700 made them private to their writer."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    try:
-        write(tmp)
-        set_umask_modes(tmp)
-        if out.exists():
-            out.rmdir()  # empty (see _check_out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def import_run(src: str | os.PathLike, out: str | os.PathLike, *,
                dropout: float = 0.0) -> Path:
     """Convert ``src`` (see :func:`load_pretrained`) and write it as run dir ``out``: config,
@@ -244,7 +225,7 @@ def import_run(src: str | os.PathLike, out: str | os.PathLike, *,
         run.save_tokenizer(pre.tokenizer)
         run.save_checkpoint("best", pre.model, meta=meta)
 
-    _write_folder(out, write)
+    write_dir_atomic(out, write)
     log.info("imported %s into %s", pre.source, out)
     return out
 
@@ -394,7 +375,7 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, which: str = "
             save_hf_tokenizer(run.tokenizer, tmp, run.model.config.max_len, wrap)
 
     try:
-        _write_folder(out, write)
+        write_dir_atomic(out, write)
     finally:
         if was_on:
             progress.enable_progress_bar()

@@ -1,11 +1,8 @@
-"""What a run reports while it trains: the metrics log, TensorBoard, a progress bar, a log line
-per evaluation, a loss plot.
+"""What a run reports while it trains: the metrics log (:mod:`attnlab.metrics_log`),
+TensorBoard, a progress bar, a log line per evaluation, a loss plot.
 
-The files are those of :class:`~attnlab.runs.RunDir`. The metrics log has one row per logged
-or evaluated step with the header ``step,train_loss,val_loss,lr,tokens_per_s,elapsed_s``,
-followed by the task's metrics (``ppl``, ``bleu``, ``accuracy``, ``f1``); a cell is empty
-when that value was not measured at that step. On resume, rows after the checkpoint's step are
-dropped, so the file reads as if the run had never stopped.
+On resume, the rows after the checkpoint's step are dropped, so the log reads as if the run
+had never stopped.
 """
 
 from __future__ import annotations
@@ -19,19 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from ..files import atomic_write_bytes
-from ..runs import RunDir, read_metrics
+from ..metrics_log import BASE_COLUMNS, format_cell, read_metrics
+from ..runs import RunDir
 
 log = logging.getLogger(__name__)
-
-BASE_COLUMNS = ("step", "train_loss", "val_loss", "lr", "tokens_per_s", "elapsed_s")
-
-
-def _cell(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.8g}"
-    return str(v)
 
 
 class Monitor:
@@ -64,7 +52,7 @@ class Monitor:
         buf = io.StringIO()
         w = csv.writer(buf)
         w.writerow(self.columns)
-        w.writerows([_cell(v) for v in r.values()] for r in kept)
+        w.writerows([format_cell(v) for v in r.values()] for r in kept)
         atomic_write_bytes(path, buf.getvalue().encode())
 
     def row(self, step: int, values: dict[str, Any]) -> None:
@@ -78,7 +66,8 @@ class Monitor:
                 log.info("step %d  %s", step, "  ".join(shown))
         if not self.enabled:
             return
-        self.writer.writerow([_cell(step)] + [_cell(values.get(c)) for c in self.columns[1:]])
+        self.writer.writerow([format_cell(step)]
+                             + [format_cell(values.get(c)) for c in self.columns[1:]])
         self.file.flush()
         if self.tb is not None:
             for name, v in values.items():

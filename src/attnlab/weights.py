@@ -1,0 +1,91 @@
+"""Model weights as safetensors files: saved atomically (tied weights once, no wrapper
+prefixes), loaded with an error that names the tensors that do not fit. Loading never
+unpickles; :class:`~attnlab.runs.RunDir` decides where the files go."""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .errors import RunError
+from .files import fsync_file, set_umask_mode
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside a ``torch.compile`` and a ``DistributedDataParallel`` wrapper, whose
+    parameter names carry no ``_orig_mod.`` / ``module.`` prefix."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
+    return getattr(model, "module", model)  # DistributedDataParallel wrapper
+
+
+def write_tensors(path: str | Path, save: Callable[[str], None], what: str) -> None:
+    """``save(path)`` (a safetensors writer), flushed to the disk and with a plain file's mode.
+
+    Raises:
+        OSError: the writer failed (a full disk); the message names ``what``.
+    """
+    from safetensors import SafetensorError
+
+    try:
+        save(str(path))
+    except SafetensorError as e:
+        raise OSError(errno.EIO, f"cannot write {what} ({e})", str(path)) from None
+    fsync_file(path)
+    set_umask_mode(path)
+
+
+def save_weights(model: nn.Module, path: Path) -> None:
+    """Model weights as safetensors, written atomically (tied weights stored once; no wrapper
+    prefixes)."""
+    from safetensors.torch import save_model
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write_tensors(tmp, lambda p: save_model(unwrap(model), p), "the weights")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """Load safetensors weights into ``model``.
+
+    Raises:
+        RunError: no such file, not a safetensors file, tensors that do not fit the model
+            (named), or NaN / inf values.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_model
+
+    path = Path(path)
+    if not path.is_file():
+        raise RunError(f"no checkpoint at {path}")
+    try:
+        missing, unexpected = load_model(unwrap(model), path, strict=False)
+    except (SafetensorError, OSError) as e:
+        raise RunError(f"checkpoint {path} is not a readable safetensors file: {e}") from e
+    except RuntimeError as e:  # shape mismatch
+        first = str(e).strip().splitlines()[-1].strip()
+        raise RunError(
+            f"checkpoint {path} does not fit this model (was it trained with a different "
+            f"config?): {first}"
+        ) from e
+    if missing or unexpected:
+        raise RunError(
+            f"checkpoint {path} does not fit this model (different config?): "
+            f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
+        )
+    for name, tensor in unwrap(model).state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise RunError(f"checkpoint {path} is damaged: tensor {name!r} holds NaN or inf "
+                           "values; use another checkpoint (best/ or last/) or train again")
