@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/attention_memory.py --lengths 256 512 --no-backward
 
 Batch 1, ``--heads`` heads of dimension 64, fp32, no mask, on CPU. For each path
-(``attnlab.nn.attention.fused_attention``, i.e. ``F.scaled_dot_product_attention``, and
+(``attnlab.nn.fused_attention``, i.e. ``F.scaled_dot_product_attention``, and
 ``reference_attention``, the scores written out) and each length, one fresh child process
 builds q, k, v, reads its peak resident memory (``VmHWM`` of ``/proc/self/status``), runs
 forward (and backward through q, k, v), and reads the peak again: the difference is the
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 CHILD = r"""
 import json, sys, torch
-from attnlab.nn.attention import fused_attention, reference_attention
+from attnlab.nn import fused_attention, reference_attention
 def hwm():
     for line in open('/proc/self/status'):
         if line.startswith('VmHWM:'):

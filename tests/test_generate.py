@@ -441,7 +441,7 @@ def test_low_precision_one_row_steps_take_the_kernels_measured_faster(faster, mo
     step with what the probe measured faster here, asked once per generation and answered
     from its cache after that; the tokens are the same either way (up to rounding: compared
     on a model where no logit is near a tie)."""
-    from attnlab import probe
+    from attnlab.speed import probe
 
     asked = []
 
@@ -451,7 +451,7 @@ def test_low_precision_one_row_steps_take_the_kernels_measured_faster(faster, mo
         asked.append((key, kw["field"]))
         return faster
 
-    monkeypatch.setattr("attnlab.decoding.speed.fastest", fake_fastest)
+    monkeypatch.setattr("attnlab.speed.decoding.fastest", fake_fastest)
     model = tiny_lm(ffn="gelu").to(torch.bfloat16)
     seen = _onednn_during_forwards(model)
     out = generate(model, PROMPTS[:1], 5, temperature=0)
@@ -472,7 +472,7 @@ def test_low_precision_one_row_steps_take_the_kernels_measured_faster(faster, mo
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no "
                     "oneDNN (mkldnn), so there is nothing to choose")
 def test_the_one_row_kernel_probe_measures_once_and_caches_its_answer(monkeypatch, tmp_path):
-    from attnlab import probe
+    from attnlab.speed import probe
 
     monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))  # this test's answers only
     model = tiny_lm().to(torch.bfloat16)
@@ -480,7 +480,7 @@ def test_the_one_row_kernel_probe_measures_once_and_caches_its_answer(monkeypatc
     entries = [e for e in probe._read_cache(probe.cache_file()).values() if "kernels" in e]
     assert len(entries) == 1 and entries[0]["kernels"] in ("onednn", "native")
     assert set(entries[0]["ms"]) == {"onednn", "native"}
-    from attnlab.decoding.speed import _OneDNNOff
+    from attnlab.speed.decoding import _OneDNNOff
 
     assert first is (nullcontext if entries[0]["kernels"] == "onednn" else _OneDNNOff)
     monkeypatch.setattr(probe, "_write_cache", lambda *a: pytest.fail("measured again"))
@@ -488,7 +488,7 @@ def test_the_one_row_kernel_probe_measures_once_and_caches_its_answer(monkeypatc
 
 
 def test_layout_pays_is_measured_per_row_count_once_and_cached(monkeypatch, tmp_path):
-    from attnlab import probe
+    from attnlab.speed import probe
     from attnlab.decoding import layout_pays
 
     monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))

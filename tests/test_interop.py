@@ -22,7 +22,7 @@ from attnlab.interop import (
     transformer_from_torch,
 )
 from attnlab.models import DecoderLM
-from attnlab.nn.masks import causal_mask
+from attnlab.nn import causal_mask
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

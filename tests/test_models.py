@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-import attnlab.nn.attention as attention_module
+import attnlab.nn as attention_module
 from attnlab import DecoderLM, EncoderClassifier, ModelConfig, Transformer, build_model
 
 V = 23

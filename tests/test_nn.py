@@ -17,7 +17,7 @@ from attnlab.nn import (
     RMSNorm,
     RotaryEmbedding,
     SinusoidalPositions,
-    attention,
+    as_4d,
     causal_mask,
     combine_masks,
     fused_attention,
@@ -27,7 +27,6 @@ from attnlab.nn import (
     reference_attention,
     sinusoidal_table,
 )
-from attnlab.nn.masks import as_4d
 
 torch.manual_seed(0)
 
@@ -117,102 +116,6 @@ def test_fully_masked_row_gives_zeros_and_finite_gradients():
         assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
         for x in (q, k, v):
             x.grad = None
-
-
-@pytest.mark.parametrize("kind", ["causal+padding", "fully masked rows"])
-def test_low_precision_cpu_attention_with_a_mask_is_computed_in_fp32(kind):
-    # bf16 on a CPU, whole short sequences with a mask: the fused path computes in fp32 even
-    # under autocast (which would cast the inputs back down), so it equals torch's fp32 SDPA on
-    # the same inputs rounded once, and the reference in float64 up to that one rounding.
-    q, k, v = (x.bfloat16().requires_grad_() for x in _qkv(t=6, s=6))
-    mask = MASKS[kind](6, 6)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = fused_attention(q, k, v, mask)
-    assert out.dtype == torch.bfloat16
-    m = F.scaled_dot_product_attention(*(x.detach().float() for x in (q, k, v)),
-                                       attn_mask=as_4d(mask))
-    assert torch.equal(out, m.bfloat16())
-    ref, _ = reference_attention(*(x.detach().double() for x in (q, k, v)), mask)
-    torch.testing.assert_close(out.double(), ref, atol=8e-3, rtol=8e-3)  # one bf16 rounding
-    out.float().sum().backward()
-    assert all(x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad).all() for x in (q, k, v))
-
-
-@pytest.mark.parametrize("in_fp32", [True, False])
-@pytest.mark.parametrize("s, masked", [(40, False), (300, False), (300, True)])
-def test_low_precision_cpu_attention_of_one_query_takes_the_measured_kernel(
-        s, masked, in_fp32, monkeypatch):
-    # One bf16 query against s cached keys (a decoding step; s beyond the short-sequence
-    # limit too): where the probe measured it faster, fp32 flash on the upcast inputs,
-    # rounded once (equal to torch's fp32 SDPA on the same inputs), else torch's bf16 kernel
-    # itself; both are the float64 reference up to bf16 rounding.
-    monkeypatch.setattr(attention, "one_query_in_fp32", lambda dtype: in_fp32)
-    q, k, v = (x.bfloat16() for x in _qkv(t=1, s=s))
-    mask = torch.rand(1, s) > 0.3 if masked else None
-    out = fused_attention(q, k, v, mask, is_causal=True)
-    assert out.dtype == torch.bfloat16
-    if in_fp32:
-        m = F.scaled_dot_product_attention(*(x.float() for x in (q, k, v)),
-                                           attn_mask=as_4d(mask)).bfloat16()
-    else:
-        m = F.scaled_dot_product_attention(q, k, v, attn_mask=as_4d(mask))
-    assert torch.equal(out, m)
-    ref, _ = reference_attention(*(x.double() for x in (q, k, v)), mask, is_causal=True)
-    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
-
-
-def test_the_one_query_attention_probe_measures_once_per_machine(monkeypatch, tmp_path):
-    from attnlab import probe
-
-    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))
-    probe.one_query_in_fp32.cache_clear()
-    try:
-        answer = probe.one_query_in_fp32(torch.bfloat16)
-        entry = probe._read_cache(probe.cache_file())[
-            probe.machine_key("one-query attention", str(torch.bfloat16))]
-        assert entry["kernels"] == ("fp32" if answer else "own dtype")
-        assert set(entry["ms"]) == {"fp32", "own dtype"}
-        probe.one_query_in_fp32.cache_clear()  # a new process: answered from the file
-        monkeypatch.setattr(probe, "_write_cache", lambda *a: pytest.fail("measured again"))
-        assert probe.one_query_in_fp32(torch.bfloat16) is answer
-    finally:
-        probe.one_query_in_fp32.cache_clear()
-
-
-@pytest.mark.parametrize("is_causal", [True, False])
-@pytest.mark.parametrize("autocast", [True, False])
-def test_low_precision_cpu_attention_without_a_mask_is_two_matmuls_in_bf16(is_causal, autocast):
-    # Unmasked short bf16 sequences on a CPU (a decoder's training step) run as two batched
-    # matmuls in bf16 with the scale and the causal mask fused into the first: output and
-    # gradients equal the float64 reference up to bf16 roundings of the scores, weights and
-    # output, and come out in bf16. q, k, v are views of one projection, as in the model.
-    qkv = torch.randn(2, 64, 3, 4, 16).bfloat16().requires_grad_()
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, Dh), not contiguous
-    grad = torch.randn(2, 4, 64, 16)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        out = fused_attention(q, k, v, is_causal=is_causal)
-    assert out.dtype == torch.bfloat16 and out.shape == (2, 4, 64, 16)
-    (out.float() * grad).sum().backward()
-    x64 = qkv.detach().double().requires_grad_()
-    ref, _ = reference_attention(*x64.permute(2, 0, 3, 1, 4).unbind(0), is_causal=is_causal)
-    (ref * grad.double()).sum().backward()
-    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(qkv.grad.double(), x64.grad, atol=6e-2, rtol=3e-2)
-    assert (out.double() - ref).abs().mean() < 3e-3  # typical error: a bf16 rounding or two
-
-
-def test_low_precision_cpu_attention_drops_weights_and_serves_training_after_inference():
-    q, k, v = (x.bfloat16() for x in _qkv(t=8, s=8))
-    with torch.inference_mode():  # the first call of a length (e.g. sampling) builds its mask
-        first = fused_attention(q, k, v, is_causal=True)
-    q.requires_grad_()
-    again = fused_attention(q, k, v, is_causal=True)  # a training step reuses the mask
-    assert torch.equal(first, again)
-    again.float().sum().backward()
-    assert torch.isfinite(q.grad).all()
-    assert torch.all(fused_attention(q, k, v, dropout_p=1.0, is_causal=True) == 0)
-    kept = fused_attention(q, k, v, dropout_p=0.5, is_causal=True)
-    assert not torch.equal(kept, again) and torch.isfinite(kept).all()
 
 
 def test_attention_matches_the_formula_written_with_loops():
@@ -391,15 +294,3 @@ def test_feed_forward_variants(act):
     torch.testing.assert_close(ff(x), ff.w2(expected))
     with pytest.raises(ValueError, match="activation='tanh' is not allowed"):
         FeedForward(8, 32, "tanh")
-
-
-def test_low_precision_cpu_attention_keeps_a_kernel_the_user_chose():
-    # train.sdpa_backend = "math" / "flash" (torch's sdpa_kernel): SDPA with that kernel, in fp32
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    q, k, v = (x.bfloat16() for x in _qkv(t=8, s=8))
-    with sdpa_kernel([SDPBackend.MATH]):
-        out = fused_attention(q, k, v, is_causal=True)
-    with sdpa_kernel([SDPBackend.MATH]):
-        m = F.scaled_dot_product_attention(*(x.float() for x in (q, k, v)), is_causal=True)
-    assert torch.equal(out, m.bfloat16())

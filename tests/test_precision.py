@@ -5,7 +5,8 @@ import os
 import pytest
 import torch
 
-from attnlab import DecoderLM, ModelConfig, probe
+from attnlab import DecoderLM, ModelConfig
+from attnlab.speed import probe
 from attnlab.train import precision as prec
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from attnlab import viz
-from attnlab.nn.positional import sinusoidal_table as model_sinusoidal_table
+from attnlab.nn import sinusoidal_table as model_sinusoidal_table
 from attnlab.runs import read_metrics
 from attnlab.viz.attention import _tick_positions
 from attnlab.viz.explorer import MAX_PAGE_BYTES, SCALE

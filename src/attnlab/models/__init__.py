@@ -5,8 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import ModelConfig
-from ..info import count_parameters
-from .common import AttentionMaps, token_loss
+from ..nn import AttentionMaps, count_parameters, token_loss
 from .decoder import DecoderLM
 from .encoder import EncoderClassifier, MaskedLM
 from .encoder_decoder import Transformer

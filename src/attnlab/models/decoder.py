@@ -11,16 +11,19 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
-from ..info import count_parameters
-from ..nn.attention import KVCache
-from .common import (
+from ..nn import (
     AttentionMaps,
     Decoder,
     Embeddings,
+    KVCache,
+    check_ids,
+    check_positions,
+    count_parameters,
     init_weights,
     key_mask,
     resolve_layers,
     token_loss,
+    token_positions,
 )
 
 
@@ -41,11 +44,24 @@ class DecoderLM(nn.Module):
         if config.tie_embeddings:
             self.head.weight = self.emb.tok.weight  # (V, D), shared
 
-    def _hidden(self, ids: Tensor, mask: Tensor | None, positions: Tensor | None,
-                cache: KVCache | None, capture: Collection[int]):
-        x, positions = self.emb(ids, positions, cache, mask)  # (B, T, D); (T,) or (B, T)
-        return self.decoder(x, self_mask=key_mask(mask), positions=positions, cache=cache,
-                            capture=capture)  # (B, T, D), {layer: (B, H, T, S)}, {}
+    def hidden(self, ids: Tensor, *, mask: Tensor | None = None,
+               positions: Tensor | None = None, cache: KVCache | None = None,
+               capture: Collection[int] = ()) -> tuple[Tensor, dict[int, Tensor]]:
+        """Final hidden states (B, T, D) of ``ids`` and the self-attention weights of the
+        layers in ``capture``; with a ``cache``, this step's keys/values are added to it."""
+        check_ids(ids)
+        if positions is None:
+            if cache is not None and cache.length == 0 and mask is not None and cache.pad is None:
+                cache.set_padding(mask)  # a left-padded prompt: positions count from real tokens
+            positions = token_positions(ids, self.config.max_len, valid=mask, cache=cache)
+        else:
+            check_positions(positions, ids.size(1), self.config.max_len)
+        x = self.emb(ids, positions)  # (B, T, D)
+        x, maps, _ = self.decoder(x, self_mask=key_mask(mask), positions=positions, cache=cache,
+                                  capture=capture)  # (B, T, D), {layer: (B, H, T, S)}
+        if cache is not None:
+            cache.advance(ids.size(1))
+        return x, maps
 
     def forward(self, ids: Tensor, targets: Tensor | None = None, *, mask: Tensor | None = None,
                 positions: Tensor | None = None, cache: KVCache | None = None,
@@ -67,7 +83,7 @@ class DecoderLM(nn.Module):
         Returns:
             logits (B, T, V) ((B, 1, V) with ``last_only``) and the loss (scalar) or None.
         """
-        h, _, _ = self._hidden(ids, mask, positions, cache, ())  # (B, T, D)
+        h, _ = self.hidden(ids, mask=mask, positions=positions, cache=cache)  # (B, T, D)
         if last_only and h.size(1) > 1:
             h = h[:, -1:]  # (B, 1, D)
         logits = self.head(h)  # (B, T, V)
@@ -81,7 +97,7 @@ class DecoderLM(nn.Module):
         (``maps["decoder"][layer]``, (B, H, T, T)) and the logits; the other layers stay on
         the fused path."""
         chosen = resolve_layers(layers, self.config.n_layers)
-        h, maps, _ = self._hidden(ids, mask, None, None, chosen)
+        h, maps = self.hidden(ids, mask=mask, capture=chosen)
         out = AttentionMaps({"decoder": maps}, self.head(h))
         return out.keep_heads(heads, self.config.n_heads)
 

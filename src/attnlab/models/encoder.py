@@ -12,17 +12,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
-from ..info import count_parameters
-from ..nn.dtypes import upcast
-from .common import (
+from ..nn import (
     IGNORE_INDEX,
     AttentionMaps,
     Embeddings,
     Encoder,
+    check_ids,
+    count_parameters,
     init_weights,
     key_mask,
     resolve_layers,
     token_loss,
+    token_positions,
+    upcast,
 )
 
 
@@ -43,14 +45,19 @@ class EncoderStack(nn.Module):
             mask = ids != self.config.pad_id  # (B, S)
         return mask
 
-    def _encode(self, ids: Tensor, mask: Tensor | None, capture: Collection[int] = ()):
-        x, positions = self.emb(ids)  # (B, S, D), (S,)
-        return self.encoder(x, key_mask(mask), positions=positions, capture=capture)
+    def encode(self, ids: Tensor, *, valid: Tensor | None,
+               capture: Collection[int] = ()) -> tuple[Tensor, dict[int, Tensor]]:
+        """Hidden states (B, S, D) and the weights (B, H, S, S) of the layers in ``capture``;
+        ``valid`` (B, S): True at real tokens."""
+        check_ids(ids)
+        positions = token_positions(ids, self.config.max_len)  # (S,)
+        x = self.emb(ids, positions)  # (B, S, D)
+        return self.encoder(x, key_mask(valid), positions=positions, capture=capture)
 
     def hidden_states(self, ids: Tensor, mask: Tensor | None = None) -> Tensor:
         """Per-token final hidden states (B, S, D). ``mask`` (B, S): True at real tokens;
         by default every token that is not ``pad_id``."""
-        return self._encode(ids, self._valid(ids, mask))[0]
+        return self.encode(ids, valid=self._valid(ids, mask))[0]
 
     def attention_maps(self, ids: Tensor, *, layers: Collection[int] | bool = True,
                        heads: Collection[int] | None = None,
@@ -58,7 +65,8 @@ class EncoderStack(nn.Module):
         """Self-attention weights of the chosen layers (``maps["encoder"][l]``: (B, H, S, S))
         and the model's logits, from one forward pass."""
         mask = self._valid(ids, mask)
-        h, maps = self._encode(ids, mask, resolve_layers(layers, self.config.n_layers))
+        h, maps = self.encode(ids, valid=mask,
+                              capture=resolve_layers(layers, self.config.n_layers))
         out = AttentionMaps({"encoder": maps}, self._logits(h, mask))
         return out.keep_heads(heads, self.config.n_heads)
 
@@ -120,7 +128,7 @@ class EncoderClassifier(EncoderStack):
             logits (B, C) and the loss (scalar) or None.
         """
         mask = self._valid(ids, mask)
-        h, _ = self._encode(ids, mask)  # (B, S, D)
+        h, _ = self.encode(ids, valid=mask)  # (B, S, D)
         logits = self._logits(h, mask)  # (B, C)
         loss = None if labels is None else F.cross_entropy(upcast(logits), labels)
         return logits, loss

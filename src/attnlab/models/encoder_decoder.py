@@ -12,17 +12,20 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
-from ..info import count_parameters
-from ..nn.attention import KVCache
-from .common import (
+from ..nn import (
     AttentionMaps,
     Decoder,
     Embeddings,
     Encoder,
+    KVCache,
+    check_ids,
+    check_positions,
+    count_parameters,
     init_weights,
     key_mask,
     resolve_layers,
     token_loss,
+    token_positions,
 )
 
 
@@ -48,7 +51,6 @@ class Transformer(nn.Module):
         if config.tie_embeddings:
             self.head.weight = self.tgt_emb.tok.weight  # (V, D)
 
-    # ---- masks -------------------------------------------------------------------------------
     def src_valid(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor | None:
         """(B, S) bool, True at real source tokens: ``src_mask`` or ``src != pad_id``."""
         if src_mask is None and self.config.pad_id is not None:
@@ -59,11 +61,16 @@ class Transformer(nn.Module):
     def encode(self, src: Tensor, src_mask: Tensor | None = None, *,
                capture: Collection[int] = ()) -> Tensor:
         """Source ids (B, S) -> memory (B, S, D). ``src_mask`` (B, S): True at real tokens."""
-        memory, _ = self._encode(src, self.src_valid(src, src_mask), capture)
+        memory, _ = self.encode_with_maps(src, valid=self.src_valid(src, src_mask),
+                                          capture=capture)
         return memory
 
-    def _encode(self, src: Tensor, valid: Tensor | None, capture: Collection[int]):
-        x, positions = self.src_emb(src)  # (B, S, D), (S,)
+    def encode_with_maps(self, src: Tensor, *, valid: Tensor | None,
+                         capture: Collection[int] = ()) -> tuple[Tensor, dict[int, Tensor]]:
+        """Memory (B, S, D) and the encoder weights (B, H, S, S) of the layers in ``capture``."""
+        check_ids(src)
+        positions = token_positions(src, self.config.max_len)  # (S,)
+        x = self.src_emb(src, positions)  # (B, S, D)
         return self.encoder(x, key_mask(valid), positions=positions, capture=capture)
 
     def decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None = None, *,
@@ -85,14 +92,31 @@ class Transformer(nn.Module):
         Returns:
             logits (B, T, V), or (B, 1, V) with ``last_only``.
         """
-        h, _, _ = self._decode(tgt, memory, src_mask, tgt_mask, cache, positions, ())
+        h, _, _ = self.decode_with_maps(tgt, memory, src_valid=src_mask, tgt_valid=tgt_mask,
+                                        cache=cache, positions=positions)
         return self.head(h[:, -1:] if last_only else h)  # (B, T, V) or (B, 1, V)
 
-    def _decode(self, tgt, memory, src_valid, tgt_valid, cache, positions, capture):
-        y, positions = self.tgt_emb(tgt, positions, cache, tgt_valid)  # (B, T, D); (T,) / (B, T)
-        return self.decoder(y, memory, self_mask=key_mask(tgt_valid),
-                            memory_mask=key_mask(src_valid), positions=positions, cache=cache,
-                            capture=capture)  # (B, T, D), {l: (B, H, T, T_total)}, {l: cross}
+    def decode_with_maps(self, tgt: Tensor, memory: Tensor, *, src_valid: Tensor | None,
+                         tgt_valid: Tensor | None = None, cache: KVCache | None = None,
+                         positions: Tensor | None = None, capture: Collection[int] = (),
+                         ) -> tuple[Tensor, dict[int, Tensor], dict[int, Tensor]]:
+        """Decoder hidden states (B, T, D) and the self- and cross-attention weights of the
+        layers in ``capture``; with a ``cache``, this step's keys/values are added to it."""
+        check_ids(tgt)
+        if positions is None:
+            if cache is not None and cache.length == 0 and tgt_valid is not None \
+                    and cache.pad is None:
+                cache.set_padding(tgt_valid)  # left-padded targets count from real tokens
+            positions = token_positions(tgt, self.config.max_len, valid=tgt_valid, cache=cache)
+        else:
+            check_positions(positions, tgt.size(1), self.config.max_len)
+        y = self.tgt_emb(tgt, positions)  # (B, T, D)
+        out = self.decoder(y, memory, self_mask=key_mask(tgt_valid),
+                           memory_mask=key_mask(src_valid), positions=positions, cache=cache,
+                           capture=capture)  # (B, T, D), {l: (B, H, T, T_total)}, {l: cross}
+        if cache is not None:
+            cache.advance(tgt.size(1))
+        return out
 
     def forward(self, src: Tensor, tgt: Tensor, targets: Tensor | None = None, *,
                 src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
@@ -112,8 +136,8 @@ class Transformer(nn.Module):
             logits (B, T, V) and the loss (scalar) or None.
         """
         src_valid = self.src_valid(src, src_mask)
-        memory, _ = self._encode(src, src_valid, ())
-        h, _, _ = self._decode(tgt, memory, src_valid, tgt_mask, None, None, ())
+        memory, _ = self.encode_with_maps(src, valid=src_valid)  # (B, S, D)
+        h, _, _ = self.decode_with_maps(tgt, memory, src_valid=src_valid, tgt_valid=tgt_mask)
         logits = self.head(h)  # (B, T, V)
         loss = None if targets is None else token_loss(logits, targets, self.config.pad_id)
         return logits, loss
@@ -127,9 +151,11 @@ class Transformer(nn.Module):
         cfg = self.config
         src_valid = self.src_valid(src, src_mask)
         top = max(cfg.n_layers, cfg.n_decoder_layers)  # an index one stack lacks: the other's only
-        memory, enc_maps = self._encode(src, src_valid, resolve_layers(layers, cfg.n_layers, top))
-        h, self_maps, cross_maps = self._decode(tgt, memory, src_valid, None, None, None,
-                                                resolve_layers(layers, cfg.n_decoder_layers, top))
+        memory, enc_maps = self.encode_with_maps(
+            src, valid=src_valid, capture=resolve_layers(layers, cfg.n_layers, top))
+        h, self_maps, cross_maps = self.decode_with_maps(
+            tgt, memory, src_valid=src_valid,
+            capture=resolve_layers(layers, cfg.n_decoder_layers, top))
         out = AttentionMaps({"encoder": enc_maps, "decoder": self_maps, "cross": cross_maps},
                             self.head(h))
         return out.keep_heads(heads, cfg.n_heads)

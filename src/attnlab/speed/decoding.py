@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..probe import fastest, machine_key
+from .probe import fastest, machine_key
 
 
 def inference_layout(model: nn.Module) -> nn.Module:

@@ -1,20 +1,14 @@
 """Choices measured on the machine that runs them, once, and cached.
 
-A CPU flag says whether an instruction set exists, not how much it pays: which of a few ways
-to run something is fastest is measured where it runs (:func:`fastest`: each way timed a few
-times, alternately) and the answer kept per key, a key naming the machine (:func:`machine_key`:
-CPU model and its bf16-relevant flags, torch, threads) and what was measured. The answers live
-in ``$ATTNLAB_CACHE_DIR`` or ``~/.cache/attnlab`` (file ``precision.json``). Users: training's
-``precision = "auto"`` (:mod:`attnlab.train.precision`); for decoding on a CPU, the weights'
-memory order (:func:`attnlab.decoding.layout_pays`), the kernels of low-precision weights
-(:func:`attnlab.decoding.decoding_kernels`) and of one low-precision query's attention
-(:func:`one_query_in_fp32`, for :func:`attnlab.nn.fused_attention`).
+A CPU flag says whether an instruction set exists, not how much it pays, so which of a few
+ways to run something is fastest is measured where it runs (:func:`fastest`) and the answer
+kept under a key naming the machine and what was measured (:func:`machine_key`), in
+``$ATTNLAB_CACHE_DIR`` or ``~/.cache/attnlab`` (file ``precision.json``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import logging
@@ -27,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
@@ -124,28 +117,3 @@ def fastest(step: Callable[[str], None], key: str, candidates: Sequence[str], *,
     _write_cache(path, key, {field: best, "ms": ms, "cpu": cpu_model(),
                              "torch": torch.__version__})
     return best
-
-
-@functools.cache
-def one_query_in_fp32(dtype: torch.dtype) -> bool:
-    """Whether one query in ``dtype`` (bf16 / fp16: a decoding step) attends faster on this
-    CPU through fp32 flash on upcast inputs than through torch's kernel in its own dtype.
-
-    It depends on the CPU: torch's bf16 kernel took ~4x fp32 flash's time at 64-1024 keys on
-    an AMD EPYC without AMX, ~1/3-1/5 of it on an Intel Xeon with AMX. So it is measured,
-    once per machine (:func:`attnlab.probe.fastest`, cached; a few hundred microseconds).
-    """
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 8, n, 64, generator=gen).to(dtype) for n in (1, 256, 256))
-
-    def step(kind: str) -> None:
-        with torch.inference_mode(), torch.autocast("cpu", enabled=False):
-            for _ in range(8):
-                if kind == "fp32":
-                    F.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(dtype)
-                else:
-                    F.scaled_dot_product_attention(q, k, v)
-
-    key = machine_key("one-query attention", str(dtype))
-    return fastest(step, key, ("own dtype", "fp32"), field="kernels",
-                   what=f"one-query {dtype} attention") == "fp32"

@@ -1,0 +1,20 @@
+"""The speed layer: every choice made for speed alone, none of which changes a result beyond
+float rounding. The core (:mod:`attnlab.nn`, :mod:`attnlab.models`) imports nothing from here;
+the trainer and the decoding loops apply these around a model.
+
+* :mod:`~attnlab.speed.probe`: which of a few ways is fastest, measured once per machine and
+  cached (:func:`fastest`, :func:`machine_key`); training's ``precision = "auto"`` uses it too.
+* :mod:`~attnlab.speed.attention`: attention kernels for bf16/fp16 on a CPU, put into each
+  :class:`~attnlab.nn.MultiHeadAttention`'s ``sdpa`` slot (:func:`use_cpu_sdpa`,
+  :func:`cpu_sdpa_in`).
+* :mod:`~attnlab.speed.decoding`: what decoding steps run in (:func:`decoding_kernels`,
+  :func:`direct_attributes`) and the weights' memory order (:func:`inference_layout`,
+  :func:`layout_pays`).
+"""
+
+from .attention import cpu_sdpa, cpu_sdpa_in, use_cpu_sdpa
+from .decoding import decoding_kernels, direct_attributes, inference_layout, layout_pays
+from .probe import fastest, machine_key
+
+__all__ = ["cpu_sdpa", "cpu_sdpa_in", "decoding_kernels", "direct_attributes", "fastest",
+           "inference_layout", "layout_pays", "machine_key", "use_cpu_sdpa"]

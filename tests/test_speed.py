@@ -1,0 +1,190 @@
+"""The speed layer: attention kernels for bf16/fp16 on a CPU (the core's ``sdpa`` slot), and
+that the core imports none of it. The probes of the decoding steps are tested with decoding
+(tests/test_generate.py), training's precision probe in tests/test_precision.py."""
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab import DecoderLM, ModelConfig
+from attnlab.nn import (
+    MultiHeadAttention,
+    as_4d,
+    causal_mask,
+    combine_masks,
+    fused_attention,
+    padding_mask,
+    reference_attention,
+)
+from attnlab.speed import attention as speed_attention
+from attnlab.speed import cpu_sdpa, cpu_sdpa_in, probe, use_cpu_sdpa
+from attnlab.speed.attention import one_query_in_fp32
+
+torch.manual_seed(0)
+
+# the core's fused path with the speed layer's kernel in its slot, as a model runs it
+fast_attention = functools.partial(fused_attention, sdpa=cpu_sdpa)
+
+
+def _qkv(b=2, h=3, t=5, s=7, dh=8, dtype=torch.float32):
+    return (torch.randn(b, h, t, dh, dtype=dtype), torch.randn(b, h, s, dh, dtype=dtype),
+            torch.randn(b, h, s, dh, dtype=dtype))
+
+
+MASKS = {
+    "causal+padding": lambda t, s: combine_masks(causal_mask(t, s),
+                                                 padding_mask(torch.tensor([s, s - 1]), s)),
+    "fully masked rows": lambda t, s: (torch.rand(2, 1, t, s) > 0.3).index_fill(
+        2, torch.tensor([t - 1]), False),
+}
+
+
+@pytest.mark.parametrize("kind", ["causal+padding", "fully masked rows"])
+def test_low_precision_cpu_attention_with_a_mask_is_computed_in_fp32(kind):
+    # bf16 on a CPU, whole short sequences with a mask: the fused path computes in fp32 even
+    # under autocast (which would cast the inputs back down), so it equals torch's fp32 SDPA on
+    # the same inputs rounded once, and the reference in float64 up to that one rounding.
+    q, k, v = (x.bfloat16().requires_grad_() for x in _qkv(t=6, s=6))
+    mask = MASKS[kind](6, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fast_attention(q, k, v, mask)
+    assert out.dtype == torch.bfloat16
+    m = F.scaled_dot_product_attention(*(x.detach().float() for x in (q, k, v)),
+                                       attn_mask=as_4d(mask))
+    assert torch.equal(out, m.bfloat16())
+    ref, _ = reference_attention(*(x.detach().double() for x in (q, k, v)), mask)
+    torch.testing.assert_close(out.double(), ref, atol=8e-3, rtol=8e-3)  # one bf16 rounding
+    out.float().sum().backward()
+    assert all(x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
+@pytest.mark.parametrize("in_fp32", [True, False])
+@pytest.mark.parametrize("s, masked", [(40, False), (300, False), (300, True)])
+def test_low_precision_cpu_attention_of_one_query_takes_the_measured_kernel(
+        s, masked, in_fp32, monkeypatch):
+    # One bf16 query against s cached keys (a decoding step; s beyond the short-sequence
+    # limit too): where the probe measured it faster, fp32 flash on the upcast inputs,
+    # rounded once (equal to torch's fp32 SDPA on the same inputs), else torch's bf16 kernel
+    # itself; both are the float64 reference up to bf16 rounding.
+    monkeypatch.setattr(speed_attention, "one_query_in_fp32", lambda dtype: in_fp32)
+    q, k, v = (x.bfloat16() for x in _qkv(t=1, s=s))
+    mask = torch.rand(1, s) > 0.3 if masked else None
+    out = fast_attention(q, k, v, mask, is_causal=True)
+    assert out.dtype == torch.bfloat16
+    if in_fp32:
+        m = F.scaled_dot_product_attention(*(x.float() for x in (q, k, v)),
+                                           attn_mask=as_4d(mask)).bfloat16()
+    else:
+        m = F.scaled_dot_product_attention(q, k, v, attn_mask=as_4d(mask))
+    assert torch.equal(out, m)
+    ref, _ = reference_attention(*(x.double() for x in (q, k, v)), mask, is_causal=True)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_the_one_query_attention_probe_measures_once_per_machine(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))
+    one_query_in_fp32.cache_clear()
+    try:
+        answer = one_query_in_fp32(torch.bfloat16)
+        entry = probe._read_cache(probe.cache_file())[
+            probe.machine_key("one-query attention", str(torch.bfloat16))]
+        assert entry["kernels"] == ("fp32" if answer else "own dtype")
+        assert set(entry["ms"]) == {"fp32", "own dtype"}
+        one_query_in_fp32.cache_clear()  # a new process: answered from the file
+        monkeypatch.setattr(probe, "_write_cache", lambda *a: pytest.fail("measured again"))
+        assert one_query_in_fp32(torch.bfloat16) is answer
+    finally:
+        one_query_in_fp32.cache_clear()
+
+
+@pytest.mark.parametrize("is_causal", [True, False])
+@pytest.mark.parametrize("autocast", [True, False])
+def test_low_precision_cpu_attention_without_a_mask_is_two_matmuls_in_bf16(is_causal, autocast):
+    # Unmasked short bf16 sequences on a CPU (a decoder's training step) run as two batched
+    # matmuls in bf16 with the scale and the causal mask fused into the first: output and
+    # gradients equal the float64 reference up to bf16 roundings of the scores, weights and
+    # output, and come out in bf16. q, k, v are views of one projection, as in the model.
+    qkv = torch.randn(2, 64, 3, 4, 16).bfloat16().requires_grad_()
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, T, Dh), not contiguous
+    grad = torch.randn(2, 4, 64, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = fast_attention(q, k, v, is_causal=is_causal)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 4, 64, 16)
+    (out.float() * grad).sum().backward()
+    x64 = qkv.detach().double().requires_grad_()
+    ref, _ = reference_attention(*x64.permute(2, 0, 3, 1, 4).unbind(0), is_causal=is_causal)
+    (ref * grad.double()).sum().backward()
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(qkv.grad.double(), x64.grad, atol=6e-2, rtol=3e-2)
+    assert (out.double() - ref).abs().mean() < 3e-3  # typical error: a bf16 rounding or two
+
+
+def test_low_precision_cpu_attention_drops_weights_and_serves_training_after_inference():
+    q, k, v = (x.bfloat16() for x in _qkv(t=8, s=8))
+    with torch.inference_mode():  # the first call of a length (e.g. sampling) builds its mask
+        first = fast_attention(q, k, v, is_causal=True)
+    q.requires_grad_()
+    again = fast_attention(q, k, v, is_causal=True)  # a training step reuses the mask
+    assert torch.equal(first, again)
+    again.float().sum().backward()
+    assert torch.isfinite(q.grad).all()
+    assert torch.all(fast_attention(q, k, v, dropout_p=1.0, is_causal=True) == 0)
+    kept = fast_attention(q, k, v, dropout_p=0.5, is_causal=True)
+    assert not torch.equal(kept, again) and torch.isfinite(kept).all()
+
+
+def test_low_precision_cpu_attention_keeps_a_kernel_the_user_chose():
+    # train.sdpa_backend = "math" / "flash" (torch's sdpa_kernel): SDPA with that kernel, in fp32
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (x.bfloat16() for x in _qkv(t=8, s=8))
+    with sdpa_kernel([SDPBackend.MATH]):
+        out = fast_attention(q, k, v, is_causal=True)
+    with sdpa_kernel([SDPBackend.MATH]):
+        m = F.scaled_dot_product_attention(*(x.float() for x in (q, k, v)), is_causal=True)
+    assert torch.equal(out, m.bfloat16())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_cpu_kernel_is_sdpa_itself_outside_low_precision(dtype):
+    q, k, v = _qkv(t=6, s=6, dtype=dtype)
+    mask = MASKS["causal+padding"](6, 6)
+    assert torch.equal(fast_attention(q, k, v, mask), fused_attention(q, k, v, mask))
+    assert torch.equal(fast_attention(q, k, v, is_causal=True),
+                       fused_attention(q, k, v, is_causal=True))
+
+
+def test_use_cpu_sdpa_fills_every_attention_slot_and_the_context_restores_them():
+    model = DecoderLM(ModelConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=2, max_len=8))
+    slots = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    assert len(slots) == 2 and all(m.sdpa is F.scaled_dot_product_attention for m in slots)
+    with cpu_sdpa_in(model):
+        assert all(m.sdpa is cpu_sdpa for m in slots)
+    assert all(m.sdpa is F.scaled_dot_product_attention for m in slots)
+    assert use_cpu_sdpa(model) is model and all(m.sdpa is cpu_sdpa for m in slots)
+
+
+def test_a_bf16_model_on_the_cpu_kernel_equals_the_written_out_attention():
+    model = DecoderLM(ModelConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=2, max_len=8,
+                                  dropout=0.0)).eval()
+    ids = torch.randint(0, 11, (2, 8))
+    with torch.no_grad():
+        ref = model.attention_maps(ids).logits  # every layer on the written-out path
+        with cpu_sdpa_in(model.bfloat16()):
+            fast, _ = model(ids)
+    torch.testing.assert_close(fast.float(), ref.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_the_core_imports_no_probe_and_no_cache():
+    # attnlab.nn and attnlab.models know nothing of the machine: every speed choice is made
+    # here and put in from outside (tests/test_layout.py checks the import graph too)
+    import subprocess
+    import sys
+
+    code = ("import sys, attnlab.models, attnlab.nn; "
+            "print(sorted(m for m in sys.modules if m.startswith('attnlab.')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout
+    assert "attnlab.speed" not in loaded and "attnlab.models" in loaded
