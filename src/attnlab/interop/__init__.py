@@ -1,21 +1,10 @@
-"""Weight conversion to and from other implementations.
+"""Weights in and out of other implementations; checkpoint-specific parameter names live only
+in this package.
 
-* ``torch.nn``: :func:`mha_from_torch` (``nn.MultiheadAttention``) and
-  :func:`transformer_from_torch` (``nn.Transformer`` -> attnlab encoder + decoder stacks).
-* Hugging Face ``transformers`` (``pip install attnlab[hf]``, imported lazily):
-  :func:`gpt2_from_hf` / :func:`gpt2_to_hf` (GPT-2 <-> :class:`~attnlab.models.DecoderLM`) and
-  :func:`bert_from_hf` / :func:`bert_to_hf` (``BertModel`` / ``BertForSequenceClassification``
-  <-> :class:`~attnlab.models.EncoderClassifier`), :func:`marian_to_hf` (the paper's
-  :class:`~attnlab.models.Transformer` -> ``MarianMTModel``),
-  :func:`llama_from_hf` / :func:`llama_to_hf` (Llama <-> :class:`~attnlab.models.DecoderLM`).
-* Pretrained models: :func:`load_pretrained` (a Hugging Face model directory, or the name
-  ``"all-MiniLM-L6-v2"`` -> model + tokenizer), :func:`import_run` (-> a run dir),
-  :func:`export_hf` (a run dir -> a Hugging Face model directory); tokenizers in and out of
-  Hugging Face files: :func:`load_hf_tokenizer`, :func:`save_hf_tokenizer`.
-* ONNX (``pip install onnx onnxscript onnxruntime``, imported lazily): :func:`export_onnx`
-  (every family; :func:`example_inputs` makes the inputs).
-
-Checkpoint-specific parameter names live only in this package.
+``torch.nn`` (:mod:`.torch_nn`); Hugging Face GPT-2, BERT, Llama and MarianMT (:mod:`.gpt2`,
+:mod:`.bert`, :mod:`.llama`, :mod:`.marian`; ``pip install attnlab[hf]``); model folders <->
+run dirs (:mod:`.pretrained`) with their tokenizer files (:mod:`.hf_tokenizer`); ONNX
+(:mod:`.onnx_export`). The optional packages are imported where they are used.
 """
 
 from .bert import bert_classifier_from_hf, bert_config, bert_from_hf, bert_labels, bert_to_hf

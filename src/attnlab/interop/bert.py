@@ -1,18 +1,10 @@
 """BERT (``BertModel``, ``BertForSequenceClassification``) <-> attnlab
 :class:`~attnlab.models.EncoderClassifier`.
 
-How the two models line up, and what attnlab does not have:
-
-* BERT's pooler (dense + tanh on [CLS]) is attnlab's ``pooling="pooler"``; the classifier of a
-  ``BertForSequenceClassification`` is attnlab's ``head``, and ``config.id2label`` gives the
-  class names (:func:`bert_labels`). A ``BertModel`` has no head: attnlab's starts fresh.
-* BERT segment ids: ``token_type_embeddings[0]`` is folded into the learned position table,
-  so attnlab reproduces BERT for single-segment inputs (``token_type_ids`` all 0, the
-  default). Sentence pairs with segment 1 are not reproduced. Exported models get zero
-  segment embeddings, so their segment-0 outputs equal attnlab's.
-* Only BERT's own layout exports (:func:`bert_problems`): post-norm, an embedding LayerNorm,
-  learned positions, biases. attnlab's pre-norm encoders (the ``sst2`` recipe) have no
-  ``BertForSequenceClassification`` counterpart, nor has mean pooling.
+BERT's pooler (dense + tanh on [CLS]) is attnlab's ``pooling="pooler"``, its classifier
+attnlab's ``head``. Segment embedding 0 is folded into the learned position table, so
+single-segment inputs (``token_type_ids`` all 0) are reproduced and sentence pairs are not;
+an export gets zero segment embeddings. Only BERT's own layout exports (:func:`bert_problems`).
 """
 
 from __future__ import annotations
@@ -24,22 +16,21 @@ import torch
 
 from ..config import ModelConfig
 from ..models import EncoderClassifier
-from ._load import load_mapped
 from .hf import (
-    _TO_HF_ACTIVATION,
-    _activation,
-    _linear,
-    _load,
-    _norm,
-    _transformers,
+    TO_HF_ACTIVATION,
+    attnlab_activation,
     attnlab_config,
     check_model_type,
+    import_transformers,
+    load_hf_model,
     read_hf_config,
     read_hf_weights,
     unmet,
 )
+from .weight_map import layer_norm_weights, layer_weights, linear_weights, load_mapped
 
 CLASSIFIER = "BertForSequenceClassification"
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")  # the hidden_act values read
 
 
 def bert_config(hf_config: Any, *, n_classes: int = 2, pooling: str = "cls",
@@ -68,7 +59,7 @@ def bert_config(hf_config: Any, *, n_classes: int = 2, pooling: str = "cls",
         norm_eps=hf_config.layer_norm_eps,
         final_norm=False,
         embed_norm=True,
-        ffn=_activation(hf_config.hidden_act, ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")),
+        ffn=attnlab_activation(hf_config.hidden_act, ACTIVATIONS),
         pos="learned",
         max_len=hf_config.max_position_embeddings,
         bias=True,
@@ -88,7 +79,7 @@ def bert_labels(hf_config: Any) -> list[str]:
             for i in range(hf_config.num_labels)]
 
 
-def _load_bert(model_or_dir: Any) -> Any:
+def _bert_model(model_or_dir: Any) -> Any:
     """A ``transformers`` BERT: the model itself, or loaded from a directory as the class its
     ``config.json`` names, or as a classifier where its weights hold one (a config saved
     without ``architectures``): ``BertForSequenceClassification`` keeps its head."""
@@ -97,7 +88,7 @@ def _load_bert(model_or_dir: Any) -> Any:
     archs = read_hf_config(model_or_dir).get("architectures") or []
     sd = read_hf_weights(model_or_dir)
     head = CLASSIFIER in archs or (not archs and "classifier.weight" in sd)
-    return _load(model_or_dir, CLASSIFIER if head else "BertModel", sd)
+    return load_hf_model(model_or_dir, CLASSIFIER if head else "BertModel", sd)
 
 
 def bert_classifier_from_hf(model_or_dir: Any, *, n_classes: int | None = None,
@@ -124,7 +115,7 @@ def bert_classifier_from_hf(model_or_dir: Any, *, n_classes: int | None = None,
         ValueError: another BERT head (masked LM, ...), a regression head, a ``pooling`` or
             ``n_classes`` that contradicts the checkpoint's head, an unsupported setting.
     """
-    model = _load_bert(model_or_dir)
+    model = _bert_model(model_or_dir)
     head = getattr(model, "classifier", None)
     if head is not None and hasattr(model, "bert"):
         labels = bert_labels(model.config)
@@ -161,6 +152,13 @@ def bert_from_hf(model_or_dir: Any, *, n_classes: int | None = None, pooling: st
                                    dropout=dropout)[0]
 
 
+# One encoder layer, attnlab name -> BERT name, both directions; q/k/v are one stacked
+# matrix in attnlab and three in BERT, so they are mapped apart.
+LINEAR_NAMES = {"self_attn.out_proj": "attention.output.dense", "ffn.w1": "intermediate.dense",
+                "ffn.w2": "output.dense"}
+NORM_NAMES = {"norm1": "attention.output.LayerNorm", "norm2": "output.LayerNorm"}
+
+
 def _convert(bert: Any, n_classes: int, pooling: str, dropout: float,
              head: Any) -> EncoderClassifier:
     """attnlab classifier from a ``BertModel`` (``bert``) and an optional HF ``head``."""
@@ -170,22 +168,19 @@ def _convert(bert: Any, n_classes: int, pooling: str, dropout: float,
     mapped = {
         "emb.tok.weight": sd["embeddings.word_embeddings.weight"],
         "emb.pos.weight": sd["embeddings.position_embeddings.weight"] + tok_type,
-        **_norm(sd, "embeddings.LayerNorm", "emb.norm"),
+        **layer_norm_weights(sd, "embeddings.LayerNorm", "emb.norm"),
     }
     for i in range(cfg.n_layers):
         src, dst = f"encoder.layer.{i}.", f"encoder.layers.{i}."
         qkv = [f"{src}attention.self.{n}" for n in ("query", "key", "value")]
         mapped[dst + "self_attn.qkv_proj.weight"] = torch.cat([sd[n + ".weight"] for n in qkv])
         mapped[dst + "self_attn.qkv_proj.bias"] = torch.cat([sd[n + ".bias"] for n in qkv])
-        mapped |= _linear(sd, src + "attention.output.dense", dst + "self_attn.out_proj")
-        mapped |= _norm(sd, src + "attention.output.LayerNorm", dst + "norm1")
-        mapped |= _linear(sd, src + "intermediate.dense", dst + "ffn.w1")
-        mapped |= _linear(sd, src + "output.dense", dst + "ffn.w2")
-        mapped |= _norm(sd, src + "output.LayerNorm", dst + "norm2")
+        mapped |= layer_weights(sd, src, dst, linears=LINEAR_NAMES, norms=NORM_NAMES,
+                                to_hf=False)
     keep = ["head."]
     if pooling == "pooler":
         if "pooler.dense.weight" in sd:  # a BertModel built without its pooler: a fresh one
-            mapped |= _linear(sd, "pooler.dense", "pooler")
+            mapped |= linear_weights(sd, "pooler.dense", "pooler")
         else:
             keep.append("pooler.")
     if head is not None:
@@ -209,7 +204,7 @@ def bert_problems(cfg: ModelConfig) -> list[str]:
         ("scale_embeddings=False", not cfg.scale_embeddings, cfg.scale_embeddings),
         ("bias=True", cfg.bias, cfg.bias),
         ("head_dim=d_model/n_heads", cfg.head_dim * cfg.n_heads == cfg.d_model, cfg.head_dim),
-        ("ffn relu/gelu/gelu_tanh", cfg.ffn in _TO_HF_ACTIVATION, cfg.ffn),
+        ("ffn relu/gelu/gelu_tanh", cfg.ffn in TO_HF_ACTIVATION, cfg.ffn),
         ("pooling='pooler'", cfg.pooling == "pooler", cfg.pooling),
     ))
 
@@ -242,11 +237,11 @@ def bert_to_hf(model: EncoderClassifier, label_names: list[str] | None = None) -
     if len(names) != cfg.n_classes or len(set(names)) != len(names):
         raise ValueError(f"label_names={names} must be {cfg.n_classes} distinct names, one "
                          "per class")
-    tf = _transformers()
+    tf = import_transformers()
     hf_config = tf.BertConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
         num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff,
-        hidden_act=_TO_HF_ACTIVATION[cfg.ffn], hidden_dropout_prob=cfg.dropout,
+        hidden_act=TO_HF_ACTIVATION[cfg.ffn], hidden_dropout_prob=cfg.dropout,
         attention_probs_dropout_prob=cfg.attn_dropout, max_position_embeddings=cfg.max_len,
         type_vocab_size=2, layer_norm_eps=cfg.norm_eps,
         pad_token_id=0 if cfg.pad_id is None else cfg.pad_id, num_labels=cfg.n_classes,
@@ -260,21 +255,18 @@ def bert_to_hf(model: EncoderClassifier, label_names: list[str] | None = None) -
         "bert.embeddings.position_embeddings.weight": sd["emb.pos.weight"],
         # segment 0 is already inside the position table (see the module docstring)
         "bert.embeddings.token_type_embeddings.weight": sd["emb.tok.weight"].new_zeros(2, d),
-        **_norm(sd, "emb.norm", "bert.embeddings.LayerNorm"),
-        **_linear(sd, "pooler", "bert.pooler.dense"),
-        **_linear(sd, "head", "classifier"),
+        **layer_norm_weights(sd, "emb.norm", "bert.embeddings.LayerNorm"),
+        **linear_weights(sd, "pooler", "bert.pooler.dense"),
+        **linear_weights(sd, "head", "classifier"),
     }
     for i in range(cfg.n_layers):
         src, dst = f"encoder.layers.{i}.", f"bert.encoder.layer.{i}."
-        qkv_w = sd[src + "self_attn.qkv_proj.weight"].split(d)  # 3 x (D, D): q, k, v
+        qkv_w = sd[src + "self_attn.qkv_proj.weight"].split(d)  # (3D, D) -> q, k, v (D, D)
         qkv_b = sd[src + "self_attn.qkv_proj.bias"].split(d)
         for name, w, b in zip(("query", "key", "value"), qkv_w, qkv_b):
             mapped[f"{dst}attention.self.{name}.weight"] = w
             mapped[f"{dst}attention.self.{name}.bias"] = b
-        mapped |= _linear(sd, src + "self_attn.out_proj", dst + "attention.output.dense")
-        mapped |= _norm(sd, src + "norm1", dst + "attention.output.LayerNorm")
-        mapped |= _linear(sd, src + "ffn.w1", dst + "intermediate.dense")
-        mapped |= _linear(sd, src + "ffn.w2", dst + "output.dense")
-        mapped |= _norm(sd, src + "norm2", dst + "output.LayerNorm")
+        mapped |= layer_weights(sd, src, dst, linears=LINEAR_NAMES, norms=NORM_NAMES,
+                                to_hf=True)
     load_mapped(hf, mapped)
     return hf.to(sd["emb.tok.weight"]).eval()

@@ -6,19 +6,17 @@ from typing import Any
 
 from ..config import ModelConfig
 from ..models import DecoderLM
-from ._load import load_mapped
 from .hf import (
-    _ACTIVATIONS,
-    _TO_HF_ACTIVATION,
-    _activation,
-    _linear,
-    _load,
-    _norm,
-    _transformers,
+    FROM_HF_ACTIVATION,
+    TO_HF_ACTIVATION,
+    attnlab_activation,
     attnlab_config,
     check_model_type,
+    import_transformers,
+    load_hf_model,
     unmet,
 )
+from .weight_map import layer_norm_weights, layer_weights, load_mapped
 
 
 def gpt2_config(hf_config: Any, dropout: float = 0.0) -> ModelConfig:
@@ -44,7 +42,7 @@ def gpt2_config(hf_config: Any, dropout: float = 0.0) -> ModelConfig:
         norm="pre",
         norm_eps=hf_config.layer_norm_epsilon,
         final_norm=True,
-        ffn=_activation(hf_config.activation_function, tuple(_ACTIVATIONS)),
+        ffn=attnlab_activation(hf_config.activation_function, tuple(FROM_HF_ACTIVATION)),
         pos="learned",
         max_len=hf_config.n_positions,
         bias=True,
@@ -52,6 +50,13 @@ def gpt2_config(hf_config: Any, dropout: float = 0.0) -> ModelConfig:
         tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", True)),
         pad_id=None,
     )
+
+
+# One decoder layer, attnlab name -> GPT-2 name, both directions. GPT-2's linear layers are
+# Conv1D, whose weight is stored (in, out): the fused q/k/v ``c_attn`` is (D, 3D).
+LINEAR_NAMES = {"self_attn.qkv_proj": "attn.c_attn", "self_attn.out_proj": "attn.c_proj",
+                "ffn.w1": "mlp.c_fc", "ffn.w2": "mlp.c_proj"}
+NORM_NAMES = {"norm1": "ln_1", "norm2": "ln_2"}
 
 
 def gpt2_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
@@ -65,7 +70,7 @@ def gpt2_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
     HF's ``attention_mask`` + ``position_ids`` correspond to attnlab's ``mask`` +
     ``positions`` (e.g. for left-padded batches).
     """
-    model = _load(model_or_dir, "GPT2LMHeadModel")
+    model = load_hf_model(model_or_dir, "GPT2LMHeadModel")
     base = getattr(model, "transformer", model)  # GPT2LMHeadModel wraps a GPT2Model
     if not (hasattr(base, "wte") and hasattr(base, "h")):
         raise ValueError(f"expected a GPT2LMHeadModel or GPT2Model, got {type(model).__name__}")
@@ -77,15 +82,11 @@ def gpt2_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
         "emb.tok.weight": sd["wte.weight"],
         "emb.pos.weight": sd["wpe.weight"],
         "head.weight": sd["wte.weight"] if tied else head.weight,
-        **_norm(sd, "ln_f", "decoder.norm"),
+        **layer_norm_weights(sd, "ln_f", "decoder.norm"),
     }
     for i in range(cfg.n_layers):
-        src, dst = f"h.{i}.", f"decoder.layers.{i}."
-        mapped |= _linear(sd, src + "attn.c_attn", dst + "self_attn.qkv_proj", conv1d=True)
-        mapped |= _linear(sd, src + "attn.c_proj", dst + "self_attn.out_proj", conv1d=True)
-        mapped |= _linear(sd, src + "mlp.c_fc", dst + "ffn.w1", conv1d=True)
-        mapped |= _linear(sd, src + "mlp.c_proj", dst + "ffn.w2", conv1d=True)
-        mapped |= _norm(sd, src + "ln_1", dst + "norm1") | _norm(sd, src + "ln_2", dst + "norm2")
+        mapped |= layer_weights(sd, f"h.{i}.", f"decoder.layers.{i}.", linears=LINEAR_NAMES,
+                                norms=NORM_NAMES, to_hf=False, conv1d=True)
     lm = DecoderLM(cfg)
     load_mapped(lm, mapped)
     return lm.to(base.wte.weight).eval()
@@ -103,7 +104,7 @@ def gpt2_problems(cfg: ModelConfig) -> list[str]:
         ("scale_embeddings=False", not cfg.scale_embeddings, cfg.scale_embeddings),
         ("embed_norm=False", not cfg.embed_norm, cfg.embed_norm),
         ("head_dim=d_model/n_heads", cfg.head_dim * cfg.n_heads == cfg.d_model, cfg.head_dim),
-        ("ffn relu/gelu/gelu_tanh", cfg.ffn in _TO_HF_ACTIVATION, cfg.ffn),
+        ("ffn relu/gelu/gelu_tanh", cfg.ffn in TO_HF_ACTIVATION, cfg.ffn),
     ))
 
 
@@ -122,11 +123,11 @@ def gpt2_to_hf(model: DecoderLM) -> Any:
     if problems:
         raise ValueError("this DecoderLM cannot be expressed as GPT-2: it needs "
                          f"{', '.join(problems)}")
-    tf = _transformers()
+    tf = import_transformers()
     hf_config = tf.GPT2Config(
         vocab_size=cfg.vocab_size, n_positions=cfg.max_len, n_embd=cfg.d_model,
         n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_ff,
-        activation_function=_TO_HF_ACTIVATION[cfg.ffn], resid_pdrop=cfg.dropout,
+        activation_function=TO_HF_ACTIVATION[cfg.ffn], resid_pdrop=cfg.dropout,
         embd_pdrop=cfg.dropout, attn_pdrop=cfg.attn_dropout, layer_norm_epsilon=cfg.norm_eps,
         tie_word_embeddings=cfg.tie_embeddings, bos_token_id=None, eos_token_id=None,
         pad_token_id=cfg.pad_id,
@@ -137,15 +138,10 @@ def gpt2_to_hf(model: DecoderLM) -> Any:
         "transformer.wte.weight": sd["emb.tok.weight"],
         "transformer.wpe.weight": sd["emb.pos.weight"],
         "lm_head.weight": sd["head.weight"],
-        **_norm(sd, "decoder.norm", "transformer.ln_f"),
+        **layer_norm_weights(sd, "decoder.norm", "transformer.ln_f"),
     }
     for i in range(cfg.n_layers):
-        src, dst = f"decoder.layers.{i}.", f"transformer.h.{i}."
-        attn = src + "self_attn."
-        mapped |= _linear(sd, attn + "qkv_proj", dst + "attn.c_attn", conv1d=True)  # (D, 3D)
-        mapped |= _linear(sd, attn + "out_proj", dst + "attn.c_proj", conv1d=True)
-        mapped |= _linear(sd, src + "ffn.w1", dst + "mlp.c_fc", conv1d=True)
-        mapped |= _linear(sd, src + "ffn.w2", dst + "mlp.c_proj", conv1d=True)
-        mapped |= _norm(sd, src + "norm1", dst + "ln_1") | _norm(sd, src + "norm2", dst + "ln_2")
+        mapped |= layer_weights(sd, f"decoder.layers.{i}.", f"transformer.h.{i}.",
+                                linears=LINEAR_NAMES, norms=NORM_NAMES, to_hf=True, conv1d=True)
     load_mapped(hf, mapped)
     return hf.to(sd["emb.tok.weight"]).eval()

@@ -1,16 +1,9 @@
-"""What the Hugging Face ``transformers`` converters share: the lazy import, loading a local model
-directory, activation names and the nn.Linear / LayerNorm weight mappings.
+"""What the Hugging Face ``transformers`` converters share: the lazy import, reading a local
+model directory safely, and the activation names.
 
-``transformers`` is imported lazily (``pip install attnlab[hf]``). Each architecture has its own
-module (:mod:`.gpt2`, :mod:`.bert`, :mod:`.llama`) holding its parameter-name mapping; the
-converted models compute the same function as the originals in eval mode (tested to 1e-4 in
-fp32, on random weights and on the real all-MiniLM-L6-v2 checkpoint).
-
-A local model directory is read here, never by ``from_pretrained``: ``config.json``, then the
-weights (``model.safetensors``, or ``pytorch_model.bin`` through ``torch.load(weights_only=True)``,
-so a pickle that holds code is refused, never run; sharded checkpoints too), loaded into a
-model built from the config with every parameter accounted for (a missing or misshapen tensor
-is an error, not a silently random weight).
+A directory is read here, never by ``from_pretrained``: ``config.json``, then the weights
+through safetensors or ``torch.load(weights_only=True)`` (a pickle that holds code is refused,
+never run), loaded strictly, so a missing or misshapen tensor is an error, not a random weight.
 """
 
 from __future__ import annotations
@@ -36,14 +29,15 @@ CONFIG_FILE = "config.json"  # a Hugging Face model directory's, not a run dir's
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 
-_ACTIVATIONS = {
+# transformers' activation names -> attnlab's ffn, and back
+FROM_HF_ACTIVATION = {
     "gelu_new": "gelu_tanh",
     "gelu_pytorch_tanh": "gelu_tanh",
     "gelu_fast": "gelu_tanh",  # the same tanh formula, written differently
     "gelu": "gelu",
     "relu": "relu",
 }
-_TO_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+TO_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 
 
 def unmet(checks: Iterable[tuple[str, bool, Any]]) -> list[str]:
@@ -73,7 +67,8 @@ def check_model_type(hf_config: Any, model_type: str, what: str) -> None:
         raise ValueError(f"expected a {what} config, got {shown}")
 
 
-def _transformers() -> Any:
+def import_transformers() -> Any:
+    """The ``transformers`` module, imported on first use (an optional extra)."""
     try:
         import transformers
     except ImportError as e:  # pragma: no cover - exercised only without the extra
@@ -248,7 +243,8 @@ def _untied(sd: dict[str, Tensor]) -> bool:
 _UNUSED = {"BertModel": ("pooler.",)}
 
 
-def _load(model_or_dir: Any, cls_name: str, sd: dict[str, Tensor] | None = None) -> nn.Module:
+def load_hf_model(model_or_dir: Any, cls_name: str,
+                  sd: dict[str, Tensor] | None = None) -> nn.Module:
     """``model_or_dir`` itself, or ``transformers.<cls_name>`` built from the ``config.json``
     of a local directory and loaded with its weights (``sd`` if already read, else
     :func:`read_hf_weights`), in eval mode."""
@@ -257,7 +253,7 @@ def _load(model_or_dir: Any, cls_name: str, sd: dict[str, Tensor] | None = None)
     path = Path(model_or_dir)
     read_hf_config(path)  # the clear errors for a folder that is not a model
     sd = read_hf_weights(path) if sd is None else sd
-    tf = _transformers()
+    tf = import_transformers()
     try:
         config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - transformers' field checks raise their own types
@@ -288,27 +284,9 @@ def _load(model_or_dir: Any, cls_name: str, sd: dict[str, Tensor] | None = None)
     return model.eval()
 
 
-def _activation(name: str, allowed: tuple[str, ...]) -> str:
+def attnlab_activation(name: str, allowed: tuple[str, ...]) -> str:
+    """attnlab's ``ffn`` for transformers' activation ``name``, or a ValueError naming the
+    ``allowed`` ones."""
     if name not in allowed:
         raise ValueError(f"activation {name!r} is not supported: one of {', '.join(allowed)}")
-    return _ACTIVATIONS[name]
-
-
-def _bias(sd: dict[str, Tensor], name: str, like: Tensor, size: int) -> Tensor:
-    """``sd[name]``, or zeros where attnlab has no bias (``bias=False``): a zero bias in the
-    other model computes the same function."""
-    return sd[name] if name in sd else like.new_zeros(size)
-
-
-def _linear(sd: dict[str, Tensor], src: str, dst: str, conv1d: bool = False) -> dict[str, Tensor]:
-    """nn.Linear ``src`` -> ``dst``; GPT-2's Conv1D stores the weight (in, out): transpose.
-    A missing bias (attnlab's ``bias=False``) becomes zeros."""
-    w = sd[f"{src}.weight"]
-    return {f"{dst}.weight": w.t() if conv1d else w,
-            f"{dst}.bias": _bias(sd, f"{src}.bias", w, w.shape[0])}
-
-
-def _norm(sd: dict[str, Tensor], src: str, dst: str) -> dict[str, Tensor]:
-    """LayerNorm ``src`` -> ``dst``; a missing bias becomes zeros."""
-    w = sd[f"{src}.weight"]
-    return {f"{dst}.weight": w, f"{dst}.bias": _bias(sd, f"{src}.bias", w, w.shape[0])}
+    return FROM_HF_ACTIVATION[name]

@@ -1,22 +1,9 @@
 """Tokenizers in and out of Hugging Face files: the one place that knows their names.
 
-Reading (:func:`load_hf_tokenizer`), in the order ``transformers.AutoTokenizer`` prefers them:
-
-* ``tokenizer.json`` (Hugging Face ``tokenizers``): taken as it is. A WordPiece model becomes a
-  :class:`~attnlab.tokenizers.WordPieceTokenizer`, a byte-level BPE a
-  :class:`~attnlab.tokenizers.GPT2Tokenizer`, anything else (Llama's byte-fallback BPE) a
-  :class:`~attnlab.tokenizers.PretrainedTokenizer`.
-* ``vocab.json`` + ``merges.txt``: GPT-2's byte-level BPE.
-* ``vocab.txt``: BERT's WordPiece (``do_lower_case`` from ``tokenizer_config.json``).
-
-The special tokens (bos, eos, pad, unk; BERT's ``[CLS]``/``[SEP]`` as bos/eos) come from
-``tokenizer_config.json`` / ``special_tokens_map.json``. Truncation and padding stored in a
-``tokenizer.json`` are dropped: attnlab cuts and pads itself.
-
-Writing (:func:`save_hf_tokenizer`): every attnlab tokenizer kind (char, ids, bpe, gpt2,
-wordpiece, hf) as a ``tokenizer.json`` + ``tokenizer_config.json`` that
-``AutoTokenizer.from_pretrained`` loads and that encodes as attnlab does: ``tokenizer(text)``
-gives ``encode(text)`` (WordPiece: ``[CLS] ... [SEP]``, as BERT).
+:func:`load_hf_tokenizer` reads a model directory's files as ``transformers.AutoTokenizer``
+would; :func:`save_hf_tokenizer` writes any attnlab tokenizer as files that
+``AutoTokenizer.from_pretrained`` loads and that encode as attnlab does. Truncation and
+padding stored in a ``tokenizer.json`` are dropped: attnlab cuts and pads itself.
 """
 
 from __future__ import annotations
@@ -93,7 +80,18 @@ def _from_tokenizer_json(path: Path, names: dict[str, str]) -> Tokenizer:
 
 
 def load_hf_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """The tokenizer of a Hugging Face model directory (see the module docstring).
+    """The tokenizer of a Hugging Face model directory, from the first of these files there,
+    in the order ``transformers.AutoTokenizer`` prefers them:
+
+    * ``tokenizer.json``, as it is: a WordPiece model becomes a
+      :class:`~attnlab.tokenizers.WordPieceTokenizer`, a byte-level BPE a
+      :class:`~attnlab.tokenizers.GPT2Tokenizer`, anything else (Llama's byte-fallback BPE) a
+      :class:`~attnlab.tokenizers.PretrainedTokenizer`;
+    * ``vocab.json`` + ``merges.txt``: GPT-2's byte-level BPE;
+    * ``vocab.txt``: BERT's WordPiece (``do_lower_case`` from ``tokenizer_config.json``).
+
+    The special tokens (bos, eos, pad, unk; BERT's ``[CLS]``/``[SEP]`` as bos/eos) come from
+    ``tokenizer_config.json`` / ``special_tokens_map.json``.
 
     Raises:
         FileNotFoundError: none of ``tokenizer.json``, ``vocab.json`` + ``merges.txt``,
@@ -140,9 +138,11 @@ def to_hf_tokenizer(tokenizer: Tokenizer, wrap: str = "") -> tuple[HFTokenizer, 
     char: a word-level vocabulary over single characters (every character its own piece); ids:
     a word-level vocabulary of the decimal ids, split on whitespace; the others: their own
     ``tokenizers`` JSON, WordPiece with BERT's ``[CLS] ... [SEP]`` post-processor.
-    ``wrap``: what the model reads around a text, added by a post-processor (WordPiece has its
-    own): ``"bos"`` (an encoder that pools its first token, ``[CLS]``) or ``"bos eos"`` (an
-    encoder-decoder's sources with ``data.src_add_special``).
+
+    Args:
+        wrap: what the model reads around a text, added by a post-processor (WordPiece has
+            its own): ``"bos"`` (an encoder that pools its first token, ``[CLS]``) or
+            ``"bos eos"`` (an encoder-decoder's sources with ``data.src_add_special``).
     """
     if wrap not in ("", "bos", "bos eos"):
         raise ValueError(f"wrap={wrap!r} is not allowed: '', 'bos' or 'bos eos'")

@@ -1,15 +1,10 @@
 """Llama (``LlamaForCausalLM``) <-> attnlab :class:`~attnlab.models.DecoderLM`.
 
-A Llama decoder is attnlab's pre-norm decoder with ``norm_type="rmsnorm"``, ``pos="rope"``
-and ``ffn="swiglu"``:
-
-* RoPE: attnlab pairs dimension i with i + Dh/2 ("rotate half"), as HF's ``rotate_half``
-  does, with the same frequencies ``base^(-2i/Dh)``; the q/k weights map unpermuted.
-* SwiGLU: ``down(silu(gate(x)) * up(x))`` is attnlab's ``w2(silu(w1 x) * w3 x)``.
-* Grouped-query attention (``num_key_value_heads`` < ``num_attention_heads``): each key/value
-  head serves ``n_rep`` consecutive query heads (HF's ``repeat_kv``), so repeating its
-  projection rows ``n_rep`` times gives ordinary multi-head attention with the same outputs
-  (a larger KV cache; the export writes ``num_key_value_heads = num_attention_heads``).
+A Llama decoder is attnlab's pre-norm decoder with RMSNorm, RoPE and SwiGLU. Both pair RoPE
+dimension i with i + Dh/2 ("rotate half"), so q/k map unpermuted; SwiGLU's
+``down(silu(gate(x)) * up(x))`` is attnlab's ``w2(silu(w1(x)) * w3(x))``. Grouped-query
+attention imports as ordinary multi-head attention: each key/value head's projection rows
+are repeated for the query heads it serves (HF's ``repeat_kv``), with the same outputs.
 """
 
 from __future__ import annotations
@@ -21,8 +16,8 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from ..models import DecoderLM
-from ._load import load_mapped
-from .hf import _load, _transformers, attnlab_config, check_model_type, unmet
+from .hf import attnlab_config, check_model_type, import_transformers, load_hf_model, unmet
+from .weight_map import load_mapped
 
 
 def _rope_theta(hf_config: Any) -> float:
@@ -110,7 +105,7 @@ def _repeat_heads(w: Tensor, n_kv: int, n_rep: int) -> Tensor:
 def llama_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
     """An attnlab :class:`DecoderLM` (in eval mode) with the weights of a ``LlamaForCausalLM``
     (an instance, or a local directory with ``config.json`` and weights)."""
-    model = _load(model_or_dir, "LlamaForCausalLM")
+    model = load_hf_model(model_or_dir, "LlamaForCausalLM")
     base = getattr(model, "model", model)
     if not (hasattr(base, "embed_tokens") and hasattr(base, "layers")):
         raise ValueError(f"expected a LlamaForCausalLM, got {type(model).__name__}")
@@ -171,7 +166,7 @@ def llama_to_hf(model: DecoderLM) -> Any:
     problems = llama_problems(cfg)
     if problems:
         raise ValueError(f"this model cannot be expressed as Llama: it needs {', '.join(problems)}")
-    tf = _transformers()
+    tf = import_transformers()
     hf_config = tf.LlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,

@@ -1,14 +1,10 @@
 """Export an attnlab model to ONNX (``torch.onnx.export``, the ``torch.export`` path).
 
-Needs ``onnx`` and ``onnxscript`` (and ``onnxruntime`` to verify); all are imported lazily.
-Every dimension of every input is exported as dynamic (batch and sequence lengths), up to
-the constraints the model itself has (e.g. ``T <= max_len`` for learned positions). All three
-families export (:func:`example_inputs` makes their inputs), named as Hugging Face's and
-Optimum's exports name them, so that code written for those runs the file as it is: a
-DecoderLM's ``logits`` (batch, sequence, V) from ``input_ids``; an EncoderClassifier's
-(batch, C) from ``input_ids`` and ``attention_mask``; a Transformer's teacher-forced
-(batch, decoder_sequence, V) from ``input_ids``, ``attention_mask`` (the source's) and
-``decoder_input_ids``. The dynamic axes carry those names (:data:`AXES`).
+Inputs and outputs are named as Hugging Face's and Optimum's exports name them
+(``input_ids``, ``attention_mask``, ``decoder_input_ids`` -> ``logits``; dynamic axes
+:data:`AXES`), so that code written for those runs the file as it is. Every input dimension
+is dynamic, up to the model's own limits (``T <= max_len`` for learned positions). Needs
+``onnx`` and ``onnxscript`` (``onnxruntime`` to verify), imported where they are used.
 """
 
 from __future__ import annotations

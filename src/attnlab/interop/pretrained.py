@@ -14,7 +14,8 @@ import importlib.util
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,13 @@ from torch import nn
 
 from ..files import write_dir_atomic
 from ..tokenizers import Tokenizer
-from .hf import CONFIG_FILE, attnlab_config, read_hf_config, read_optional_json
+from .hf import (
+    CONFIG_FILE,
+    attnlab_config,
+    import_transformers,
+    read_hf_config,
+    read_optional_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -311,6 +318,59 @@ def to_hf(model: nn.Module, *, label_names: list[str] | None = None,
                         eos_id=getattr(tokenizer, "eos_id", None))
 
 
+def _exports_encoder_only(run_dir: str | os.PathLike, which: str, family: str, *,
+                          encoder_only: bool) -> bool:
+    """Whether the run's model goes out as a headless ``BertModel``: when asked, and for an
+    encoder whose head was never trained (an imported BertModel or MiniLM), the class it
+    came from."""
+    from ..runs import RunDir
+
+    if encoder_only and family != "encoder":
+        raise ValueError(f"--encoder-only is for encoder runs; {run_dir} holds a {family} model "
+                         "(leave it out)")
+    if family == "encoder" and not encoder_only and RunDir(run_dir).untrained_head(which):
+        log.info("%s has no trained classification head: exported as its encoder, a BertModel",
+                 run_dir)
+        return True
+    return encoder_only
+
+
+def _tokenizer_wrap(run: Any) -> str:
+    """The special tokens the model reads around a text (``"bos"``, ``"bos eos"`` or none),
+    so that the exported tokenizer adds them too."""
+    from ..decoding.classify import cls_id
+
+    family = run.model.config.family
+    cls = run.tokenizer is not None and cls_id(run.tokenizer, run.model.config) is not None
+    if family == "encoder" and cls:
+        return "bos"
+    return "bos eos" if family == "encoder_decoder" and run.data.get("src_add_special") else ""
+
+
+def _set_special_ids(hf: Any, tokenizer: Tokenizer) -> None:
+    """The tokenizer's bos / eos / pad ids in an exported causal LM's config and generation
+    config, so that ``generate()`` knows where to stop."""
+    for role in ("bos", "eos", "pad"):
+        value = getattr(tokenizer, f"{role}_id")
+        setattr(hf.config, f"{role}_token_id", value)
+        if getattr(hf, "generation_config", None) is not None:
+            setattr(hf.generation_config, f"{role}_token_id", value)
+
+
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers' progress bars off while it saves: one line per command, not a bar per
+    file."""
+    progress = import_transformers().utils.logging
+    was_on = progress.is_progress_bar_enabled()
+    progress.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            progress.enable_progress_bar()
+
+
 def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, which: str = "best", *,
               encoder_only: bool = False) -> Path:
     """Write the model and tokenizer of a run dir as a Hugging Face model directory ``out``,
@@ -328,43 +388,22 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, which: str = "
         FileExistsError: ``out`` exists and is not empty.
         ValueError: a model that no supported architecture can express (the settings named).
     """
-    from ..runs import RunDir, load_run
-    from .hf import _transformers
+    from ..runs import load_run
     from .hf_tokenizer import save_hf_tokenizer
 
     out = _check_out(out)
     run = load_run(run_dir, which)
     family = run.model.config.family
-    if encoder_only and family != "encoder":
-        raise ValueError(f"--encoder-only is for encoder runs; {run_dir} holds a {family} model "
-                         "(leave it out)")
-    if family == "encoder" and not encoder_only and RunDir(run_dir).untrained_head(which):
-        # an imported BertModel / MiniLM: its head was never trained, so the encoder is all
-        # there is to export, and the class it came from is the one it goes back as
-        log.info("%s has no trained classification head: exported as its encoder, a BertModel",
-                 run_dir)
-        encoder_only = True
+    encoder_only = _exports_encoder_only(run_dir, which, family, encoder_only=encoder_only)
     names = run.label_names if family == "encoder" else None
-    # what the model reads around a text, so that the exported tokenizer adds it too
-    from ..decoding.classify import cls_id
-
-    cls = run.tokenizer is not None and cls_id(run.tokenizer, run.model.config) is not None
-    wrap = ("bos" if family == "encoder" and cls else
-            "bos eos" if family == "encoder_decoder" and run.data.get("src_add_special") else "")
+    wrap = _tokenizer_wrap(run)
     try:
         hf = to_hf(run.model.float(), label_names=names, tokenizer=run.tokenizer,
                    encoder_only=encoder_only)
     except ValueError as e:  # what Hugging Face cannot hold, ONNX can
         raise ValueError(f"{e}; or export it as it is with --to onnx") from None
     if run.tokenizer is not None and family == "decoder":
-        for role in ("bos", "eos", "pad"):  # so that generate() knows where to stop
-            value = getattr(run.tokenizer, f"{role}_id")
-            setattr(hf.config, f"{role}_token_id", value)
-            if getattr(hf, "generation_config", None) is not None:
-                setattr(hf.generation_config, f"{role}_token_id", value)
-    progress = _transformers().utils.logging
-    was_on = progress.is_progress_bar_enabled()
-    progress.disable_progress_bar()  # one line per command, not a bar per file
+        _set_special_ids(hf, run.tokenizer)
 
     def write(tmp: Path) -> None:
         hf.save_pretrained(tmp)
@@ -374,10 +413,7 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, which: str = "
         if run.tokenizer is not None:
             save_hf_tokenizer(run.tokenizer, tmp, run.model.config.max_len, wrap)
 
-    try:
+    with _no_progress_bars():
         write_dir_atomic(out, write)
-    finally:
-        if was_on:
-            progress.enable_progress_bar()
     log.info("exported %s as %s into %s", run.run_dir, type(hf).__name__, out)
     return out

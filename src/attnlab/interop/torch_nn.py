@@ -1,18 +1,10 @@
-"""Convert ``torch.nn.MultiheadAttention`` and ``torch.nn.Transformer`` to attnlab modules.
-
-The converted modules compute the same function (tested to 1e-5 in fp32). Two conventions
-differ and the caller converts them:
+"""Convert ``torch.nn.MultiheadAttention`` and ``torch.nn.Transformer`` to attnlab modules that
+compute the same function. Two conventions differ, and the caller converts them:
 
 * masks: torch's ``*_key_padding_mask`` and bool ``attn_mask`` are True = IGNORE; attnlab's
   masks are True = may attend (``valid = ~key_padding_mask``).
 * layout: attnlab is batch-first. A seq-first torch module (``batch_first=False``) has the
   same weights, so it converts too; transpose its (S, B, D) inputs to (B, S, D).
-
-``nn.Transformer`` has no embeddings and no output projection, so the result is a
-:class:`TransformerStacks` (an attnlab :class:`~attnlab.models.common.Encoder` and
-:class:`~attnlab.models.common.Decoder`), not a full :class:`~attnlab.models.Transformer`.
-The decoder is causal by default (torch called with a causal ``tgt_mask``);
-``tgt_is_causal=False`` matches torch called without one.
 """
 
 from __future__ import annotations
@@ -21,9 +13,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
-from ..models.common import Decoder, Encoder, key_mask
-from ..nn.attention import MultiHeadAttention
-from ._load import load_mapped
+from ..nn import Decoder, Encoder, MultiHeadAttention, key_mask
+from .weight_map import load_mapped
 
 
 def _check_mha(m: nn.MultiheadAttention) -> None:
@@ -138,9 +129,13 @@ def config_from_torch(t: nn.Transformer) -> ModelConfig:
 
 
 class TransformerStacks(nn.Module):
-    """The encoder and decoder stacks of a converted ``nn.Transformer`` (no embeddings).
+    """The encoder and decoder stacks of a converted ``nn.Transformer`` (an attnlab
+    :class:`~attnlab.nn.Encoder` and :class:`~attnlab.nn.Decoder`): torch's has no embeddings
+    and no output projection, so this is no full :class:`~attnlab.models.Transformer`.
 
-    ``forward`` mirrors ``nn.Transformer.forward`` with attnlab's mask convention.
+    ``forward`` mirrors ``nn.Transformer.forward`` with attnlab's mask convention; the decoder
+    is causal by default (torch called with a causal ``tgt_mask``), and
+    ``tgt_is_causal=False`` matches torch called without one.
     """
 
     def __init__(self, config: ModelConfig):

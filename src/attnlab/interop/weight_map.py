@@ -1,7 +1,8 @@
-"""Checked weight loading shared by the converters.
+"""Checked weight mapping shared by the converters.
 
-Every converter builds an attnlab state dict (name -> tensor) from the foreign weights and
-loads it with :func:`load_mapped`, which fails loudly on a missing, unknown or misshapen
+Every converter builds the other model's state dict (name -> tensor) from its source's,
+with :func:`linear_weights` and :func:`layer_norm_weights` where the layers line up one to one,
+and loads it with :func:`load_mapped`, which fails loudly on a missing, unknown or misshapen
 parameter instead of leaving a randomly initialised weight behind.
 """
 
@@ -39,3 +40,51 @@ def load_mapped(model: nn.Module, mapped: dict[str, Tensor],
     with torch.no_grad():
         for name, tensor in mapped.items():
             state[name].copy_(tensor.detach())  # state_dict tensors share the parameters' storage
+
+
+def _bias_or_zeros(sd: dict[str, Tensor], name: str, like: Tensor, size: int) -> Tensor:
+    """``sd[name]``, or zeros where attnlab has no bias (``bias=False``): a zero bias in the
+    other model computes the same function."""
+    return sd[name] if name in sd else like.new_zeros(size)
+
+
+def linear_weights(sd: dict[str, Tensor], src: str, dst: str, *,
+                   conv1d: bool = False) -> dict[str, Tensor]:
+    """The weight and bias of nn.Linear ``src`` of ``sd``, renamed ``dst``.
+
+    Args:
+        conv1d: GPT-2's Conv1D stores the weight (in, out), nn.Linear (out, in): transpose.
+
+    Returns:
+        ``{dst.weight, dst.bias}``; a missing bias (attnlab's ``bias=False``) becomes zeros.
+    """
+    w = sd[f"{src}.weight"]
+    return {f"{dst}.weight": w.t() if conv1d else w,
+            f"{dst}.bias": _bias_or_zeros(sd, f"{src}.bias", w, w.shape[0])}
+
+
+def layer_norm_weights(sd: dict[str, Tensor], src: str, dst: str) -> dict[str, Tensor]:
+    """The weight and bias of LayerNorm ``src`` of ``sd``, renamed ``dst``; a missing bias
+    becomes zeros."""
+    w = sd[f"{src}.weight"]
+    return {f"{dst}.weight": w,
+            f"{dst}.bias": _bias_or_zeros(sd, f"{src}.bias", w, w.shape[0])}
+
+
+def layer_weights(sd: dict[str, Tensor], src: str, dst: str, *, linears: dict[str, str],
+                  norms: dict[str, str], to_hf: bool, conv1d: bool = False) -> dict[str, Tensor]:
+    """The linear and LayerNorm weights of one layer, from prefix ``src`` of ``sd`` to prefix
+    ``dst``, renamed by the tables ``{attnlab name: Hugging Face name}``.
+
+    Args:
+        to_hf: ``sd`` is attnlab's (names go left to right), else the other model's.
+        conv1d: see :func:`linear_weights`.
+    """
+    out: dict[str, Tensor] = {}
+    for ours, theirs in linears.items():
+        a, b = (ours, theirs) if to_hf else (theirs, ours)
+        out |= linear_weights(sd, src + a, dst + b, conv1d=conv1d)
+    for ours, theirs in norms.items():
+        a, b = (ours, theirs) if to_hf else (theirs, ours)
+        out |= layer_norm_weights(sd, src + a, dst + b)
+    return out
