@@ -26,8 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Runs in the child process, against whichever attnlab PYTHONPATH points to. Only API that
-# both versions share: a positional model call, `new_cache`, and `generate` found in either
-# home (`attnlab.decoding` now, `attnlab.generate` before the decoding package).
+# both versions share: a positional model call, `new_cache`, `generate` found in either home
+# (`attnlab.decoding` now, `attnlab.generate` before the decoding package), and the trainer's
+# attention kernels (`attnlab.speed.use_cpu_sdpa` where the tree has a speed layer).
 CHILD = r"""
 import json, sys, time
 import torch
@@ -36,6 +37,10 @@ try:
     from attnlab.decoding import generate, inference_layout
 except ImportError:
     from attnlab.generate import generate, inference_layout
+try:  # the speed layer the trainer applies (older trees had its kernels inside the core)
+    from attnlab.speed import use_cpu_sdpa
+except ImportError:
+    use_cpu_sdpa = lambda model: model
 
 what = sys.argv[1]
 out = {}
@@ -64,7 +69,7 @@ else:
     cfg = ModelConfig(family="decoder", vocab_size=65, d_model=128, n_heads=4, n_layers=4,
                       max_len=64, dropout=0.0, norm="pre", pos="learned", ffn="gelu",
                       bias=False, scale_embeddings=False, pad_id=None)
-    model = DecoderLM(cfg).train()
+    model = use_cpu_sdpa(DecoderLM(cfg)).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     x = torch.randint(0, 65, (12, 64)); y = torch.randint(0, 65, (12, 64))
     for precision in ("fp32", "bf16"):

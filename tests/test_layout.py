@@ -1,4 +1,5 @@
-"""The package layout: no import cycles between modules, and one owner of the run dir's files.
+"""The package layout: the README's layer order and no import cycles, each family's read path,
+and one owner of the run dir's files.
 
 Both checks read the source with ``ast`` (nothing is imported), so they see every import,
 including the ones inside functions, and every string literal.
@@ -208,13 +209,87 @@ def test_a_run_dir_file_name_outside_runs_is_found(tmp_path, code, found):
     assert run_dir_names(tmp_path, "pkg") == found
 
 
-def test_the_model_core_stays_readable_in_an_afternoon():
-    """``nn/`` + ``models/`` (the building blocks and the three families, docstrings included)
-    stay under 1,300 lines: a feature that needs more belongs in another package."""
-    files = [*(SRC / "attnlab" / "nn").glob("*.py"), *(SRC / "attnlab" / "models").glob("*.py")]
-    lines = sum(len(f.read_text(encoding="utf-8").splitlines()) for f in files)
-    assert len(files) >= 10
-    assert lines < 1300, f"the model core has {lines} lines"
+# ---- the layers the README states ------------------------------------------------------------
+def readme_layers(readme: str) -> list[str]:
+    """The layer order the README states, lowest first: its line ``Layers, lowest first:
+    `a -> b -> ...` `` (each a top-level module or sub-package of attnlab)."""
+    line = next(row for row in readme.splitlines() if row.startswith("Layers, lowest first:"))
+    return [name.strip() for name in line.split("`")[1].split("->")]
+
+
+def unit_of(module: str) -> str:
+    """The top-level module or sub-package of ``attnlab`` that ``module`` belongs to."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def upward_imports(graph: dict[str, set[str]], order: list[str]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs where a module imports from a layer above its own."""
+    rank = {name: i for i, name in enumerate(order)}
+    found = []
+    for module, targets in graph.items():
+        low = rank.get(unit_of(module))
+        for target in targets:
+            high = rank.get(unit_of(target))
+            if low is not None and high is not None and high > low:
+                found.append((module, target))
+    return sorted(found)
+
+
+def test_imports_follow_the_readme_layer_order():
+    """Every module imports only from its own layer and the ones the README lists before it,
+    annotation-only imports included; every top-level module and package has a layer."""
+    order = readme_layers((SRC.parent / "README.md").read_text(encoding="utf-8"))
+    graph = import_graph(SRC, "attnlab", type_only=True)
+    units = {unit_of(m) for m in graph} - {"attnlab", "__main__"}
+    assert units - set(order) == set(), "modules missing from the README's layer line"
+    assert set(order) - units == set(), "the README's layer line names modules that are gone"
+    assert upward_imports(graph, order) == []
+
+
+def test_an_upward_import_is_found(tmp_path):
+    write(tmp_path, {"pkg/__init__.py": "", "pkg/low.py": "def f():\n    from . import high\n",
+                     "pkg/high.py": "from . import low\n"})
+    graph = import_graph(tmp_path, "pkg")
+    assert upward_imports(graph, ["low", "high"]) == [("pkg.low", "pkg.high")]
+    assert upward_imports(graph, ["high", "low"]) == [("pkg.high", "pkg.low")]
+    assert readme_layers("x\nLayers, lowest first: `a -> b.c -> d`.\n") == ["a", "b.c", "d"]
+
+
+# ---- the read path of each family -------------------------------------------------------------
+FAMILIES = ("attnlab.models.decoder", "attnlab.models.encoder", "attnlab.models.encoder_decoder")
+# exception classes only (no behaviour a forward pass runs): not part of what a reader follows
+NOT_READ = {"attnlab.errors"}
+
+
+def read_path(module: str, root: Path = SRC) -> dict[str, int]:
+    """The modules a reader follows from ``module`` (its runtime imports, transitively, minus
+    :data:`NOT_READ`) and the lines of each file."""
+    known = modules(root, module.split(".")[0])
+    seen, todo = {}, [module]
+    while todo:
+        name = todo.pop()
+        if name in seen or name in NOT_READ:
+            continue
+        path = known[name]
+        seen[name] = len(path.read_text(encoding="utf-8").splitlines())
+        todo += imports_of(name, path, known)
+    return seen
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_reads_top_to_bottom_in_three_files(family):
+    """A family's forward pass is read in its own file, the building blocks (attnlab.nn) and
+    the config: no other module, and under 1,300 lines together (docstrings included)."""
+    path = read_path(family)
+    assert set(path) == {family, "attnlab.nn", "attnlab.config"}, path
+    assert sum(path.values()) < 1300, path
+
+
+def test_the_read_path_follows_imports(tmp_path):
+    write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from .b import x\n",
+                     "pkg/b.py": "from .c import y\nx = 1\n", "pkg/c.py": "y = 2\n\n\n"})
+    assert read_path("pkg.a", tmp_path) == {"pkg.a": 1, "pkg.b": 2, "pkg.c": 3}
 
 
 def test_the_readme_layout_names_every_module_and_package():

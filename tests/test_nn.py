@@ -17,7 +17,6 @@ from attnlab.nn import (
     RMSNorm,
     RotaryEmbedding,
     SinusoidalPositions,
-    as_4d,
     causal_mask,
     combine_masks,
     fused_attention,

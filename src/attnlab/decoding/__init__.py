@@ -8,8 +8,10 @@
   :func:`translate_texts` (text in, text out).
 * :mod:`~attnlab.decoding.classify`: batch prediction with an encoder classifier.
 * :mod:`~attnlab.decoding.quant`: reduced-precision inference (bf16, fp16 and int8 weights).
-* :mod:`~attnlab.decoding.speed`: what makes decoding steps fast without changing their
-  results (a weight layout, the kernels, attribute lookup).
+
+The speed tools the decoding loops apply (:func:`inference_layout`, :func:`layout_pays`,
+:func:`decoding_kernels`, :func:`direct_attributes`) live in :mod:`attnlab.speed` and are
+re-exported here for callers that prepare a model for decoding.
 
 Nothing here knows about run dirs: every function takes a model (and tokenizers).
 
@@ -18,11 +20,11 @@ of the package are the functions; import from the modules of the same names with
 ``from attnlab.decoding.stream import ...`` and so on.
 """
 
+from ..speed import decoding_kernels, direct_attributes, inference_layout, layout_pays
 from .classify import Classification, classify, classify_texts
 from .lm import FINISHED, generate, generate_text, stream, stream_text, window_keep
 from .quant import INFERENCE_DTYPES, PackedLinear, to_inference_dtype
 from .sampling import Sampler, filter_logits, make_generator
-from .speed import decoding_kernels, direct_attributes, inference_layout, layout_pays
 from .stream import StopChecker, TextStream, cut_at_stop
 from .translate import (
     beam_search,
