@@ -292,6 +292,59 @@ def test_the_read_path_follows_imports(tmp_path):
     assert read_path("pkg.a", tmp_path) == {"pkg.a": 1, "pkg.b": 2, "pkg.c": 3}
 
 
+# ---- functions a reader can hold in their head ------------------------------------------------
+MAX_FUNCTION_LINES = 50
+
+
+def long_functions(root: Path, package: str) -> list[str]:
+    """``module:line name (n lines)`` for each function whose code (after its docstring) runs
+    over :data:`MAX_FUNCTION_LINES` lines without a ``Long:`` reason in its docstring."""
+    found = []
+    for name, path in modules(root, package).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            doc = ast.get_docstring(node) or ""
+            first = node.body[1] if doc and len(node.body) > 1 else node.body[0]
+            n = node.end_lineno - first.lineno + 1
+            if n > MAX_FUNCTION_LINES and "Long:" not in doc:
+                found.append(f"{name}:{node.lineno} {node.name} ({n} lines)")
+    return sorted(found)
+
+
+def private_imports(root: Path, package: str) -> list[str]:
+    """``module imports name from other`` for each private name (one leading underscore)
+    that a module imports from another module of the package."""
+    found = []
+    for name, path in modules(root, package).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(
+                    package)):
+                found += [f"{name} imports {a.name} from {'.' * node.level}{node.module or ''}"
+                          for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    return sorted(found)
+
+
+def test_no_function_runs_over_fifty_lines_without_a_reason():
+    assert long_functions(SRC, "attnlab") == []
+
+
+def test_no_private_helper_is_imported_across_modules():
+    assert private_imports(SRC, "attnlab") == []
+
+
+def test_the_function_checks_can_fail(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(51))
+    write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": f"def long():\n{body}\n"
+                     f"def reasoned():\n    \"\"\"Long: one table.\"\"\"\n{body}\n"
+                     "def short():\n    return 1\n",
+                     "pkg/b.py": "from .a import _hidden, short\nfrom pkg.a import _other\n"})
+    assert long_functions(tmp_path, "pkg") == ["pkg.a:1 long (51 lines)"]
+    assert private_imports(tmp_path, "pkg") == ["pkg.b imports _hidden from .a",
+                                                "pkg.b imports _other from pkg.a"]
+
+
 def test_the_readme_layout_names_every_module_and_package():
     """README's Layout block lists each top-level module and sub-package of attnlab, and each
     module of the decoding package (one home per concept), so it shows the tree as it is."""

@@ -129,24 +129,30 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        check_literal(self, "family", Family)
-        check_literal(self, "norm", NormPlacement)
-        check_literal(self, "norm_type", NormType)
-        check_literal(self, "ffn", FFNKind)
-        check_literal(self, "pos", PosKind)
-        check_literal(self, "pooling", Pooling)
-        check_literal(self, "head", EncoderHead)
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_len"):
-            check(getattr(self, name) > 0, name, getattr(self, name), "a positive integer")
-        for name in ("tgt_vocab_size", "head_dim", "n_decoder_layers", "d_ff"):
-            v = getattr(self, name)
-            check(v is None or v > 0, name, v, "a positive integer or None")
+        for name, kind in (("family", Family), ("norm", NormPlacement), ("norm_type", NormType),
+                           ("ffn", FFNKind), ("pos", PosKind), ("pooling", Pooling),
+                           ("head", EncoderHead)):
+            check_literal(self, name, kind)
+        self._check_numbers()
         if self.family != "encoder_decoder":  # set there, they would be silently ignored
             for name in ("n_decoder_layers", "tgt_vocab_size"):
                 v = getattr(self, name)
                 check(v is None, name, v, f"None for family={self.family!r}: only an "
                       "encoder-decoder (family='encoder_decoder') has a separate decoder "
                       "stack and target vocabulary; use n_layers / vocab_size")
+        if self.head_dim is None:
+            check(self.d_model % self.n_heads == 0, "n_heads", self.n_heads,
+                  f"a divisor of d_model={self.d_model} (or set head_dim explicitly)")
+        self._resolve_defaults()
+        self._check_shapes()
+
+    def _check_numbers(self) -> None:
+        """Each number in its range (sizes positive, probabilities in [0, 1), ...)."""
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_len"):
+            check(getattr(self, name) > 0, name, getattr(self, name), "a positive integer")
+        for name in ("tgt_vocab_size", "head_dim", "n_decoder_layers", "d_ff"):
+            v = getattr(self, name)
+            check(v is None or v > 0, name, v, "a positive integer or None")
         for name in ("dropout", "attn_dropout"):
             v = getattr(self, name)
             check(v is None or 0.0 <= v < 1.0, name, v, "a probability in [0, 1)")
@@ -156,33 +162,20 @@ class ModelConfig:
         check(math.isfinite(self.rope_base) and self.rope_base > 1, "rope_base", self.rope_base,
               "a finite float > 1 (10000 in RoFormer and Llama)")
         check(self.n_classes >= 2, "n_classes", self.n_classes, "an integer >= 2")
-        if self.head_dim is None:
-            check(
-                self.d_model % self.n_heads == 0,
-                "n_heads",
-                self.n_heads,
-                f"a divisor of d_model={self.d_model} (or set head_dim explicitly)",
-            )
-        self._resolve_defaults()
+
+    def _check_shapes(self) -> None:
+        """What the chosen parts need of the sizes (after the derived values are set)."""
         if self.pos == "rope":
             check(self.head_dim % 2 == 0, "head_dim", self.head_dim,
                   "an even number for rope positions")
         if self.pos == "sinusoidal":
             check(self.d_model % 2 == 0, "d_model", self.d_model, "even for sinusoidal positions")
         if self.pad_id is not None:
-            check(
-                0 <= self.pad_id < min(self.vocab_size, self.tgt_vocab_size or self.vocab_size),
-                "pad_id",
-                self.pad_id,
-                "None or a token id inside the vocabulary",
-            )
+            check(0 <= self.pad_id < min(self.vocab_size, self.tgt_vocab_size or self.vocab_size),
+                  "pad_id", self.pad_id, "None or a token id inside the vocabulary")
         if self.share_embeddings:
-            check(
-                self.tgt_vocab_size in (None, self.vocab_size),
-                "share_embeddings",
-                True,
-                "only when tgt_vocab_size equals vocab_size",
-            )
+            check(self.tgt_vocab_size in (None, self.vocab_size), "share_embeddings", True,
+                  "only when tgt_vocab_size equals vocab_size")
 
     @property
     def pools_first_token(self) -> bool:

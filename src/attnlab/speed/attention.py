@@ -32,7 +32,7 @@ def one_query_in_fp32(dtype: torch.dtype) -> bool:
     """Whether one query in ``dtype`` (bf16 / fp16: a decoding step) attends faster on this
     CPU through fp32 flash on upcast inputs than through torch's kernel in its own dtype.
 
-    Which one wins depends on the CPU (on AMX, say), so it is measured once per machine
+    Which one wins depends on the CPU's bf16 units, so it is measured once per machine
     (:func:`~attnlab.speed.probe.fastest`, cached; a few hundred microseconds).
     """
     gen = torch.Generator().manual_seed(0)

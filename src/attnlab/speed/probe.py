@@ -39,7 +39,7 @@ def cpu_model() -> str:
     return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
-# the CPU flags that decide how fast bf16 runs: one model name ("AMD EPYC" in a VM) covers
+# the CPU flags that decide how fast bf16 runs: one model name (as a VM reports it) covers
 # generations with and without them, so a measured answer is keyed on them too
 BF16_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512_fp16", "avx512f", "avx2")
 
@@ -87,12 +87,11 @@ def fastest(step: Callable[[str], None], key: str, candidates: Sequence[str], *,
     """The one of ``candidates`` whose ``step(candidate)`` takes least time, cached under
     ``key`` (the entry's ``field``; ``what`` names it in the log line).
 
-    One untimed warm-up call each, then ``rounds`` timed calls each, alternating (so a change
-    in machine load falls on all); each candidate's time is its fastest call, since on a
-    shared machine the slow calls measure the other jobs, not the candidate (a sum let one
-    descheduled call pick the slower one); ``reduce`` combines those over processes
-    (distributed training must agree: every process measures unless every one has a cached
-    answer, and then they take the same one, the most common)."""
+    One untimed warm-up call each, then ``rounds`` timed calls each, alternating, so a change
+    in machine load falls on all. A candidate's time is its fastest call: on a shared machine
+    the slow calls measure the other jobs. ``reduce`` combines times over processes, which
+    must agree: all measure unless every one has a cached answer, then take the most common.
+    """
     path = cache_file()
     hit = _read_cache(path).get(key)
     hit = hit.get(field) if isinstance(hit, dict) else None

@@ -1,14 +1,11 @@
 """Numeric precision of training: autocast, attention kernels, and ``precision = "auto"``.
 
 ``auto`` on CUDA is bf16 where the GPU supports it, else fp16 (with loss scaling). On a CPU it
-is whichever of fp32 and bf16 autocast runs THIS model's training step faster on THIS machine:
-a CPU flag says whether bf16 instructions exist, not by how much they pay (AMX bf16 units run
-the shakespeare_char_cpu step several times faster; AVX512-BF16 alone, about 1.6x; and for
-other shapes autocast's casts can cost more than the matrix products gain). The probe times a
-few forward + backward passes in each precision, alternately, on a copy of the first batch
-(the fastest pass of each counts), and caches the answer per CPU model, torch version, thread
-count, model config and batch shape (``$ATTNLAB_CACHE_DIR`` or ``~/.cache/attnlab``, file
-``precision.json``), so it runs once.
+is whichever of fp32 and bf16 autocast runs this model's training step faster on this
+machine: a CPU flag says whether bf16 instructions exist, not how much they pay for these
+shapes. The probe (:func:`attnlab.speed.fastest`) times a few forward + backward passes in
+each precision on a copy of the first batch and caches the answer per machine, model config
+and batch shape, so it runs once.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .. import probe
+from ..speed import probe
 
 CANDIDATES = ("fp32", "bf16")
 
@@ -45,9 +42,8 @@ def autocast(precision: str, device: torch.device,
 def sdpa_backends(name: str) -> list | None:
     """The attention kernels ``F.scaled_dot_product_attention`` may pick (None = torch's own
     choice). ``auto`` is torch's choice, except on a CPU under bf16 for sequences up to
-    :data:`attnlab.nn.attention.SHORT_CPU_SEQ` positions, where every SDPA kernel is slow
-    (:func:`attnlab.nn.attention.fused_attention`: two bf16 matrix products without a mask,
-    fp32 flash with one; benchmarks/README.md). A named kernel is used as named."""
+    :data:`attnlab.speed.attention.SHORT_CPU_SEQ` positions, where every SDPA kernel is slow
+    (:func:`attnlab.speed.cpu_sdpa` takes over there). A named kernel is used as named."""
     from torch.nn.attention import SDPBackend
 
     if name == "auto":
@@ -84,7 +80,7 @@ def fastest(step: Callable[[str], None], key: str, rounds: int = 5,
             clock: Callable[[], float] = time.perf_counter,
             reduce: Callable[[list[float]], list[float]] = lambda t: t) -> str:
     """The precision of ``CANDIDATES`` whose ``step(precision)`` (a forward + backward pass)
-    takes least time, cached under ``key`` (:func:`attnlab.probe.fastest`: how it is timed,
+    takes least time, cached under ``key`` (:func:`attnlab.speed.fastest`: how it is timed,
     and how ``reduce`` makes distributed processes agree)."""
     return probe.fastest(step, key, CANDIDATES, field="precision", what="precision auto",
                          rounds=rounds, clock=clock, reduce=reduce)
