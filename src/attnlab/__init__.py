@@ -21,7 +21,8 @@ __version__ = "0.2.0"
 
 _EXPORTS = {
     "AttentionMaps": ".models",
-    "ConfigError": ".config",
+    "ConfigError": ".errors",
+    "InputError": ".errors",
     "DecoderLM": ".models",
     "EncoderClassifier": ".models",
     "MaskedLM": ".models",
