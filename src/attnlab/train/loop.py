@@ -14,6 +14,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,11 +46,94 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Put back the RNG states of :func:`rng_state` (CUDA's where there is a GPU)."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class LogWindow:
+    """The training steps since the last log row: their losses and targets, summed on the
+    device so that no step waits for the host, and the wall time they took.
+
+    The host part (losses and steps folded in since the last row) goes into the training
+    state, so a resumed run logs the losses of one that never stopped.
+    """
+
+    def __init__(self, device: torch.device, info: DistInfo) -> None:
+        self.info = info
+        self.loss = torch.zeros((), dtype=torch.float64, device=device)  # since the last fold
+        self.tokens = torch.zeros((), dtype=torch.float64, device=device)  # since the last row
+        self.loss_sum, self.steps = 0.0, 0  # folded in since the last row, on the host
+        self.start(0)
+
+    def start(self, step: int) -> None:
+        """Begin measuring at ``step`` (a fit's first): the clock, the progress position, and
+        an empty list of the rows logged."""
+        self.folded = self.shown = step
+        self.clock = time.perf_counter()
+        self.logged: list[tuple[int, float]] = []  # (step, train_loss) of each row
+
+    def add(self, loss: torch.Tensor, tokens: torch.Tensor) -> None:
+        """One optimizer step's mean loss and number of targets (device tensors)."""
+        self.loss += loss.detach()
+        self.tokens += tokens
+
+    def fold(self, step: int) -> None:
+        """Move the losses summed on the device up to ``step`` to the host: the one host
+        sync of a log row, also before a checkpoint (which stores the folded sums)."""
+        self.loss_sum += float(all_reduce_sum(self.loss, self.info))
+        self.steps += step - self.folded
+        self.loss.zero_()
+        self.folded = step
+
+    def row(self, step: int, *, lr: float, started: float) -> tuple[dict[str, float], int]:
+        """The training columns of the log row at ``step``, and the number of steps since the
+        last row; the next window starts here.
+
+        Args:
+            step: the step just taken.
+            lr: its learning rate.
+            started: when training began (``time.perf_counter()``), for ``elapsed_s``.
+        """
+        self.fold(step)
+        now = time.perf_counter()
+        row = {"train_loss": self.loss_sum / self.steps, "lr": lr,
+               "tokens_per_s": float(self.tokens) / max(now - self.clock, 1e-9),
+               "elapsed_s": now - started}
+        self.logged.append((step, row["train_loss"]))
+        steps, self.shown = step - self.shown, step
+        self.loss_sum, self.steps, self.clock = 0.0, 0, now
+        self.tokens.zero_()
+        return row, steps
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent inside (evaluation, checkpoints) is not training time: the clock skips
+        it."""
+        begin = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.clock += time.perf_counter() - begin
+
+    def state_dict(self) -> list[float | int]:
+        """The folded sums, for the training state: ``[loss_sum, steps]``."""
+        return [self.loss_sum, self.steps]
+
+    def load_state_dict(self, state: list[float | int]) -> None:
+        """Put back :meth:`state_dict`'s sums.
+
+        Raises:
+            ValueError: not two entries, a loss that is not finite or a step count that is
+                not a whole number >= 0 (a hand-edited state).
+        """
+        loss_sum, steps = state = list(state)
+        if not (type(steps) is int and steps >= 0 and math.isfinite(float(loss_sum))):
+            raise ValueError(f"window {state!r} out of range")
+        self.loss_sum, self.steps = loss_sum, steps
 
 
 @dataclass
@@ -99,7 +183,7 @@ class Trainer:
         self.step = 0
         self.best: dict[str, Any] | None = None
         self.bad_evals = 0
-        self.window = [0.0, 0]  # summed step losses and steps since the last log row
+        self.window = LogWindow(self.device, self.info)
         self.started: float | None = None  # when training began (resumed: its elapsed earlier)
         metric = self.cfg.best_metric
         self.metric = task.default_metric if metric == "auto" else metric
@@ -185,6 +269,8 @@ class Trainer:
 
     # ---- evaluation, checkpoints ------------------------------------------------------------
     def evaluate(self, split: str = "val", max_batches: int | None = None) -> dict[str, float]:
+        """The task's metrics of the model on ``max_batches`` batches of ``split`` (default:
+        ``train.eval_batches``; 0: the whole split), in eval mode and training's precision."""
         self.model.eval()
         try:
             n = self.cfg.eval_batches if max_batches is None else max_batches
@@ -193,10 +279,11 @@ class Trainer:
             self.model.train()
 
     def state_dict(self) -> dict[str, Any]:
+        """Everything a resume needs besides the weights, as the last/ checkpoint stores it."""
         return {"step": self.step, "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict(), "rng": rng_state(),
                 "data": self.task.state_dict(), "best": self.best, "bad_evals": self.bad_evals,
-                "window": list(self.window), "world_size": self.info.world_size,
+                "window": self.window.state_dict(), "world_size": self.info.world_size,
                 "elapsed_s": 0.0 if self.started is None else time.perf_counter() - self.started}
 
     def save(self, which: str = "last") -> None:
@@ -235,13 +322,12 @@ class Trainer:
             set_rng_state(ranks[self.info.rank] if len(ranks) == self.info.world_size
                           else state["rng"])
             self.step, self.best = state["step"], state["best"]
-            self.bad_evals, self.window = state["bad_evals"], list(state["window"])
+            self.bad_evals = state["bad_evals"]
+            self.window.load_state_dict(state["window"])
             # elapsed_s and wall_s go on from the checkpoint's (older checkpoints: from 0)
             elapsed = state.get("elapsed_s", 0.0)
             self.started = time.perf_counter() - float(elapsed)
-            counters = (self.step, self.bad_evals, self.window[1])
-            if not (all(type(n) is int and n >= 0 for n in counters)  # a hand-edited state
-                    and len(self.window) == 2 and math.isfinite(float(self.window[0]))
+            if not (all(type(n) is int and n >= 0 for n in (self.step, self.bad_evals))
                     and math.isfinite(float(elapsed)) and (self.best is None or (
                         isinstance(self.best, dict) and type(self.best.get("step")) is int
                         and isinstance(self.best.get("value"), (int, float))))):
@@ -257,6 +343,7 @@ class Trainer:
 
     # ---- the loop ------------------------------------------------------------------------------
     def _improved(self, value: float) -> bool:
+        """Whether ``value`` of the best metric beats best/'s."""
         if self.best is None:
             return True
         if self.metric in LOWER_IS_BETTER:
@@ -276,74 +363,63 @@ class Trainer:
         self.bad_evals += 1
         return 0 < self.cfg.patience <= self.bad_evals
 
-    def _fold(self, win_loss: torch.Tensor, since: int) -> None:
-        """Move the losses summed on the device since step ``since`` into ``self.window``
-        (the one host sync of a log row; also before a checkpoint, which stores the window)."""
-        self.window[0] += float(all_reduce_sum(win_loss, self.info))
-        self.window[1] += self.step - since
-        win_loss.zero_()
+    def _due(self, every: int) -> bool:
+        """Whether a log row (``every=log_every``) or an evaluation is due after this step:
+        every ``every`` steps (0: never) and at the last."""
+        return bool(every and self.step % every == 0) or self.step == self.cfg.max_steps
+
+    def _step(self) -> float:
+        """Take the next optimizer step (the first of a compiled model with its fallback);
+        returns its learning rate."""
+        lr = lr_at(self.step, self.cfg)
+        set_lr(self.optimizer, lr)
+        loss, n = self._first_step_compiled() if self.compile_pending else self.train_step()
+        self.step += 1
+        self.window.add(loss, n)
+        return lr
+
+    def _train_row(self, mon: Monitor, lr: float) -> dict[str, float]:
+        """The training columns of this step's row; the progress bar moves up to this step."""
+        row, steps = self.window.row(self.step, lr=lr, started=self.started)
+        mon.progress(steps, loss=row["train_loss"], lr=lr, tok_s=round(row["tokens_per_s"]))
+        return row
+
+    def _evaluate_and_save(self, mon: Monitor, row: dict[str, float],
+                           lr: float) -> tuple[dict[str, float], bool]:
+        """Evaluate, track best/, write this step's row, then save last/; returns the metrics
+        and whether training stops early. The row goes first: a kill between the two loses
+        nothing (on resume, rows after last/'s step are dropped and written again)."""
+        with self.window.paused():
+            metrics = self.evaluate()
+            stopped = self._after_eval(metrics)
+            if stopped and not row:  # the last step: its training loss is logged too
+                row = self._train_row(mon, lr)
+            self.window.fold(self.step)  # (last/ stores the folded losses)
+            mon.row(self.step, {**row, **metrics})
+            self.save("last")
+        return metrics, stopped
 
     def fit(self) -> TrainResult:
+        """Train to ``train.max_steps`` (or until patience runs out), with a log row every
+        ``log_every`` steps and an evaluation and last/ checkpoint every ``eval_every``; then
+        the final evaluation (``final_eval_batches``)."""
         cfg = self.cfg
         mon = Monitor(self.run, self.task.metric_names, total=cfg.max_steps,
                       start=self.step, progress=cfg.progress, tensorboard=cfg.tensorboard,
                       enabled=self.info.is_main)
         if self.started is None:
             self.started = time.perf_counter()
-        start_time, last_time = self.started, time.perf_counter()
-        folded = shown = self.step
+        self.window.start(self.step)
         # a resumed run that had stopped early stays stopped (straight to its final evaluation)
-        stopped, losses, metrics = 0 < cfg.patience <= self.bad_evals, [], {}
-        win_loss = torch.zeros((), dtype=torch.float64, device=self.device)
-        win_tokens = torch.zeros((), dtype=torch.float64, device=self.device)
-
-        def train_row() -> dict[str, Any]:
-            """The training columns of this step's row (the window since the last)."""
-            nonlocal folded, shown, last_time
-            self._fold(win_loss, folded)
-            now = time.perf_counter()
-            out = {"train_loss": self.window[0] / self.window[1], "lr": lr,
-                   "tokens_per_s": float(win_tokens) / max(now - last_time, 1e-9),
-                   "elapsed_s": now - start_time}
-            losses.append((self.step, out["train_loss"]))
-            mon.progress(self.step - shown, loss=out["train_loss"], lr=lr,
-                         tok_s=round(out["tokens_per_s"]))
-            folded = shown = self.step
-            last_time, self.window = now, [0.0, 0]
-            win_tokens.zero_()
-            return out
-
+        stopped, metrics = 0 < cfg.patience <= self.bad_evals, {}
         self.model.train()
         try:
             while self.step < cfg.max_steps and not stopped:
-                lr = lr_at(self.step, cfg)
-                set_lr(self.optimizer, lr)
-                loss, n = self._first_step_compiled() if self.compile_pending \
-                    else self.train_step()
-                self.step += 1
-                win_loss += loss.detach()
-                win_tokens += n
-                row: dict[str, Any] = {}
-                if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                    row = train_row()
-                if (cfg.eval_every and self.step % cfg.eval_every == 0) \
-                        or self.step == cfg.max_steps:
-                    eval_start = time.perf_counter()
-                    metrics = self.evaluate()
-                    stopped = self._after_eval(metrics)
-                    if stopped and not row:  # the last step: its training loss is logged too
-                        row = train_row()
-                    row.update(metrics)
-                    self._fold(win_loss, folded)
-                    folded = self.step
-                    # the row first: a kill between the two loses nothing (on resume, rows
-                    # after last/'s step are dropped and written again)
-                    mon.row(self.step, row)
-                    row = {}
-                    self.save("last")
-                    # evaluation time is not training time: the window's clock skips it
-                    last_time += time.perf_counter() - eval_start
-                if row:
+                lr = self._step()
+                row = self._train_row(mon, lr) if self._due(cfg.log_every) else {}
+                if self._due(cfg.eval_every):
+                    metrics, stopped = self._evaluate_and_save(mon, row, lr)
+                elif row:
                     mon.row(self.step, row)
         finally:
             mon.close()
@@ -351,4 +427,4 @@ class Trainer:
         if not metrics or resample:
             metrics = self.evaluate(max_batches=cfg.final_eval_batches)  # 0 = the whole split
         return TrainResult(self.step, metrics, self.best, stopped,
-                           time.perf_counter() - start_time, losses)
+                           time.perf_counter() - self.started, self.window.logged)
