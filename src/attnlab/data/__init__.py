@@ -1,16 +1,9 @@
 """Data: reading corpora, synthetic tasks, batching, and fetching the public data sets.
 
-All problems with user-supplied data raise :class:`DataError` (a ``ValueError``); missing
-files raise :class:`DataFileNotFoundError` (also a ``FileNotFoundError``).
-
-Modules: :mod:`~attnlab.data.text` (plain text, LM batches), :mod:`~attnlab.data.parallel`
-(translation pairs), :mod:`~attnlab.data.labelled` (classification TSV),
-:mod:`~attnlab.data.synthetic` (copy/reverse/sort), :mod:`~attnlab.data.batching` (padding
-and resumable batch iterators), :mod:`~attnlab.data.fetch` (downloads with checksums).
-
-Note: the function :func:`~attnlab.data.fetch.fetch` is re-exported here, so the attribute
-``attnlab.data.fetch`` is that function; reach the module itself with
-``importlib.import_module("attnlab.data.fetch")`` or ``from attnlab.data.fetch import ...``.
+Bad data raises :class:`DataError`, a missing file :class:`DataFileNotFoundError` (also a
+``FileNotFoundError``). The function :func:`~attnlab.data.fetch.fetch` is re-exported here,
+so the attribute ``attnlab.data.fetch`` is that function: reach the module's other names
+with ``from attnlab.data.fetch import ...``.
 """
 
 from attnlab.data.batching import ClassificationBatches, Seq2SeqBatches, pad

@@ -1,15 +1,13 @@
 """Padding and resumable, seeded batch iterators for seq2seq and classification data.
 
-Both iterators plan each epoch from a generator seeded with ``(seed, epoch)`` only, so the
-batches of an epoch do not depend on what happened before. ``state_dict()`` records
-``epoch`` and ``position`` (batches of the current epoch already handed out);
-``load_state_dict()`` on a fresh iterator over the same data continues with exactly the
-batches an uninterrupted run would have produced next.
+Each epoch is planned from a generator seeded with ``(seed, epoch)`` only, so
+``load_state_dict(state_dict())`` on a fresh iterator over the same data continues with
+exactly the batches an uninterrupted run would have produced next.
 
-Iterating yields the rest of the current epoch, then moves on to the next epoch::
+Example::
 
     for epoch in range(n_epochs):
-        for src, tgt_in, tgt_out in batches:
+        for src, tgt_in, tgt_out in batches:  # the rest of the current epoch
             ...
 """
 
@@ -274,7 +272,7 @@ class ClassificationBatches(_EpochBatches):
         bucket: group examples of similar length: each shuffled window of
             ``BUCKET_WINDOW * batch_size`` examples is sorted by length before it is cut into
             batches, and the batches are shuffled (as HF's ``group_by_length``), so a batch
-            pads little (about 3x fewer padded tokens on SST-2's phrases).
+            pads little.
     """
 
     def __init__(self, examples: Sequence[tuple[Sequence[int], int]], batch_size: int,

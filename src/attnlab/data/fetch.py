@@ -1,37 +1,9 @@
 """Download (or copy from a local directory) the public data sets, verified by checksum.
 
-``fetch(name, cache_dir=None, source_dir=None)`` returns the data set's directory
-``<cache_dir>/<name>/`` holding the files listed in ``DATASETS[name].files``:
-
-============  ==============================================  ==============================
-name          files                                           source
-============  ==============================================  ==============================
-shakespeare   ``input.txt``                                   karpathy/char-rnn tinyshakespeare
-multi30k      ``train.de train.en val.de val.en``             multi30k/dataset task1/raw/*.gz
-sst2          ``train.tsv``                                   GLUE's SST-2.zip (SST-2/train.tsv)
-============  ==============================================  ==============================
-
-The cache directory is ``$ATTNLAB_DATA`` if set, else ``~/.cache/attnlab/data``. Files are
-written atomically (to a temporary name, verified, then renamed), so an interrupted or failed
-fetch never leaves a partial file; a file already present and valid is not fetched again.
-
-Verification: shakespeare and multi30k files are checked against hard-coded sha256 sums
-(computed from reference copies of the decompressed files). The only sst2 copy we could hash
-has a different layout from GLUE's own ``train.tsv`` (``label<TAB>sentence`` and CRLF instead
-of ``sentence<TAB>label`` and LF), so GLUE's checksum is unknown here; sst2 is instead verified
-by parsing: a header with ``label`` and ``sentence`` columns and exactly 67,349 labelled rows.
-Either layout passes.
-
-Without network, use a local copy instead of downloading; the training configs take:
-
-* shakespeare: ``--set data.path=/path/to/input.txt``
-* multi30k: ``--set data.src_path=/path/to/train.de --set data.tgt_path=/path/to/train.en``
-  (validation: ``--set data.val_src_path=... --set data.val_tgt_path=...``)
-* sst2: ``--set data.path=/path/to/train.tsv``
-
-or copy files into the cache with ``attnlab data fetch NAME --from DIR`` (or
-``fetch(name, source_dir=DIR)``), where ``DIR`` holds the files directly or in a
-sub-directory named after the data set (``tinyshakespeare/``, ``multi30k/``, ``sst2/``).
+:func:`fetch` fills ``<cache_dir>/<name>/`` with the files of ``DATASETS[name]``. Each file is
+written under a temporary name, verified, then renamed, so a failed fetch never leaves a
+partial file, and a file already present and valid is not fetched again. Without network,
+``attnlab data fetch NAME --from DIR`` copies the files from a local folder instead.
 """
 
 from __future__ import annotations
@@ -100,6 +72,9 @@ DATASETS = MappingProxyType({
         tuple(RemoteFile(f"{split}.{lang}", f"{_MULTI30K}/{split}.{lang}.gz", sha, "gzip")
               for split, lang, sha in _MULTI30K_SHA256),
         "multi30k", "--set data.src_path=/path/to/train.de --set data.tgt_path=/path/to/train.en"),
+    # GLUE publishes no checksum of SST-2's train.tsv, and the copies that can be hashed have
+    # another layout (label first, CRLF): the file is checked by parsing it instead (tsv_rows;
+    # either layout passes)
     "sst2": DatasetInfo(
         "sst2", "SST-2 (GLUE) sentiment training sentences, 67,349 rows",
         (RemoteFile("train.tsv", "https://dl.fbaipublicfiles.com/glue/data/SST-2.zip", None,
@@ -232,10 +207,20 @@ def fetch(name: str, cache_dir: str | Path | None = None, source_dir: str | Path
           timeout: float = 60.0) -> Path:
     """Make data set ``name`` available and return its directory ``<cache_dir>/<name>``.
 
-    Files already present and valid are kept. Missing or invalid ones are downloaded (or,
-    with ``source_dir``, copied from that local directory) and verified before being renamed
-    into place. Raises :class:`DownloadError` (a ``DataError``) on network failure or a bad
-    file, with a message saying how to use a local file instead.
+    Files already present and valid are kept. Missing or invalid ones are downloaded (or
+    copied from ``source_dir``) and verified before being renamed into place.
+
+    Args:
+        name: a key of :data:`DATASETS` (``shakespeare``, ``multi30k``, ``sst2``).
+        cache_dir: default ``$ATTNLAB_DATA`` if set, else ``~/.cache/attnlab/data``.
+        source_dir: a local folder holding the files, directly or in a sub-directory named
+            after the data set (``tinyshakespeare/``, ``multi30k/``, ``sst2/``): copied, not
+            downloaded.
+        timeout: seconds a download may wait for the server.
+
+    Raises:
+        DownloadError: a network failure or a bad file, with a message saying how to use a
+            local file instead (``DatasetInfo.local_hint``).
     """
     info = dataset_info(name)
     if cache_dir is not None and not str(cache_dir).strip():

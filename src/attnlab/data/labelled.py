@@ -137,8 +137,8 @@ def split_sentences(items: Sequence[tuple[str, int]], frac: float,
                     seed: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """Hold out whole sentences, and every phrase cut from them: ``(kept, held_out)``.
 
-    A random 10% of SST-2's rows is no test of unseen text: most held-out rows are phrases of
-    sentences whose other phrases were trained on. Here ``held_out`` is ``round(frac * n)`` of
+    A random share of SST-2's rows is no test of unseen text: most held-out rows are phrases
+    of sentences whose other phrases were trained on. Here ``held_out`` is ``round(frac * n)`` of
     the ``n`` whole sentences (:func:`whole_sentences`), chosen at random with a generator
     seeded by ``seed``, one row each; ``kept`` is every row that is not a run of words of a
     held-out sentence (so no held-out sentence, nor any of its phrases, is trained on). Both

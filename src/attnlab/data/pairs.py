@@ -1,29 +1,10 @@
 """Translation corpora tokenized once into flat memory: prepared pairs DIRs, read through maps.
 
-:func:`prepare_pairs` streams line-aligned source/target files (plain, ``.gz`` or ``.zst``:
-:func:`attnlab.data.parallel.iter_parallel`), cuts the pairs into pieces of about
-``PIECE_BYTES`` of text and tokenizes the pieces in worker processes (the machinery of
-:mod:`attnlab.data.prepare`), writing each piece as one shard of four files::
-
-    DIR/prepared.json            the manifest (format attnlab-tokens/1, "kind": "pairs"), last
-    DIR/tokenizer.json           the tokenizer that made the ids
-    DIR/train/000000.src.bin     the source ids of the piece's pairs, one after another,
-                                 little-endian uint16 (vocabulary <= 65,536) or uint32
-    DIR/train/000000.src.idx     int64 offsets, n + 1 of them: pair i is ids[off[i]:off[i + 1]]
-    DIR/train/000000.tgt.bin     the target ids ([bos] ... [eos]) and their offsets
-    DIR/train/000000.tgt.idx
-
-A split is its shards in the manifest's order. The ids are those TranslationTask has always
-encoded in memory: ``tok.encode(s, add_special=src_add_special)`` and ``tok.encode(t, True)``.
-Pairs with an empty side are skipped, as :func:`~attnlab.data.parallel.read_parallel` does.
-Each file is written atomically and the manifest last: a killed prepare leaves no DIR that looks
-complete, and the same call again keeps the finished shards.
-
-:class:`PairShards` reads a split: the lengths of every pair from the offsets alone (to plan
-length-bucketed batches, :class:`~attnlab.data.batching.Seq2SeqBatches`), and the rows of one
-batch through memory maps that are closed again, so a corpus of any size trains in flat memory.
-:func:`prepare_pairs_cached` prepares two raw files once into a cache keyed by their contents
-and the tokenizer: a second run, ``--resume`` and ``eval`` encode nothing again.
+:func:`prepare_pairs` tokenizes line-aligned source/target files in worker processes (the
+machinery of :mod:`attnlab.data.prepare`) into shards of four files each: the source ids and
+their offsets, the target ids (``[bos] ... [eos]``) and theirs (layout: :func:`prepare_pairs`).
+:class:`PairShards` reads a split, its lengths from the offsets alone and the rows of one batch
+through maps that are closed again, so a corpus of any size trains in flat memory.
 """
 
 from __future__ import annotations
@@ -215,7 +196,7 @@ def _flat(parts: list[np.ndarray], lengths: list[int], dtype: str
           ) -> tuple[np.ndarray, np.ndarray]:
     """The rows ``parts`` make, one after another as ``dtype``, and their (n + 1,) offsets."""
     ids = np.concatenate(parts) if parts else np.zeros(0, np.uint32)
-    if ids.size and int(ids.max()) > np.iinfo(dtype).max:  # a bug, not bad input
+    if ids.size and int(ids.max()) > np.iinfo(dtype).max:  # attnlab's fault, not the input's
         raise AssertionError(f"bug: id {int(ids.max())} does not fit the shards' {dtype}")
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -256,15 +237,34 @@ def prepare_pairs(src_files: Sequence[str | Path] | str | Path,
         errors: ``"strict"`` (an undecodable byte is an error) or ``"replace"``.
         max_len: leave out pairs with a side longer than this many ids; 0 keeps every pair.
         progress: show a progress bar on stderr.
+
+    Returns:
+        ``out``, laid out as::
+
+            DIR/prepared.json         the manifest (format attnlab-tokens/1, "kind": "pairs")
+            DIR/tokenizer.json        the tokenizer that made the ids
+            DIR/train/000000.src.bin  the source ids of the piece's pairs, one after another,
+                                      little-endian uint16 (vocabulary <= 65,536) or uint32
+            DIR/train/000000.src.idx  int64 offsets, n + 1: pair i is ids[off[i]:off[i + 1]]
+            DIR/train/000000.tgt.bin  the target ids ([bos] ... [eos]) and their offsets
+            DIR/train/000000.tgt.idx
+
+        The ids are ``tok.encode(s, add_special=src_add_special)`` and ``tok.encode(t, True)``;
+        pairs with an empty side are skipped, as
+        :func:`~attnlab.data.parallel.read_parallel` does. Each file is written atomically and
+        the manifest last: a killed prepare leaves no DIR that looks complete, and the same
+        call again keeps the finished shards.
     """
     check_args(val_fraction, seed, workers, errors, vocab_size)
     check_int("max_len", max_len, 0)
     out = Path(out)
     new = not out.exists()
     try:
-        return _prepare_pairs(_files(src_files, tgt_files), out, tokenizer, vocab_size,
-                              pre_tokenizer, bool(src_add_special), val_fraction, seed,
-                              workers, errors, max_len, progress, piece_bytes)
+        return _prepare_pairs(_files(src_files, tgt_files), out, tokenizer,
+                              vocab_size=vocab_size, pre_tokenizer=pre_tokenizer,
+                              src_add_special=bool(src_add_special), val_fraction=val_fraction,
+                              seed=seed, workers=workers, errors=errors, max_len=max_len,
+                              progress=progress, piece_bytes=piece_bytes)
     except DiskFullError:
         raise  # the finished shards stay: the same call continues once there is space
     except (DataError, ConfigError):
@@ -278,16 +278,12 @@ def prepare_pairs(src_files: Sequence[str | Path] | str | Path,
                         "tokenizer whose vocabulary covers them") from None
 
 
-def _prepare_pairs(files: list[tuple[Path, Path]], out: Path, tokenizer: str | Tokenizer,
+def _prepare_pairs(files: list[tuple[Path, Path]], out: Path, tokenizer: str | Tokenizer, *,
                    vocab_size: int, pre_tokenizer: str, src_add_special: bool,
                    val_fraction: float, seed: int, workers: int, errors: str, max_len: int,
                    progress: bool, piece_bytes: int) -> Path:
-    given = tokenizer if isinstance(tokenizer, Tokenizer) else None
-    if given is not None:
-        _check_tokenizer(given)
-    elif tokenizer not in TOKENIZER_KINDS:
-        raise DataError(f"tokenizer {tokenizer!r} is not allowed for translation pairs: one of "
-                        f"{', '.join(TOKENIZER_KINDS)} or a tokenizer with <pad>, <bos>, <eos>")
+    """:func:`prepare_pairs` of checked arguments: plan, tokenizer, shards, manifest last."""
+    given = _given_tokenizer(tokenizer)
     lines = [aligned_lines(s, t) for s, t in files]  # every file checked before any work
     described = [{"src": _describe(s), "tgt": _describe(t), "lines": n}
                  for (s, t), n in zip(files, lines)]
@@ -306,12 +302,42 @@ def _prepare_pairs(files: list[tuple[Path, Path]], out: Path, tokenizer: str | T
         tok.save(out / TOKENIZER)
     dtype = token_dtype(tok.vocab_size)
     pieces = _PairPieces(files, val_fraction, seed, errors, piece_bytes)
-    shards: dict[str, list[dict[str, Any]]] = {split: [] for split in SPLITS}
     work = partial(_encode_pairs, src_add_special=src_add_special, dtype=dtype, max_len=max_len)
-    bar = progress_bar(progress, sum(d[side]["bytes"] for d in described for side in SIDES))
+    total = sum(d[side]["bytes"] for d in described for side in SIDES)
+    shards = _write_shards(Encoder(tok, workers or usable_cores(), work), pieces, out,
+                           dtype=dtype, progress=progress, total_bytes=total)
+    if not any(s["pairs"] for s in shards["train"]):
+        raise DataError("no pair is left for the train split (" + ", ".join(
+            f"{s} / {t}" for s, t in files) + f"; val_fraction={val_fraction}, "
+            f"max_len={max_len}); allowed: files with at least one pair that fits")
+    atomic_write_json(out / MANIFEST, _manifest(plan, pieces, tok, dtype, shards))
+    (out / PLAN).unlink(missing_ok=True)
+    return out
+
+
+def _given_tokenizer(tokenizer: str | Tokenizer) -> Tokenizer | None:
+    """``tokenizer`` when it is a checked tokenizer, None for a kind to train."""
+    if isinstance(tokenizer, Tokenizer):
+        _check_tokenizer(tokenizer)
+        return tokenizer
+    if tokenizer not in TOKENIZER_KINDS:
+        raise DataError(f"tokenizer {tokenizer!r} is not allowed for translation pairs: one of "
+                        f"{', '.join(TOKENIZER_KINDS)} or a tokenizer with <pad>, <bos>, <eos>")
+    return None
+
+
+def _write_shards(encoder: Encoder, pieces: _PairPieces, out: Path, *, dtype: str,
+                  progress: bool, total_bytes: int) -> dict[str, list[dict[str, Any]]]:
+    """Tokenize the pieces not yet done on the ``encoder``'s workers and write each as its
+    shard; the records of every shard by split, in name order.
+
+    Args:
+        progress: show a progress bar of the ``total_bytes`` of text on stderr.
+    """
+    shards: dict[str, list[dict[str, Any]]] = {split: [] for split in SPLITS}
+    bar = progress_bar(progress, total_bytes)
     try:
-        for piece, arrays in Encoder(tok, workers or usable_cores(), work).map(
-                _todo(pieces, out, shards, dtype, bar)):
+        for piece, arrays in encoder.map(_todo(pieces, out, shards, dtype, bar)):
             src, src_off, tgt, tgt_off = arrays
             for side, ids in (("src", src), ("tgt", tgt)):
                 write_shard(out / piece.file(side, "bin"), ids)
@@ -323,25 +349,25 @@ def _prepare_pairs(files: list[tuple[Path, Path]], out: Path, tokenizer: str | T
     finally:
         if bar is not None:
             bar.close()
-    if not any(s["pairs"] for s in shards["train"]):
-        raise DataError("no pair is left for the train split (" + ", ".join(
-            f"{s} / {t}" for s, t in files) + f"; val_fraction={val_fraction}, "
-            f"max_len={max_len}); allowed: files with at least one pair that fits")
     for split in shards:
         shards[split].sort(key=lambda s: s["name"])
-    manifest = {
-        "format": FORMAT, "kind": KIND, "dtype": dtype, "plan": plan, "sources": described,
-        "val_fraction": val_fraction, "seed": seed, "src_add_special": src_add_special,
-        "max_len": max_len, "lines": pieces.lines, "skipped_empty": pieces.skipped,
+    return shards
+
+
+def _manifest(plan: dict[str, Any], pieces: _PairPieces, tok: Tokenizer, dtype: str,
+              shards: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The ``prepared.json`` of a finished DIR: the plan, the counts, the tokenizer's ids."""
+    return {
+        "format": FORMAT, "kind": KIND, "dtype": dtype, "plan": plan,
+        "sources": plan["sources"], "val_fraction": plan["val_fraction"], "seed": plan["seed"],
+        "src_add_special": plan["src_add_special"], "max_len": plan["max_len"],
+        "lines": pieces.lines, "skipped_empty": pieces.skipped,
         "tokenizer": {"kind": tok.kind, "vocab_size": tok.vocab_size, "pad_id": tok.pad_id,
                       "bos_id": tok.bos_id, "eos_id": tok.eos_id},
         "splits": {split: {"shards": s, **{key: sum(x[key] for x in s) for key in
                                            ("pairs", "src_tokens", "tgt_tokens", "dropped")}}
                    for split, s in shards.items()},
     }
-    atomic_write_json(out / MANIFEST, manifest)
-    (out / PLAN).unlink(missing_ok=True)
-    return out
 
 
 def _describe(path: Path) -> dict[str, Any]:

@@ -2,23 +2,9 @@
 
 :func:`prepare` streams the documents of its sources (:mod:`attnlab.data.sources`), cuts
 them into pieces of about ``PIECE_BYTES`` of text, tokenizes the pieces in worker processes
-and writes each as one shard (:mod:`attnlab.data.shards`). Memory stays flat whatever the
-corpus size: a few pieces are in flight at a time.
-
-* Documents: a row of ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` / ``.tsv`` goes to
-  val with probability ``val_fraction`` (seeded); a ``.txt`` file is one long document whose
-  last ``val_fraction`` goes to val, as nanoGPT splits Tiny Shakespeare. The tokenizer's
-  end-of-text id follows every document, so a model sees where one ends.
-* Tokenizers: ``char`` (the corpus's characters, from a first pass; ``<eos>`` added when
-  there is more than one document), ``bpe`` (trained on a sample of at most ``SAMPLE_BYTES``),
-  ``gpt2`` (GPT-2's byte-level BPE), or a :class:`~attnlab.tokenizers.Tokenizer`.
-* Interruption: each shard is written atomically and ``prepared.json`` last, so a killed
-  prepare leaves no DIR that looks complete; run again with the same arguments, it keeps the
-  finished shards and tokenizes only the rest.
-
-:func:`prepare_cached` prepares a raw text file once into a cache keyed by its content hash
-and the tokenizer settings: training, ``--resume``, ``eval`` and ``sample`` never tokenize it
-again, and a changed file is prepared anew.
+and writes each as one shard (:mod:`attnlab.data.shards`): memory stays flat whatever the
+corpus size. :func:`prepare_cached` does it once per raw file, in a cache keyed by the
+file's content and the tokenizer settings.
 """
 
 from __future__ import annotations
@@ -212,7 +198,7 @@ def _encode(texts: list[str], ends: list[bool], eot: int | None, dtype: str,
         if end and eot is not None:
             parts.append(np.array([eot], dtype=np.uint32))
     ids = np.concatenate(parts) if parts else np.zeros(0, np.uint32)
-    if ids.size and int(ids.max()) > np.iinfo(dtype).max:  # a bug, not bad input
+    if ids.size and int(ids.max()) > np.iinfo(dtype).max:  # attnlab's fault, not the input's
         raise AssertionError(f"bug: id {int(ids.max())} does not fit the shards' {dtype}")
     return ids.astype(dtype, copy=False)
 
@@ -338,13 +324,32 @@ def prepare(sources: Sequence[str | Path] | str | Path, out: str | Path,
         workers: tokenizing processes; 0 = one per core.
         errors: ``"strict"`` (an undecodable byte is an error) or ``"replace"``.
         progress: show a progress bar (MB/s, tokens) on stderr.
+
+    Returns:
+        ``out``, laid out as::
+
+            DIR/prepared.json     the manifest, written last: a DIR without it is unfinished
+            DIR/tokenizer.json    the tokenizer that made the ids (Tokenizer.save)
+            DIR/train/000000.bin  token ids, little-endian uint16 (vocabulary <= 65,536) or
+                                  uint32, numbered by the piece of input they hold
+            DIR/val/000003.bin
+
+        A row of ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` / ``.tsv`` is a
+        document that goes to val with probability ``val_fraction`` (seeded); a ``.txt``
+        file is one long document whose last ``val_fraction`` goes to val, as nanoGPT splits
+        Tiny Shakespeare. The tokenizer's end-of-text id follows every document (``char``
+        adds ``<eos>`` when there is more than one). Each shard is written atomically and
+        ``prepared.json`` last: a killed prepare leaves no DIR that looks complete, and the
+        same call again keeps the finished shards and tokenizes only the rest.
     """
     check_args(val_fraction, seed, workers, errors, vocab_size)
     out = Path(out)
     new = not out.exists()
     try:
-        return _prepare(sources, out, tokenizer, vocab_size, pre_tokenizer, val_fraction,
-                        text_field, seed, workers, errors, progress, piece_bytes)
+        return _prepare(sources, out, tokenizer, vocab_size=vocab_size,
+                        pre_tokenizer=pre_tokenizer, val_fraction=val_fraction,
+                        text_field=text_field, seed=seed, workers=workers, errors=errors,
+                        progress=progress, piece_bytes=piece_bytes)
     except DiskFullError:
         raise  # the finished shards stay: the same command continues once there is space
     except DataError:
@@ -353,9 +358,10 @@ def prepare(sources: Sequence[str | Path] | str | Path, out: str | Path,
         raise
 
 
-def _prepare(sources, out: Path, tokenizer, vocab_size: int, pre_tokenizer: str,
-             val_fraction: float, text_field: str, seed: int, workers: int, errors: str,
-             progress: bool, piece_bytes: int) -> Path:
+def _prepare(sources: Sequence[str | Path] | str | Path, out: Path, tokenizer: str | Tokenizer,
+             *, vocab_size: int, pre_tokenizer: str, val_fraction: float, text_field: str,
+             seed: int, workers: int, errors: str, progress: bool, piece_bytes: int) -> Path:
+    """:func:`prepare` of checked arguments: plan, tokenizer, shards, manifest last."""
     found = find_sources(sources)
     workers = workers or usable_cores()
     described = [{"path": str(s.path.resolve()), "bytes": s.path.stat().st_size,

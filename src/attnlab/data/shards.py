@@ -1,18 +1,10 @@
 """Prepared token dirs: a corpus tokenized once into flat token shards, read through memory maps.
 
-``attnlab data prepare`` (:func:`attnlab.data.prepare.prepare`) writes a directory::
-
-    DIR/prepared.json        the manifest, written last and atomically: a DIR without it is
-                             not complete (a killed prepare), and its shards are only reused
-    DIR/tokenizer.json       the tokenizer that made the ids (Tokenizer.save)
-    DIR/train/000000.bin     token ids, little-endian uint16 (vocabulary <= 65,536) or uint32
-    DIR/val/000003.bin       ... numbered by the piece of input they hold, in input order
-
-A split is the concatenation of its shards in the manifest's order. :class:`TokenShards` reads
-any window of it, across shard boundaries, so training sees one long token stream exactly as
-if the corpus had been tokenized in memory. Each read maps the shard, copies the window and
-unmaps it again (as nanoGPT re-creates its ``np.memmap`` every batch): pages of a large corpus
-never pile up in the process's resident memory.
+A split is the concatenation of its shards (layout: :func:`attnlab.data.prepare.prepare`).
+:class:`TokenShards` reads any window of it, across shard boundaries, so training sees one
+long token stream as if the corpus had been tokenized in memory. Each read maps the shard,
+copies the window and unmaps it again (as nanoGPT re-creates its ``np.memmap`` every batch):
+pages of a large corpus never pile up in the process's resident memory.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Reading the documents of corpus files of any size, one at a time, in their own formats.
 
-A *source* is a file: ``.txt`` (the whole file is one document), ``.jsonl`` (one JSON object
-per line), ``.json`` (an array of objects, read whole: use ``.jsonl`` for large corpora),
-``.parquet``, ``.csv`` or ``.tsv`` (a header row, one row per document); each may be
-compressed as ``.gz`` or ``.zst``. Decompression, Parquet and CSV come from ``pyarrow``; JSON
-from the standard library. Nothing reads a file whole except ``.json``.
-
-Text must be UTF-8. An undecodable byte stops with a :class:`DataError` naming the file and
-the byte offset (of the decompressed stream, for a compressed file; the row, for CSV and
-Parquet) unless ``errors="replace"``, which puts U+FFFD in its place and goes on.
+A *source* is a file: ``.txt`` (one document), ``.jsonl`` (one JSON object per line), ``.json``
+(an array of objects, the one format read whole), ``.parquet``, ``.csv`` or ``.tsv`` (one row
+per document), each plain or ``.gz`` / ``.zst``. Text is UTF-8: an undecodable byte is a
+:class:`DataError` naming the file and the offset, unless ``errors="replace"`` (U+FFFD).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Synthetic sequence-to-sequence tasks generated on the fly: ``copy``, ``reverse``, ``sort``.
 
 Token ids: ``pad=0``, ``bos=1``, ``eos=2``; content tokens are drawn uniformly from
-``[3, vocab_size)``. Layout of one example (a choice, documented here once):
-
-* ``src`` holds only the content tokens, right-padded with ``pad`` - no bos/eos, since the
-  encoder does not need them.
-* ``tgt`` is ``[bos] + answer + [eos]``, right-padded with ``pad``; the decoder input is
-  ``tgt[:, :-1]`` and the label ``tgt[:, 1:]``.
+``[3, vocab_size)``. ``src`` holds only the content tokens, right-padded (the encoder needs
+no bos/eos); ``tgt`` is ``[bos] + answer + [eos]``, right-padded, so the decoder input is
+``tgt[:, :-1]`` and the label ``tgt[:, 1:]``.
 """
 
 from __future__ import annotations

@@ -61,8 +61,8 @@ def to_printable_ascii(text: str) -> str:
 def embedded_corpus() -> str:
     """English text available offline in every Python install: the ``pydoc_data`` topics.
 
-    The topic texts (the language reference sections that ``help()`` shows, about 0.5 MB on
-    Python 3.11) are joined in sorted topic order and normalised to printable ASCII plus
+    The topic texts (the language reference sections that ``help()`` shows) are joined in
+    sorted topic order and normalised to printable ASCII plus
     newline, so a character vocabulary has fewer than 100 symbols. The exact text depends on
     the Python version.
     """
