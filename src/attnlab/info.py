@@ -1,14 +1,7 @@
 """What a model costs: parameters by component, FLOPs per token, memory at a batch and length.
 
-FLOPs count a multiply-add as 2. Per token and layer (Kaplan et al. 2020, table 1):
-projections ``2 * 4 * D * H*Dh``, attention scores and weighted sum ``2 * 2 * ctx * H*Dh``,
-feed-forward ``2 * 2 * D * d_ff`` (``2 * 3`` for SwiGLU), and the output head ``2 * D * V``
-(at the 15% masked tokens only for a masked LM; a classifier's once per sequence).
-Training is forward + backward = 3x the forward FLOPs. Memory for training follows
-Korthikanti et al. 2022: activations of ``B*T*D*34 + 5*B*H*T^2`` bytes per layer in 16-bit
-(doubled for fp32), plus 16 bytes per parameter for fp32 weights, gradients and AdamW's two
-moments; inference needs the weights (in the run's precision: 2 bytes a parameter in bf16)
-and, for a model that decodes, the KV cache.
+Estimates from the published formulas (:func:`estimate`), so that ``attnlab info`` says
+before a run whether it fits in memory and what a step costs.
 """
 
 from __future__ import annotations
@@ -47,13 +40,29 @@ def _layer_flops(cfg: ModelConfig, ctx: int, cross_ctx: int | None = None) -> fl
 def estimate(cfg: ModelConfig, params: int, batch: int, length: int,
              bytes_per_value: int = 4) -> Costs:
     """Costs of one model at batch ``batch`` and sequence length ``length`` (source and target
-    lengths equal for the encoder-decoder). ``bytes_per_value``: 4 fp32, 2 bf16/fp16."""
+    lengths equal for the encoder-decoder).
+
+    Args:
+        bytes_per_value: of activations and inference weights: 4 fp32, 2 bf16/fp16.
+
+    Returns:
+        :class:`Costs`. FLOPs count a multiply-add as 2. Per token and layer (Kaplan et al.
+        2020, table 1): projections ``2 * 4 * D * H*Dh``, attention scores and weighted sum
+        ``2 * 2 * ctx * H*Dh``, feed-forward ``2 * 2 * D * d_ff`` (``2 * 3`` for SwiGLU), and
+        the output head ``2 * D * V`` (a masked LM's at its masked tokens only, a
+        classifier's once per sequence). Training is forward + backward, three times the
+        forward FLOPs. Training memory follows Korthikanti et al. 2022: activations of
+        ``B*T*D*34 + 5*B*H*T^2`` bytes per layer in 16-bit (doubled for fp32), plus 16 bytes
+        per parameter for fp32 weights, gradients and AdamW's two moments; inference needs
+        the weights and, for a model that decodes, the KV cache.
+    """
     inner = cfg.n_heads * cfg.head_dim
     if cfg.family == "decoder":
         fwd = cfg.n_layers * _layer_flops(cfg, length) + 2 * cfg.d_model * cfg.vocab_size
         layers = cfg.n_layers
     elif cfg.family == "encoder":
-        # a classifier's head runs once per sequence; a masked LM's at its 15% masked tokens
+        # a classifier's head runs once per sequence; a masked LM's at its masked tokens only
+        # (BERT's share, tasks.classification.MASK_RATE)
         head = 2 * cfg.d_model * (cfg.vocab_size * 0.15 if cfg.head == "mlm"
                                   else cfg.n_classes / length)
         fwd = cfg.n_layers * _layer_flops(cfg, length) + head

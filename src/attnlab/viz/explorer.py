@@ -1,15 +1,10 @@
 """Interactive attention explorer: one self-contained HTML file, bertviz-style, offline.
 
-Three ways to look at the weights: a head view (tokens on both sides, one line per head and
-token pair, each head in its own colour, heads shown or hidden one by one), a matrix beside it
-(tokens on both axes, the value under the pointer) and a model view (every layer x head as a
-small map; click one to open it). Light and dark, keyboard keys listed on the page.
-
-The page (template ``explorer.html`` next to this module) has inline CSS and JS only, a
-Content-Security-Policy that forbids any network access, and the attention data embedded as
-JSON in a ``<script type="application/json">`` block. Tokens are data, never markup: the JSON
-escapes ``<``, ``>`` and ``&`` so no token can close the block, and the page inserts tokens
-with ``textContent``.
+A head view (one line per head and token pair), a matrix beside it, and a model view (every
+layer and head as a small map). The page (template ``explorer.html``) has inline CSS and JS
+only and a Content-Security-Policy that forbids any network access. Tokens are data, never
+markup: the embedded JSON escapes ``<``, ``>`` and ``&`` so no token can close its
+``<script>`` block, and the page inserts tokens with ``textContent``.
 """
 
 from __future__ import annotations
@@ -45,7 +40,7 @@ _PLACEHOLDER = re.compile(r"__ATTNLAB_(TITLE|CSP|DATA)__")
 class AttentionView:
     """One attention family to show, e.g. "decoder self-attention" or "cross-attention".
 
-    Attributes:
+    Args:
         name: label in the view selector.
         query_tokens: the T tokens whose attention is shown (left column).
         key_tokens: the S tokens attended to (right column); for cross-attention the source.
@@ -183,8 +178,11 @@ def attention_html(views: Sequence[Any], title: str = "attention explorer") -> s
         title: page title.
 
     Returns:
-        The page. Raises ValueError for malformed views, or when the page would exceed
-        ~20 MB (choose fewer layers or heads).
+        The page.
+
+    Raises:
+        ValueError: malformed views, or a page that would exceed :data:`MAX_PAGE_BYTES`
+            (choose fewer layers or heads).
 
     In the page, ``window.attnlab.state()`` returns what is drawn: ``{tab ("head" | "model"),
     view, view_name, layer, layer_id, heads (shown head indices), head_ids, query, key (the
