@@ -13,7 +13,7 @@ import logging
 import math
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -296,30 +296,19 @@ def _vocab_text(tokenizer) -> str:
 
 
 @contextlib.contextmanager
-def eval_progress(show: bool, what: str) -> Iterator[None]:
-    """Inside, each batch an attnlab model runs (a forward call of a whole model) advances a
-    progress bar on stderr when ``show``; an evaluation of a whole split can take long, and
-    the evaluation code reports nothing until it ends."""
+def eval_progress(show: bool, what: str) -> Iterator[Callable[[int], object] | None]:
+    """A progress bar on stderr of the batches evaluated, when ``show`` (an evaluation of a
+    whole split can take long); yields what to tell each batch done (the bar's ``update``),
+    or None."""
     if not show:
-        yield
+        yield None
         return
-    import torch
     from tqdm.auto import tqdm
 
-    from ..models import DecoderLM, EncoderClassifier, MaskedLM, Transformer
-
-    whole = (DecoderLM, EncoderClassifier, MaskedLM, Transformer)
     bar = tqdm(desc=what, unit="batch", file=sys.stderr, dynamic_ncols=True, leave=False)
-
-    def count(module, inputs, output) -> None:
-        if isinstance(module, whole):
-            bar.update(1)
-
-    handle = torch.nn.modules.module.register_module_forward_hook(count)
     try:
-        yield
+        yield bar.update
     finally:
-        handle.remove()
         bar.close()
 
 
@@ -327,9 +316,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ..train import evaluate_run
 
     show = args.progress or sys.stderr.isatty()
-    with eval_progress(show, f"eval {args.split if not args.data else 'data'}"):
+    with eval_progress(show, f"eval {args.split if not args.data else 'data'}") as progress:
         result = evaluate_run(args.run_dir, args.split, args.data, args.checkpoint,
-                              args.device, beam=args.beam, length_penalty=args.length_penalty)
+                              args.device, beam=args.beam, length_penalty=args.length_penalty,
+                              progress=progress)
     if args.json:
         print(json.dumps(result))
         return 0

@@ -11,7 +11,7 @@ from ..config import ConfigError
 from ..data import SYNTHETIC_NAMES
 from ..run_config import RunConfig
 from ..tokenizers import Tokenizer
-from .base import Amp, Task, data_file, resolve_model, train_tokenizer
+from .base import Amp, Progress, Task, data_file, no_progress, resolve_model, train_tokenizer
 from .classification import ClassifyTask, MaskedLMTask
 from .lm import LMTask
 from .seq2seq import Seq2SeqTask, TranslationTask
@@ -57,12 +57,14 @@ __all__ = [
     "ClassifyTask",
     "LMTask",
     "MaskedLMTask",
+    "Progress",
     "Seq2SeqTask",
     "SyntheticTask",
     "Task",
     "TranslationTask",
     "build_task",
     "data_file",
+    "no_progress",
     "resolve_model",
     "train_tokenizer",
     "task_class",

@@ -1,15 +1,5 @@
-"""What every task shares: the :class:`Task` interface and the helpers that read a run config.
-
-A task turns a :class:`~attnlab.run_config.RunConfig` into what the trainer needs:
-
-* ``tokenizer`` (trained on the training data, or the run's saved one when resuming),
-* ``model_config``: the model config with what the data decides filled in (vocabulary size,
-  pad id, family, ...) unless the user set it (:func:`resolve_model`),
-* ``next_batch()``: the next global training micro-batch (CPU tensors, rows over processes),
-* ``count(batch)`` and ``loss_sum(model, batch, label_smoothing)``: the summed loss and the
-  number of targets it sums over, so the trainer can normalise over accumulated micro-batches,
-* ``evaluate(model, split, device, amp, max_batches)``: ``val_loss`` plus the task metric,
-* ``state_dict()`` / ``load_state_dict()``: the position in the training data.
+"""What every task shares: the :class:`Task` interface, which is what the trainer calls, and
+the helpers that read a run config.
 
 Tasks read the run config but never import the training code (the trainer imports them).
 """
@@ -22,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..config import ConfigError, ModelConfig
 from ..data import fetch
@@ -31,6 +21,13 @@ from ..run_config import RunConfig
 from ..tokenizers import MASK, SPECIALS, BPETokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer
 
 Amp = Callable[[], contextlib.AbstractContextManager]
+# Told, as evaluation goes, how many more batches are done (a progress bar's ``update``; what
+# it returns is ignored).
+Progress = Callable[[int], object]
+
+
+def no_progress(batches: int) -> None:
+    """The :data:`Progress` of an evaluation that nobody watches."""
 
 
 def data_file(rc: RunConfig, key: str, fetched: str | None) -> Path:
@@ -84,7 +81,11 @@ def train_tokenizer(rc: RunConfig, texts: list[str], mask: bool = False) -> Toke
 
 
 class Task:
-    """Shared plumbing; subclasses set the class attributes and fill in the methods."""
+    """A kind of data turned into what the trainer needs: ``tokenizer`` (trained on the
+    training data, or a resumed run's), ``model_config`` (the data's vocabulary size, pad id
+    and family filled in where the user set none: :func:`resolve_model`), batches, the loss,
+    evaluation and the position in the data. Subclasses set the class attributes and fill in
+    the methods."""
 
     family = ""  # the model family the task trains
     kind = ""  # what the task is, for messages: "language-model", "translation", ...
@@ -102,6 +103,32 @@ class Task:
         self.rc = rc
         self.generator = torch.Generator().manual_seed(rc.train.seed)
 
+    def next_batch(self) -> tuple[Tensor, ...]:
+        """The next global training micro-batch (CPU tensors; its rows are split over the
+        processes)."""
+        raise NotImplementedError
+
+    def loss_sum(self, model: nn.Module, batch: tuple[Tensor, ...],
+                 label_smoothing: float = 0.0) -> Tensor:
+        """The loss of ``batch`` summed over its :meth:`count` targets, so the trainer can
+        normalise over accumulated micro-batches and processes."""
+        raise NotImplementedError
+
+    def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
+                 max_batches: int = 0, progress: Progress | None = None) -> dict[str, float]:
+        """``val_loss`` and the task's metrics (:attr:`metric_names`) of ``model``.
+
+        Args:
+            model: the model, in eval mode.
+            split: ``val`` or ``test``.
+            device: where the batches go.
+            amp: entered around each forward (autocast and attention kernels).
+            max_batches: with :attr:`sampled_eval`, that many sampled batches; 0: the whole
+                split (tasks without it always take the whole split).
+            progress: told after each batch (or group of batches) how many are done.
+        """
+        raise NotImplementedError
+
     def count(self, batch: tuple[Tensor, ...]) -> Tensor:
         """Number of targets ``loss_sum`` sums over (a tensor: no host sync)."""
         target = batch[-1]
@@ -113,9 +140,11 @@ class Task:
         return keep.sum().float()
 
     def state_dict(self) -> dict[str, Any]:
+        """The position in the training data (a resume goes on from it)."""
         return {"generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go back to the position of :meth:`state_dict`."""
         self.generator.set_state(state["generator"])
 
     def check_data(self) -> None:
@@ -124,6 +153,7 @@ class Task:
         evaluation (after ``eval_every`` steps). Tasks that read files fill it in."""
 
     def eval_batch_size(self) -> int:
+        """Rows per evaluation batch: ``train.eval_batch_size``, else the training one."""
         t = self.rc.train
         return t.eval_batch_size or t.batch_size
 

@@ -23,7 +23,15 @@ from ..metrics import accuracy, f1, macro_f1
 from ..models.common import IGNORE_INDEX
 from ..run_config import RunConfig
 from ..tokenizers import Tokenizer
-from .base import Amp, EpochTask, data_file, resolve_model, train_tokenizer
+from .base import (
+    Amp,
+    EpochTask,
+    Progress,
+    data_file,
+    no_progress,
+    resolve_model,
+    train_tokenizer,
+)
 
 
 class ClassifyTask(EpochTask):
@@ -108,7 +116,10 @@ class ClassifyTask(EpochTask):
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
-                 max_batches: int = 0) -> dict[str, float]:
+                 max_batches: int = 0, progress: Progress | None = None) -> dict[str, float]:
+        """Mean loss, accuracy and F1 (macro F1 over more than two classes) of the whole
+        split (see :meth:`Task.evaluate`)."""
+        progress = progress or no_progress
         total, preds, labels = 0.0, [], []
         for ids, y in self.batches(split, self.eval_batch_size(), shuffle=False):
             ids, y = ids.to(device), y.to(device)
@@ -117,6 +128,7 @@ class ClassifyTask(EpochTask):
             total += float(F.cross_entropy(logits.float(), y, reduction="sum"))
             preds += logits.argmax(-1).tolist()
             labels += y.tolist()
+            progress(1)
         score = f1(preds, labels) if self.n_classes == 2 else macro_f1(preds, labels)
         return {"val_loss": total / len(labels), "accuracy": accuracy(preds, labels), "f1": score}
 
@@ -130,11 +142,11 @@ def mask_tokens(ids: Tensor, mask_id: int, vocab_size: int, generator: torch.Gen
 
     Each token whose id is not in ``keep`` (padding and the other special tokens) is picked
     with probability :data:`MASK_RATE`, and at least one per row; a picked token becomes
-    ``mask_id`` (80%), a random id (10%: drawn above every id of ``keep`` and ``mask_id``,
-    the special tokens that come first in a vocabulary, so never padding) or stays (10%).
-    ``targets`` holds the original id at the picked positions and ``IGNORE_INDEX`` (-100)
-    elsewhere. Every draw comes from
-    ``generator``, so a saved generator state replays the same masks.
+    ``mask_id`` (probability 0.8), a random id (0.1: drawn above every id of ``keep`` and
+    ``mask_id``, the special tokens that come first in a vocabulary, so never padding) or
+    stays (0.1). ``targets`` holds the original id at the picked positions and
+    ``IGNORE_INDEX`` (-100) elsewhere. Every draw comes from ``generator``, so a saved
+    generator state replays the same masks.
 
     Shape: ids, inputs, targets (B, S).
     """
@@ -220,7 +232,10 @@ class MaskedLMTask(ClassifyTask):
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
-                 max_batches: int = 0) -> dict[str, float]:
+                 max_batches: int = 0, progress: Progress | None = None) -> dict[str, float]:
+        """Mean loss and accuracy of the masked tokens of the whole split, masked as in
+        training but the same every time (see :meth:`Task.evaluate`)."""
+        progress = progress or no_progress
         total, correct, n = 0.0, 0, 0
         for ids, _ in self.batches(split, self.eval_batch_size(), shuffle=False):
             inputs, targets = (t.to(device) for t in self._mask_each(ids))
@@ -230,4 +245,5 @@ class MaskedLMTask(ClassifyTask):
             total += float(F.cross_entropy(logits.float(), wanted, reduction="sum"))
             correct += int((logits.argmax(-1) == wanted).sum())
             n += wanted.numel()
+            progress(1)
         return {"val_loss": total / n, "accuracy": correct / n}

@@ -35,7 +35,7 @@ from ..tokenizers import (
     Tokenizer,
     load_tokenizer,
 )
-from .base import Amp, Task, data_file, resolve_model
+from .base import Amp, Progress, Task, data_file, no_progress, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -403,7 +403,8 @@ class LMTask(Task):
             yield x, y
 
     def _mean_loss(self, model: nn.Module, data: Tokens, device: torch.device, amp: Amp,
-                   max_batches: int) -> float:
+                   max_batches: int, progress: Progress) -> float:
+        """Mean loss per target over the batches of :meth:`_batches`."""
         total = torch.zeros((), dtype=torch.float64, device=device)
         n = 0.0
         for batch in self._batches(data, max_batches):
@@ -411,16 +412,19 @@ class LMTask(Task):
             with amp():
                 total += self.loss_sum(model, (x, y)).double()
             n += float(self.count((x, y)))
+            progress(1)
         return float(total) / max(n, 1)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
-                 max_batches: int = 0) -> dict[str, float]:
-        """Mean loss over ``max_batches`` random windows (the same ones every time), or over
-        every target of the split when ``max_batches`` is 0. A mix reports the mean of its
-        corpora's val losses, weighted as their training rows are."""
+                 max_batches: int = 0, progress: Progress | None = None) -> dict[str, float]:
+        """Mean loss and perplexity over ``max_batches`` random windows (the same ones every
+        time), or over every target of the split when ``max_batches`` is 0 (see
+        :meth:`Task.evaluate`). A mix reports the mean of its corpora's val losses, weighted
+        as their training rows are."""
         parts = self._eval_parts(split)
-        losses = [self._mean_loss(model, data, device, amp, max_batches) for _, data in parts]
+        losses = [self._mean_loss(model, data, device, amp, max_batches,
+                                  progress or no_progress) for _, data in parts]
         if len(parts) == 1:
             loss = losses[0]
         else:

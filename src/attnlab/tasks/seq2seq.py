@@ -1,20 +1,17 @@
 """Sequence-to-sequence tasks for the encoder-decoder: the shared loss, and translation.
 
 Seq2seq tasks feed the trainer ``(src, tgt_in, tgt_out)`` batches (``tgt_in = <bos> y1 ..``,
-``tgt_out = y1 .. <eos>``, right-padded with ``pad_id``). Translation is evaluated with greedy
-(or beam-search) decoding (:func:`attnlab.decoding.translate_texts`, KV cache) and corpus
-BLEU (sacrebleu).
-
-Translation trains from a prepared pairs DIR (:mod:`attnlab.data.pairs`), read through memory
-maps a batch at a time: ``data.path`` names one, or the raw ``data.src_path`` /
-``data.tgt_path`` are prepared once into the data cache (keyed by both files' contents and the
-tokenizer), so a second run, ``--resume`` and ``eval`` encode no training pair again. The
-batches are the ones the pairs encoded in memory gave. Val and test pairs are read whole.
+``tgt_out = y1 .. <eos>``, right-padded with ``pad_id``). Translation trains from a prepared
+pairs DIR (:mod:`attnlab.data.pairs`, read a batch at a time): ``data.path``, or the one the
+raw ``data.src_path`` / ``data.tgt_path`` are prepared into once, in the data cache. It is
+evaluated with greedy or beam-search decoding and corpus BLEU; val and test pairs are read
+whole.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +33,10 @@ from ..metrics import bleu
 from ..models import token_loss
 from ..run_config import RunConfig
 from ..tokenizers import Tokenizer, load_tokenizer
-from .base import Amp, EpochTask, Task, data_file, resolve_model
+from .base import Amp, EpochTask, Progress, Task, data_file, no_progress, resolve_model
 
 log = logging.getLogger(__name__)
+TRANSLATE_BATCH = 128  # sentences decoded at once by evaluation
 
 
 class Seq2SeqTask(Task):
@@ -61,13 +59,16 @@ class Seq2SeqTask(Task):
         logits, _ = model(src, tgt_in)  # (B, T, V); source pads masked from src != pad_id
         return token_loss(logits, tgt_out, self.model_config.pad_id, label_smoothing, "sum")
 
-    def _val_loss(self, model: nn.Module, batches, device: torch.device, amp: Amp) -> float:
+    def _val_loss(self, model: nn.Module, batches, device: torch.device, amp: Amp,
+                  progress: Progress) -> float:
+        """Teacher-forced mean loss per target token over ``batches``."""
         total, n = 0.0, 0.0
         for batch in batches:
             batch = tuple(t.to(device) for t in batch)
             with amp():
                 total += float(self.loss_sum(model, batch))
             n += float(self.count(batch))
+            progress(1)
         return total / max(n, 1.0)
 
 
@@ -247,17 +248,22 @@ class TranslationTask(Seq2SeqTask, EpochTask):
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
-                 max_batches: int = 0) -> dict[str, float]:
+                 max_batches: int = 0, progress: Progress | None = None) -> dict[str, float]:
+        """Teacher-forced loss and the BLEU of the split's translations, decoded as
+        :meth:`decoding` says (see :meth:`Task.evaluate`)."""
+        progress = progress or no_progress
         cap = self.model_config.max_len
         pairs = [(s[:cap], t[:cap + 1]) for s, t in self.encode(split)]
         budget = max(self.rc.train.max_tokens, max(max(len(s), len(t)) for s, t in pairs))
         batches = Seq2SeqBatches(pairs, budget, self.tokenizer.pad_id, shuffle=False)
-        metrics = {"val_loss": self._val_loss(model, batches, device, amp)}
+        metrics = {"val_loss": self._val_loss(model, batches, device, amp, progress)}
         sources = [s for s, _ in self.pairs(split)]
         with amp():
             hyps = translate_texts(model, sources, self.tokenizer,
-                                   add_special=self.rc.data.src_add_special, batch_size=128,
-                                   beam=self.beam, length_penalty=self.length_penalty)
+                                   add_special=self.rc.data.src_add_special,
+                                   batch_size=TRANSLATE_BATCH, beam=self.beam,
+                                   length_penalty=self.length_penalty)
+        progress(math.ceil(len(sources) / TRANSLATE_BATCH))
         # References pass through the tokenizer as the translations did: nothing changes for
         # byte-level BPE (it round-trips text), and a whitespace pre-tokenizer's spacing
         # ("man ' s") is then on both sides instead of capping BLEU below 100.

@@ -16,7 +16,7 @@ from ..data import SyntheticData
 from ..decoding import translate
 from ..run_config import RunConfig
 from ..tokenizers import IdTokenizer, Tokenizer
-from .base import Amp, resolve_model
+from .base import Amp, Progress, no_progress, resolve_model
 from .seq2seq import Seq2SeqTask
 
 
@@ -64,9 +64,12 @@ class SyntheticTask(Seq2SeqTask):
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
-                 max_batches: int = 0) -> dict[str, float]:
+                 max_batches: int = 0, progress: Progress | None = None) -> dict[str, float]:
+        """Teacher-forced loss and the exact-match accuracy of the decoded answers of the
+        split's fixed examples (see :meth:`Task.evaluate`)."""
+        progress = progress or no_progress
         batches = self.examples(split)
-        metrics = {"val_loss": self._val_loss(model, batches, device, amp)}
+        metrics = {"val_loss": self._val_loss(model, batches, device, amp, progress)}
         right = total = 0
         for src, _, _ in batches:
             rows = [[t for t in row if t != self.data.pad_id] for row in src.tolist()]
@@ -78,5 +81,6 @@ class SyntheticTask(Seq2SeqTask):
             for row, hyp in zip(rows, hyps):
                 right += hyp == self.data.answer(row)
                 total += 1
+            progress(1)
         metrics["accuracy"] = right / total
         return metrics

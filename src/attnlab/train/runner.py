@@ -15,16 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..config import ModelConfig
 from ..devices import resolve_device
 from ..run_config import SECTIONS, RunConfig
 from ..runs import RunDir, RunError, load_run
-from ..tasks import build_task, task_class
+from ..tasks import Progress, Task, build_task, task_class
 from ..tokenizers import Tokenizer
 from .distributed import DistInfo, cleanup, describe, env_info, init_distributed
 from .finetune import (
+    InitSource,
     init_config,
     keep_split,
     keeps_head,
@@ -159,6 +161,17 @@ def _remove_if_empty(top: Path, run_dir: Path) -> None:
             break
 
 
+@dataclass
+class RunStart:
+    """What a run starts from: the config it trains and what it continues or begins with."""
+
+    rc: RunConfig
+    resume: bool = False  # go on from last/ (False for a --resume that starts again)
+    saved: dict[str, Any] | None = None  # the run dir's config.json, when resuming
+    tokenizer: Tokenizer | None = None  # the run's, or that of the --init-from source
+    source: InitSource | None = None  # the --init-from weights to load
+
+
 def _restart_from_nothing(run: RunDir) -> bool:
     """``--resume`` of a run stopped after its first best/ but before its first last/ (the
     only state that has no last/): there is no training state to continue from, so it starts
@@ -189,61 +202,95 @@ def train_run(rc: RunConfig, run_dir: str | Path, resume: bool = False) -> RunOu
 
 
 def _train_run(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> RunOutcome:
+    """Check, build, train and record the run (see :func:`train_run`); every check of the
+    input comes before the first file is written."""
     if info.is_main:
         check_run_dir(run, resume)
-    tokenizer = saved = source = None
-    if resume:
-        saved = run.read_config()
-        rc = resumed_config(run, saved, rc)
-        tokenizer = run.load_tokenizer()
-        resume = not _restart_from_nothing(run)
-    if resume:
-        check_steps_left(run, rc)
-    if rc.train.init_from and resume:  # the run holds the fine-tuned model: no source read
-        rc = init_config(rc, ModelConfig.from_dict(saved["model"]), str(run.path))
-        rc = keep_split(rc, saved, str(run.path))
-    elif rc.train.init_from:  # (also a --resume that starts again from step 0)
-        source = load_source(rc.train.init_from)
-        rc = init_config(rc, source.config, rc.train.init_from)
-        rc = keep_split(rc, source.run_config, rc.train.init_from)
-        tokenizer = source.tokenizer
-    task = build_task(rc, tokenizer)  # (an LM's text the source's tokenizer cannot encode fails)
-    task.check_data()  # bad data fails now, before any file is written or step is taken
-    resolved = dataclasses.replace(rc, model=task.model_config)
-    if saved is not None:
-        check_same_config(run.path, saved, resolved)
-    # a resumed "auto" run goes on in the precision it measured and trained in
-    trainer = Trainer(resolved, task, run, info,
-                      run.checkpoint_meta("last").get("precision") if resume else None)
-    if source is not None:
-        load_init_weights(trainer.model, source, not keeps_head(resolved, source))
-    if resume:
-        trainer.resume()
-        log.info("resuming %s at step %d", run.path, trainer.step)
+    start = _resumed_start(rc, run) if resume else RunStart(rc)
+    if start.rc.train.init_from:
+        start = _init_from(start, run)
+    # text the source's tokenizer cannot encode fails here, bad data in check_data: before
+    # any file is written or any step is taken
+    task = build_task(start.rc, start.tokenizer)
+    task.check_data()
+    resolved = dataclasses.replace(start.rc, model=task.model_config)
+    if start.saved is not None:
+        check_same_config(run.path, start.saved, resolved)
+    trainer = _build_trainer(start, resolved, task, run, info)
     if info.is_main:
         run.write_config(resolved.to_dict())
-        if task.tokenizer is not None and not (resume and tokenizer is not None):
+        if task.tokenizer is not None and not (start.resume and start.tokenizer is not None):
             run.save_tokenizer(task.tokenizer)
+    _announce(trainer, resolved, info)
+    result = trainer.fit()
+    if info.is_main:
+        _write_results(run, result, trainer, info)
+    return RunOutcome(result, trainer.model, task.tokenizer, run.path, resolved, info.is_main)
+
+
+def _resumed_start(rc: RunConfig, run: RunDir) -> RunStart:
+    """The start of ``--resume``: the run's own config where ``rc`` leaves a key out, its
+    tokenizer, and whether there is a last/ to go on from (with steps left to train)."""
+    saved = run.read_config()
+    rc = resumed_config(run, saved, rc)
+    tokenizer = run.load_tokenizer()
+    resume = not _restart_from_nothing(run)
+    if resume:
+        check_steps_left(run, rc)
+    return RunStart(rc, resume, saved, tokenizer)
+
+
+def _init_from(start: RunStart, run: RunDir) -> RunStart:
+    """``train.init_from``: the model config (and data split) of the source, whose weights and
+    tokenizer the run begins with; a resumed fine-tuning takes them from its own run dir."""
+    rc, spec = start.rc, start.rc.train.init_from
+    if start.resume:  # the run holds the fine-tuned model: no source read
+        rc = init_config(rc, ModelConfig.from_dict(start.saved["model"]), str(run.path))
+        return dataclasses.replace(start, rc=keep_split(rc, start.saved, str(run.path)))
+    source = load_source(spec)  # (also a --resume that starts again from step 0)
+    rc = init_config(rc, source.config, spec)
+    return dataclasses.replace(start, rc=keep_split(rc, source.run_config, spec),
+                               tokenizer=source.tokenizer, source=source)
+
+
+def _build_trainer(start: RunStart, rc: RunConfig, task: Task, run: RunDir,
+                   info: DistInfo) -> Trainer:
+    """The trainer of ``rc`` with the weights it starts from: fresh, the ``--init-from``
+    source's, or with everything else of last/ when resuming."""
+    # a resumed "auto" run goes on in the precision it measured and trained in
+    trainer = Trainer(rc, task, run, info,
+                      run.checkpoint_meta("last").get("precision") if start.resume else None)
+    if start.source is not None:
+        load_init_weights(trainer.model, start.source, not keeps_head(rc, start.source))
+    if start.resume:
+        trainer.resume()
+        log.info("resuming %s at step %d", run.path, trainer.step)
+    return trainer
+
+
+def _announce(trainer: Trainer, rc: RunConfig, info: DistInfo) -> None:
+    """Log what is trained, where and how, before the first step."""
     n_params = sum(p.numel() for p in trainer.model.parameters())
     log.info("training %s model (%.2fM parameters) on %s, %s, %s%s",
-             FAMILY_WORDS.get(resolved.model.family, resolved.model.family),
-             n_params / 1e6, trainer.device, trainer.precision, resolved.data.name,
+             FAMILY_WORDS.get(rc.model.family, rc.model.family),
+             n_params / 1e6, trainer.device, trainer.precision, rc.data.name,
              describe(info))
     if info.is_main:
-        for warning in schedule_warnings(resolved.train):
+        for warning in schedule_warnings(rc.train):
             log.warning("%s", warning)
     if trainer.compile_pending:
         log.info("compiling the model with torch.compile (train.compile=true) at the first "
                  "step: this takes a while, often a minute or more")
-    result = trainer.fit()
-    if info.is_main:
-        plot_curves(run)
-        run.write_results({
-            "step": result.step, "metrics": result.metrics, "best": result.best,
-            "stopped_early": result.stopped_early, "wall_s": round(result.wall_s, 2),
-            "precision": trainer.precision, "device": str(trainer.device),
-            "world_size": info.world_size})
-    return RunOutcome(result, trainer.model, task.tokenizer, run.path, resolved, info.is_main)
+
+
+def _write_results(run: RunDir, result: TrainResult, trainer: Trainer, info: DistInfo) -> None:
+    """The loss plot and results.json of a finished training."""
+    plot_curves(run)
+    run.write_results({
+        "step": result.step, "metrics": result.metrics, "best": result.best,
+        "stopped_early": result.stopped_early, "wall_s": round(result.wall_s, 2),
+        "precision": trainer.precision, "device": str(trainer.device),
+        "world_size": info.world_size})
 
 
 def _eval_overrides(rc: RunConfig, split: str, data: list[str]) -> RunConfig:
@@ -271,16 +318,54 @@ def _eval_overrides(rc: RunConfig, split: str, data: list[str]) -> RunConfig:
 
 def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None = None,
                  checkpoint: str = "best", device: str = "auto", beam: int = 1,
-                 length_penalty: float = 0.6) -> dict[str, Any]:
+                 length_penalty: float = 0.6,
+                 progress: Progress | None = None) -> dict[str, Any]:
     """Metrics of a trained run on ``split``: loss + perplexity / BLEU / accuracy+F1.
 
-    LM perplexity runs over every window of the split (not a sample). BLEU decodes greedily,
-    or with beam search when ``beam`` > 1 (translation only). The model runs as in training's
-    evaluation (the checkpoint's precision, the same attention kernels and batches), so the
-    metrics of ``best/`` are those training recorded for it."""
+    The model runs as in training's evaluation (the checkpoint's precision, the same attention
+    kernels and batches), so the metrics of ``best/`` are those training recorded for it;
+    LM perplexity runs over every window of the split (not a sample).
+
+    Args:
+        run_dir: the run dir.
+        split: ``val`` or ``test``.
+        data: files to evaluate on instead of the run's own split (``attnlab eval --data``).
+        checkpoint: ``best``, ``last`` or a .safetensors file.
+        device: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
+        beam: translation only: 1 decodes greedily, more is beam search of that width.
+        length_penalty: beam search's length penalty.
+        progress: told as batches are done (see :meth:`attnlab.tasks.Task.evaluate`).
+
+    Returns:
+        The split (or the ``data`` files), the checkpoint, the precision, for translation how
+        it decoded, and the metrics.
+    """
+    rd = RunDir(run_dir)
+    rc = _eval_data(rd, _eval_config(rd, split, checkpoint, beam), split, data)
+    task = _eval_task(rd, rc)
+    dev = resolve_device(device, flag="--device")
+    run = load_run(rd.path, checkpoint, device=str(dev))
+    precision = _eval_precision(rd, rc, checkpoint, dev)
+    backends = sdpa_backends(rc.train.sdpa_backend)
+
+    def amp():  # as Trainer.amp: autocast and the attention kernels training evaluated with
+        return autocast(precision, dev, backends)
+
+    decoding = {}
+    if hasattr(task, "beam"):
+        task.beam, task.length_penalty = beam, length_penalty
+        decoding = {"decoding": task.decoding()}
+    run.model.eval()
+    metrics = task.evaluate(run.model, split, dev, amp, 0, progress)
+    where = {"data": " ".join(data)} if data else {"split": split}
+    return {**where, "checkpoint": str(run.checkpoint), "precision": precision, **decoding,
+            **metrics}
+
+
+def _eval_config(rd: RunDir, split: str, checkpoint: str, beam: int) -> RunConfig:
+    """The run's config, once the arguments of ``attnlab eval`` that need no data check out."""
     if split not in ("val", "test"):
         raise ValueError(f"--split {split!r} is not allowed: val or test")
-    rd = RunDir(run_dir)
     rc = RunConfig.from_dict(rd.read_config())
     cls = task_class(rc.data.name)
     why = rd.untrained_head(checkpoint)
@@ -291,42 +376,42 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
                          "without beam search (leave --beam out)")
     if beam < 1:
         raise ValueError(f"--beam must be >= 1, got {beam}")
+    return rc
+
+
+def _eval_data(rd: RunDir, rc: RunConfig, split: str, data: list[str] | None) -> RunConfig:
+    """``rc`` pointed at the ``--data`` files; without them the run must have ``split`` data
+    of its own (a model imported from Hugging Face has none)."""
     if data:
-        rc = _eval_overrides(rc, split, data)
-    elif rc.data.name in OWN_FILES and not rc.data.mix and not any(
-            getattr(rc.data, key) or getattr(rc.data, f"{split}_{key}")
-            for key in cls.eval_data_keys):  # e.g. a model imported from Hugging Face
-        files = "SRC TGT" if len(cls.eval_data_keys) == 2 else "FILE"
+        return _eval_overrides(rc, split, data)
+    cls = task_class(rc.data.name)
+    keys = cls.eval_data_keys
+    if rc.data.name in OWN_FILES and not rc.data.mix and not any(
+            getattr(rc.data, key) or getattr(rc.data, f"{split}_{key}") for key in keys):
+        files = "SRC TGT" if len(keys) == 2 else "FILE"
         raise RunError(f"run dir {rd.path} has no {split} data of its own (its config has "
-                       f"data.name={rc.data.name!r} and no data.{cls.eval_data_keys[0]}); "
+                       f"data.name={rc.data.name!r} and no data.{keys[0]}); "
                        f"pass the {cls.kind} data to evaluate on with --data {files}")
+    return rc
+
+
+def _eval_task(rd: RunDir, rc: RunConfig) -> Task:
+    """The run's task, with the run's tokenizer."""
     tokenizer = rd.load_tokenizer()
-    if tokenizer is None and cls.uses_tokenizer:
+    if tokenizer is None and task_class(rc.data.name).uses_tokenizer:
         raise RunError(f"run dir {rd.path} has no {rd.tokenizer_file.name}")
-    task = build_task(rc, tokenizer)
-    dev = resolve_device(device, flag="--device")
-    run = load_run(rd.path, checkpoint, device=str(dev))
-    # "auto" means what training measured fastest and used; a checkpoint records it
+    return build_task(rc, tokenizer)
+
+
+def _eval_precision(rd: RunDir, rc: RunConfig, checkpoint: str, dev: torch.device) -> str:
+    """The precision training evaluated ``checkpoint`` in: for ``auto``, what training
+    measured fastest and used (the checkpoint's manifest records it; for a weights file, the
+    manifest beside it); fp16 off CUDA is fp32, as evaluation scales no loss."""
     name = rc.train.precision
-    if name == "fp16" and dev.type != "cuda":  # evaluation scales no loss: fp32 does it here
+    if name == "fp16" and dev.type != "cuda":
         name = "fp32"
-    # (a weights file: the manifest beside it)
-    precision = resolve_precision(name, dev, recorded=rd.checkpoint_meta(checkpoint).get(
+    return resolve_precision(name, dev, recorded=rd.checkpoint_meta(checkpoint).get(
         "precision"))
-    backends = sdpa_backends(rc.train.sdpa_backend)
-
-    def amp():  # as Trainer.amp: autocast and the attention kernels training evaluated with
-        return autocast(precision, dev, backends)
-
-    where = {"data": " ".join(data)} if data else {"split": split}
-    decoding = {}
-    if hasattr(task, "beam"):
-        task.beam, task.length_penalty = beam, length_penalty
-        decoding = {"decoding": task.decoding()}
-    run.model.eval()
-    metrics = task.evaluate(run.model, split, dev, amp, 0)
-    return {**where, "checkpoint": str(run.checkpoint), "precision": precision, **decoding,
-            **metrics}
 
 
 def sample_texts(model: nn.Module, tokenizer: Tokenizer, rc: RunConfig,
