@@ -63,10 +63,12 @@ def fsync_file(path: str | Path) -> None:
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
+    """:func:`atomic_write_bytes` of ``obj`` as indented JSON with sorted keys."""
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
 def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (the renames into it) to the disk, where the platform can."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # not possible on every platform; the renames are atomic anyway

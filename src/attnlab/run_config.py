@@ -152,7 +152,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (falls back to eager with a warning)
     threads: int = 0  # CPU threads for torch (torch.set_num_threads); 0 = torch's default
     sdpa_backend: SdpaBackend = "auto"  # auto = torch's choice (short bf16 sequences on a CPU:
-    # attnlab.nn.attention.fused_attention's own two matmuls or fp32 flash; benchmarks/README.md)
+    # attnlab.nn.attention.fused_attention's own two matmuls or fp32 flash, where they are faster)
     max_steps: int = 2000
     batch_size: int = 12  # sequences / sentences per optimizer micro-step, over all processes
     block_size: int = 0  # LM context; 0 = model.max_len
@@ -238,6 +238,7 @@ class RunConfig:
     explicit: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
+        """The three sections as plain dicts (what a run dir's config.json holds)."""
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
     @classmethod

@@ -89,9 +89,11 @@ class RunDir:
         return cfg
 
     def write_config(self, config: dict[str, Any]) -> None:
+        """Write the resolved run config (``RunConfig.to_dict()``)."""
         atomic_write_json(self.config_file, config)
 
     def has_tokenizer(self) -> bool:
+        """Whether the run dir holds a tokenizer file."""
         return self.tokenizer_file.is_file()
 
     def load_tokenizer(self) -> Tokenizer | None:
@@ -108,6 +110,7 @@ class RunDir:
         return None
 
     def save_tokenizer(self, tokenizer: Tokenizer) -> None:
+        """Write the run's tokenizer."""
         tokenizer.save(self.tokenizer_file)
 
     # ---- checkpoints -----------------------------------------------------------------------------
@@ -220,6 +223,7 @@ class RunDir:
         return read_metrics(self.metrics_file)
 
     def write_results(self, results: dict[str, Any]) -> None:
+        """Write the final metrics of a finished training."""
         atomic_write_json(self.results_file, results)
 
 

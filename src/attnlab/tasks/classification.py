@@ -98,6 +98,7 @@ class ClassifyTask(EpochTask):
         self.batches("val", 1, False)  # (encoded too: a text the tokenizer refuses fails now)
 
     def batches(self, name: str, batch_size: int, shuffle: bool) -> ClassificationBatches:
+        """The labelled sentences of split ``name``, encoded, in padded batches."""
         tok = self.tokenizer
         examples = [(tok.encode(s), y) for s, y in self.items(name)]
         return ClassificationBatches(examples, batch_size, tok.pad_id,
@@ -186,6 +187,8 @@ class MaskedLMTask(ClassifyTask):
         return read_labelled_tsv(path, num_labels=None)  # the labels are not read: any class
 
     def batches(self, name: str, batch_size: int, shuffle: bool) -> ClassificationBatches:
+        """The sentences of split ``name`` (label 0: unused), encoded, in padded batches; the
+        training split's as whole sentences."""
         texts = [s for s, _ in self.items(name)]
         if name == "train":
             texts = whole_sentences(texts)

@@ -221,6 +221,7 @@ class TranslationTask(Seq2SeqTask, EpochTask):
         return self._pairs[name]
 
     def encode(self, name: str) -> list[tuple[list[int], list[int]]]:
+        """The ``(source, target)`` ids of split ``name``, encoded as in training."""
         if self._dir_val(name):
             return self._val_ids
         tok, add = self.tokenizer, self.rc.data.src_add_special

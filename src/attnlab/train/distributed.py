@@ -1,12 +1,9 @@
 """Data-parallel training under ``torchrun``: process group set-up, batch sharding, reductions.
 
-The same ``attnlab train`` command runs as one process or as K under
-``torchrun --nproc_per_node=K``; torchrun's ``RANK`` and ``WORLD_SIZE`` in the environment
-switch DDP on (gloo on CPU, nccl on CUDA), for K = 1 too, as in nanoGPT: one process under
-torchrun goes through the process group and DDP, the path K processes take. Every process
-draws the same global micro-batch from the same seeded generator and keeps its own rows
-(:func:`shard`), so K processes train exactly the model one process would train on the whole
-batch. Only rank 0 writes files.
+The same ``attnlab train`` command runs as one process or as K under ``torchrun``; every
+process draws the same global micro-batch and keeps its own rows (:func:`shard`), so K
+processes train exactly the model one process would train on the whole batch. Only rank 0
+writes files.
 """
 
 from __future__ import annotations
@@ -46,7 +43,11 @@ def env_info() -> DistInfo:
 
 
 def init_distributed(device_type: str) -> DistInfo:
-    """Join the process group when launched by torchrun (idempotent); the info otherwise."""
+    """Join the process group when launched by torchrun (idempotent); the info otherwise.
+
+    torchrun's ``RANK`` and ``WORLD_SIZE`` switch DDP on (gloo on CPU, nccl on CUDA), for one
+    process too, as in nanoGPT: one process under torchrun takes the path K processes take.
+    """
     info = env_info()
     if info.enabled and not dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
@@ -65,6 +66,7 @@ def describe(info: DistInfo) -> str:
 
 
 def cleanup() -> None:
+    """Leave the process group, if this process joined one."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -97,6 +99,8 @@ def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
 
 
 def wrap_ddp(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
+    """``model`` in ``DistributedDataParallel`` (gradients averaged over the processes) when
+    training is distributed; as it is otherwise."""
     if not info.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel
@@ -106,5 +110,6 @@ def wrap_ddp(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Modul
 
 
 def barrier(info: DistInfo) -> None:
+    """Wait until every process gets here (nothing to wait for in one process)."""
     if info.enabled:
         dist.barrier()

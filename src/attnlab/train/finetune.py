@@ -1,18 +1,9 @@
 """Fine-tuning: start a run from trained weights (``train.init_from`` / ``--init-from``).
 
-The source is a run dir (its ``best/`` weights, falling back to ``last/``), a Hugging Face
-model directory, or the name ``all-MiniLM-L6-v2`` (both through
-:func:`attnlab.interop.load_pretrained`). What the new run takes from it:
-
-* the model config: every ``[model]`` key the recipe leaves out comes from the source; a key the
-  recipe sets must agree with it, except the fine-tuning knobs in :data:`TUNABLE` (dropout,
-  pooling, the number of classes), so a recipe that contradicts its source fails before any
-  file is written, naming the key and both values;
-* the tokenizer (no new one is trained; an LM's new text must be covered by it);
-* the weights, all of them except an encoder's classification head, which starts fresh unless
-  the source was trained on the same classes (same ``data.label_names``).
-
-Resuming a fine-tuned run never reads the source again: the run dir holds everything.
+The source (:func:`load_source`) gives the new run its model config (:func:`init_config`),
+its tokenizer (no new one is trained) and its weights (:func:`load_init_weights`; an encoder's
+classification head starts fresh unless :func:`keeps_head`). Resuming a fine-tuned run never
+reads the source again: the run dir holds everything.
 """
 
 from __future__ import annotations

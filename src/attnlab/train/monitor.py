@@ -75,6 +75,7 @@ class Monitor:
                     self.tb.add_scalar(name, v, step)
 
     def progress(self, n: int = 1, **postfix: Any) -> None:
+        """Move the progress bar on by ``n`` steps, showing ``postfix`` (loss, lr, ...)."""
         if self.bar is not None:
             if postfix:
                 short = {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in postfix.items()}
@@ -82,6 +83,7 @@ class Monitor:
             self.bar.update(n)
 
     def close(self) -> None:
+        """Close the bar, the log file and TensorBoard's writer (idempotent)."""
         if self.bar is not None:
             self.bar.close()
         if self.file is not None:

@@ -1,12 +1,8 @@
 """AdamW with decay / no-decay parameter groups, and the learning-rate schedules.
 
-Weight decay applies to matrices only (linear weights and embeddings, ``dim >= 2``); biases,
-norm gains and other vectors are not decayed (as in GPT-2 / nanoGPT). With layer-wise
-learning-rate decay (``train.layer_decay`` < 1, for fine-tuning) each layer's groups carry an
-``lr_scale``: the top (head, final norm) trains at the full rate, each layer below at
-``layer_decay`` times the one above, the embeddings lowest (ELECTRA, Clark et al. 2020; BEiT).
-The schedule is a pure function of the step, so its whole state is the step counter the trainer
-checkpoints.
+Weight decay applies to matrices only (as in GPT-2 / nanoGPT); fine-tuning may lower the rate
+layer by layer (:func:`param_groups`). A schedule is a pure function of the step, so its whole
+state is the step counter the trainer checkpoints.
 """
 
 from __future__ import annotations
@@ -66,8 +62,8 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups` with the fused kernel (CUDA and CPU: one kernel for all
-    parameters; on the 2-core CPU of benchmarks/README.md it beat the foreach one), falling back
-    to the multi-tensor (foreach) kernel on devices without a fused one (MPS)."""
+    parameters, the fastest where there is one), falling back to the multi-tensor (foreach)
+    kernel on devices without a fused one (MPS)."""
     impl = {"fused": True} if device_type in ("cuda", "cpu") else {"foreach": True}
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay, cfg.layer_decay),
                              lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **impl)
