@@ -176,7 +176,8 @@ class KVCache:
     """Keys and values of every layer, preallocated to ``max_len`` for step-by-step decoding.
 
     Each layer appends its new K/V with :meth:`update`; the model calls :meth:`advance` once
-    per forward, after its last layer. :meth:`reorder` picks batch rows (beam search).
+    per forward, after its last layer. :meth:`reorder` picks batch rows (beam search);
+    :meth:`restart` empties it for a new prefill (a sliding context window).
     """
 
     def __init__(self, n_layers: int, batch: int, n_heads: int, head_dim: int, max_len: int,
@@ -217,15 +218,12 @@ class KVCache:
         """Count ``t`` more cached positions (after every layer wrote them)."""
         self.length += t
 
-    def keep_last(self, n: int) -> None:
-        """Keep only the last ``n`` cached positions, moved to the front (a sliding window)."""
-        drop = self.length - n
-        if drop <= 0:
-            return
-        for buffers in (self.k, self.v):
-            for buf in buffers:
-                buf[:, :, :n] = buf[:, :, drop:self.length].clone()
-        self.length = n
+    def restart(self, pad: Tensor | None = None) -> None:
+        """Empty the self-attention positions for a new prefill whose rows are left-padded by
+        ``pad`` (B,) columns (None: not padded). The buffers and the cross-attention keys and
+        values are kept. A sliding context window restarts its cache so: its kept tokens move
+        to positions from 0, so their keys must be computed again."""
+        self.length, self.pad = 0, pad
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (B',) of every cached tensor, e.g. unfinished sentences."""

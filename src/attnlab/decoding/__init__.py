@@ -1,23 +1,11 @@
 """Decoding: turning trained models into outputs, one module per job.
 
-* :mod:`~attnlab.decoding.lm`: generation with a decoder-only LM (KV cache, left-padded
-  batches, sliding context window, stop conditions, streaming).
-* :mod:`~attnlab.decoding.sampling`: the next-token rules (greedy, temperature, top-k, top-p).
-* :mod:`~attnlab.decoding.stream`: stop strings and incremental detokenisation.
-* :mod:`~attnlab.decoding.translate`: greedy and beam search for the encoder-decoder, and
-  :func:`translate_texts` (text in, text out).
-* :mod:`~attnlab.decoding.classify`: batch prediction with an encoder classifier.
-* :mod:`~attnlab.decoding.quant`: reduced-precision inference (bf16, fp16 and int8 weights).
-
-The speed tools the decoding loops apply (:func:`inference_layout`, :func:`layout_pays`,
-:func:`decoding_kernels`, :func:`direct_attributes`) live in :mod:`attnlab.speed` and are
-re-exported here for callers that prepare a model for decoding.
-
-Nothing here knows about run dirs: every function takes a model (and tokenizers).
-
-The functions ``stream``, ``translate`` and ``classify`` are exported here, so those attributes
-of the package are the functions; import from the modules of the same names with
-``from attnlab.decoding.stream import ...`` and so on.
+:mod:`~attnlab.decoding.lm` (generation with a decoder-only LM), ``sampling`` (the next-token
+rules), ``stream`` (stop strings, incremental detokenising), ``translate`` (greedy and beam
+search), ``classify`` (an encoder classifier's predictions) and ``quant`` (reduced-precision
+weights). Every function takes a model (and tokenizers), never a run dir. The speed tools the
+loops apply live in :mod:`attnlab.speed` and are re-exported here. The package attributes
+``stream``, ``translate`` and ``classify`` are the functions, not the modules of those names.
 """
 
 from ..speed import decoding_kernels, direct_attributes, inference_layout, layout_pays

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from ..config import check_int
 from ..data.batching import check_texts, pad, truncate, warn_if_cut, with_cls
+from ..speed import cpu_sdpa_in
 
 if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
@@ -61,7 +62,8 @@ def classify(model: nn.Module, ids: Tensor | Sequence[Sequence[int]], *,
         mask = padded if mask is None else mask
     ids = ids.to(device)
     mask = mask.to(device) if mask is not None else (None if pad_id is None else ids != pad_id)
-    logits, _ = model(ids, mask=mask)  # (B, C)
+    with cpu_sdpa_in(model):  # bf16 / fp16 weights on a CPU: the faster attention kernels
+        logits, _ = model(ids, mask=mask)  # (B, C)
     probs = torch.softmax(logits.float(), dim=-1)
     return Classification(probs.argmax(dim=-1).tolist(), probs)
 

@@ -1,33 +1,11 @@
 """Generation with a decoder-only LM: KV-cache decoding, sampling, stop conditions, streaming.
 
-Shapes: B rows (prompts x samples), P padded prompt length, V vocab.
+Shapes: B rows (prompts x samples), P padded prompt length, W window width, V vocab.
 
-* :func:`generate` returns the new token ids of every row; :func:`stream` yields them step by
-  step as they are produced; :func:`generate_text` / :func:`stream_text` work on strings.
-* Several prompts run as one batch, LEFT-padded: ``mask`` marks the real tokens and each row's
-  positions are ``cumsum(mask) - 1`` (clamped at 0; with the KV cache, the cache derives them
-  from each row's padding, ``KVCache.pad``), so a row gives the same tokens as the
-  prompt alone (greedy; sampled rows draw from one shared generator, so they differ). Not
-  under int8 weights (``decoding.quant``): each call rounds its input with one scale for all
-  rows and positions, so a row's rounding depends on the batch, and on the cache.
-* Decoding runs the prompt once (the "prefill", logits of the last position only) and then
-  feeds one token per step, reusing the keys/values of earlier positions from a preallocated
-  :class:`~attnlab.nn.attention.KVCache`. ``use_cache=False`` recomputes the whole context at
-  every step instead (same tokens; slower; the benchmark's baseline).
-* Context window: the model has positions ``0..max_len-1``. When a row's next forward would
-  need more than ``max_len`` positions, its window slides: only its last
-  ``keep = max_len - max(1, max_len // 4)`` tokens (prompt and generated) are kept, the cache
-  is emptied, and the batch's windows are recomputed at positions from 0 (each row's from its
-  own start, the columns before it masked like padding); decoding then goes on with the cache.
-  Each row slides when it would alone, so a batched row still gives the tokens of its prompt
-  alone. A prompt longer than ``max_len`` is cut to its last ``keep`` tokens the same way. The
-  recomputation costs one prefill per ``max_len - keep`` new tokens; ``use_cache=False``
-  follows the same window schedule, so both modes give the same tokens.
-* Stopping: a row stops at ``eos_id`` (not included in its output) or once its generated text
-  contains one of the ``stop`` strings (the token that completes it is included in the ids;
-  the text functions cut the text before the stop string). Generation ends when every row
-  has stopped or after ``max_new_tokens``. Checking ``eos_id`` costs one host sync per step;
-  without ``eos_id`` and ``stop`` the loop never waits for the device.
+Prompts run as one left-padded batch in which each row gives the tokens of its prompt alone
+(greedy). The prompt is run once (the prefill), then one token per step with a
+:class:`~attnlab.nn.KVCache`; :class:`ContextWindow` says what each step feeds, also once the
+model's positions run out.
 """
 
 from __future__ import annotations
@@ -43,9 +21,9 @@ from torch import Tensor, nn
 
 from ..config import check_int
 from ..data.batching import pad
-from ..nn.attention import padded_positions
+from ..nn import padded_positions
+from ..speed import cpu_sdpa_in, decoding_kernels, direct_attributes
 from .sampling import Sampler, make_generator
-from .speed import decoding_kernels, direct_attributes
 from .stream import StopChecker, TextStream, cut_at_stop, decode_after
 
 if TYPE_CHECKING:
@@ -57,7 +35,8 @@ FINISHED = -1  # the token :func:`stream` reports for a row that has already sto
 
 
 def window_keep(max_len: int) -> int:
-    """Columns kept when the context window slides (see the module docstring)."""
+    """Tokens a row keeps when its :class:`ContextWindow` slides: about three quarters of
+    ``max_len``, so the window is computed again once per quarter of ``max_len`` new tokens."""
     return max(1, max_len - max(1, max_len // 4))
 
 
@@ -83,60 +62,123 @@ def _prompt_list(prompts) -> list[list[int]]:
     return out
 
 
+class ContextWindow:
+    """The columns of a left-padded batch that the next forward sees, sliding per row.
+
+    The model has positions ``0..max_len-1``. When a row's next forward would need more, its
+    window slides: only its last :func:`window_keep` tokens (prompt and generated) stay, and
+    the batch's windows are computed again from position 0, since every kept token has a new
+    position (with a KV cache: the caller restarts it when :attr:`whole`). Each row slides
+    when it would alone, so a batched row gives the tokens of its prompt alone; a prompt
+    longer than ``max_len`` is cut the same way. Decoding without a cache follows the same
+    schedule, so both give the same tokens.
+
+    Args:
+        ids: (B, P) left-padded prompts.
+        lengths: the real tokens of each row.
+        max_len: the model's positions.
+        max_new_tokens: the most tokens :meth:`append` will be given.
+        use_cache: whether the model keeps the keys/values of the columns it has seen (then
+            one token is fed per step), or recomputes the window at every step.
+
+    Attributes:
+        tokens: (B, C) the prompts and the tokens so far; the window is its columns
+            ``[start, end)``, W wide.
+        first: the column where each row's context starts (its padding ends, or where it
+            last slid); the window's columns before it are masked like padding.
+        pad: (B,) those columns of each row, ``first - start``, or None when there are none.
+        whole: whether the next forward feeds the whole window (the first one, after a
+            slide, and every one without a cache), or only the token appended last.
+    """
+
+    def __init__(self, ids: Tensor, lengths: list[int], *, max_len: int, max_new_tokens: int,
+                 use_cache: bool):
+        b, p = ids.shape
+        self.max_len, self.keep, self.use_cache = max_len, window_keep(max_len), use_cache
+        # Past max_len + 1 new tokens the buffer is reused (the window moves to its front), so
+        # memory does not grow with max_new_tokens.
+        self.tokens = torch.zeros(b, p + min(max_new_tokens, max_len + 1), dtype=torch.long,
+                                  device=ids.device)  # (B, C)
+        self.tokens[:, :p] = ids
+        self.columns = torch.arange(self.tokens.size(1), device=ids.device)  # (C,)
+        self.first = [p - n for n in lengths]  # on the host: no sync to know a row's window
+        self.start, self.end = min(self.first), p
+        self.whole = True
+        self.pad = self._padding()
+
+    def _padding(self) -> Tensor | None:
+        """Columns of each row's window before its context (B,); made only when ``first``
+        changes (a tensor from host data waits for the device)."""
+        if all(f == self.start for f in self.first):
+            return None
+        return torch.tensor(self.first, device=self.tokens.device) - self.start  # (B,)
+
+    def slide(self) -> None:
+        """Slide the rows whose next forward would need more than ``max_len`` positions."""
+        if self.end - self.start <= self.max_len:
+            return
+        self.first = [self.end - self.keep if self.end - f > self.max_len else f
+                      for f in self.first]
+        self.start, self.whole = min(self.first), True
+        self.pad = self._padding()
+
+    def inputs(self) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """The next forward's ids, mask and positions.
+
+        Returns:
+            ids (B, W) when :attr:`whole`, else (B, 1): the token appended last; mask (B, W),
+            True at each row's context, or None without padding; positions (B, W) of padded
+            rows without a cache, else None (a cache derives them from ``pad``).
+        """
+        width = self.end - self.start
+        mask = None if self.pad is None else self.columns[:width] >= self.pad[:, None]  # (B, W)
+        if not self.whole:
+            return self.tokens[:, self.end - 1:self.end], mask, None
+        positions = (padded_positions(0, width, self.pad, self.tokens.device)
+                     if self.pad is not None and not self.use_cache else None)
+        return self.tokens[:, self.start:self.end], mask, positions
+
+    def append(self, nxt: Tensor) -> None:
+        """Add the next token of every row (B,), which the model has not seen yet."""
+        if self.end == self.tokens.size(1):  # full: move the window to the buffer's front
+            width = self.end - self.start
+            self.tokens[:, :width] = self.tokens[:, self.start:self.end].clone()
+            self.first = [f - self.start for f in self.first]  # (``pad`` stays the same)
+            self.start, self.end = 0, width
+        self.tokens[:, self.end] = nxt
+        self.end += 1
+        self.whole = not self.use_cache  # (with a cache, the model has seen the rest)
+
+
 def _token_steps(model: nn.Module, ids: Tensor, lengths: list[int], max_new_tokens: int,
                  sampler: Sampler, generator: torch.Generator | None,
                  use_cache: bool) -> Iterator[Tensor]:
     """Yield the next token (B,) of every row, ``max_new_tokens`` times (no stop checks).
 
-    ids (B, P) left-padded prompts of ``lengths`` real tokens. Each row keeps its own window:
-    ``first[b]`` is the column where row b's context starts (its padding ends, or where it
-    last slid), so a row slides when and as it would alone; the batch's window is the columns
-    from the earliest ``first`` on, the columns before a row's ``first`` masked as padding.
+    ids (B, P) left-padded prompts of ``lengths`` real tokens. The speed contexts
+    (:func:`~attnlab.speed.direct_attributes`, :func:`~attnlab.speed.cpu_sdpa_in`) hold until
+    the steps end or the generator is closed.
     """
-    b, p = ids.shape
     max_len = model.config.max_len
-    keep = window_keep(max_len)
-    # Columns of the prompt and the tokens so far; past max_len + 1 new tokens the buffer is
-    # reused (the window moved to its front), so memory does not grow with max_new_tokens.
-    size = p + min(max_new_tokens, max_len + 1)
-    tokens = torch.zeros(b, size, dtype=torch.long, device=ids.device)
-    tokens[:, :p] = ids
-    columns = torch.arange(size, device=ids.device)
-    first = [p - n for n in lengths]  # host-side: no sync to know each row's window
-    start, end, cached = min(first), p, 0  # the window is [start, end); `cached` in the cache
-    cache = model.new_cache(b, min(max_len, p + max_new_tokens)) if use_cache else None
-    kernels = {}  # decoding_kernels of steps of one row (True) and of more (False)
-    moved, pad = True, None  # (a host-to-device copy of `first` only when it changes)
-    with direct_attributes(model):  # (until the steps end or the generator is closed)
+    window = ContextWindow(ids, lengths, max_len=max_len, max_new_tokens=max_new_tokens,
+                           use_cache=use_cache)
+    p = ids.size(1)
+    cache = model.new_cache(ids.size(0), min(max_len, p + max_new_tokens)) if use_cache else None
+    kernels = {}  # decoding_kernels of steps of one token (True) and of more (False)
+    with direct_attributes(model), cpu_sdpa_in(model):
         for _ in range(max_new_tokens):
-            if end - start > max_len:  # some row's next forward would need too many positions:
-                first = [end - keep if end - f > max_len else f for f in first]  # keep, recompute
-                start, cached, moved = min(first), 0, True
-            if moved:
-                padded, moved = any(f != start for f in first), False
-                pad = torch.tensor(first, device=ids.device) - start if padded else None  # (B,)
-            window = columns[start:end] >= pad[:, None] + start if padded else None  # (B, W)
-            if cached == 0 and cache is not None:  # (re)start: the cache derives positions
-                cache.length, cache.pad = 0, pad
-            if cached == 0 or cache is None:
-                feed = tokens[:, start:end]
-            else:
-                feed = tokens[:, end - 1:end]  # (B, 1): the token sampled last step
-            # Without a cache, padded rows need explicit positions (with one, the cache has them).
-            positions = (padded_positions(0, end - start, pad, ids.device)
-                         if padded and cache is None else None)
-            one_row = feed.numel() == 1
-            if one_row not in kernels:
-                kernels[one_row] = decoding_kernels(model, 1 if one_row else None)
-            with kernels[one_row]():
-                logits, _ = model(feed, mask=window, positions=positions, cache=cache,
+            window.slide()
+            if cache is not None and window.whole:
+                cache.restart(window.pad)  # the window's keys/values are computed again
+            feed, mask, positions = window.inputs()
+            one = feed.numel() == 1
+            if one not in kernels:
+                kernels[one] = decoding_kernels(model, 1 if one else None)
+            with kernels[one]():
+                logits, _ = model(feed, mask=mask, positions=positions, cache=cache,
                                   last_only=True)  # (B, 1, V)
             nxt = sampler(logits[:, -1], generator)  # (B,)
-            if end == size:  # full: move the window [start, end) to the front of the buffer
-                tokens[:, :end - start] = tokens[:, start:end].clone()
-                first, start, end = [f - start for f in first], 0, end - start
-            tokens[:, end] = nxt
-            cached, end = end - start, end + 1
+            window.append(nxt)
             yield nxt
 
 
@@ -177,6 +219,9 @@ def stream(model: nn.Module, prompts, max_new_tokens: int = 100, *, temperature:
 def _stream_rows(model: nn.Module, rows: list[list[int]], max_new_tokens: int, sampler: Sampler,
                  gen: torch.Generator | None, eos_id: int | None, checker: StopChecker | None,
                  use_cache: bool) -> Iterator[Tensor]:
+    """:func:`stream` after its checks: the steps' tokens, with the rows that have stopped
+    reported as :data:`FINISHED`. Watching for ``eos_id`` or stop strings costs one host sync
+    per step; without them the loop never waits for the device."""
     device = next(model.parameters()).device
     with torch.inference_mode():
         ids, mask = pad(rows, 0, left=True)  # (B, P) each
@@ -188,9 +233,8 @@ def _stream_rows(model: nn.Module, rows: list[list[int]], max_new_tokens: int, s
     # Each step runs in inference mode, but not the consumer's code between steps; a caller
     # already in inference mode (`generate`) saves entering it again at every step.
     step_mode = nullcontext if torch.is_inference_mode_enabled() else torch.inference_mode
-    # The steps are closed explicitly (their direct_attributes end) when this generator is:
-    # on Python 3.12 (3.12.3), close() of a generator paused outside any try/with marks it done
-    # and its locals (the steps) live on until it is freed.
+    # Closing this generator closes the steps at once (their speed contexts end): closing a
+    # generator paused outside any try/with may leave its locals alive until it is freed.
     try:
         while True:
             with step_mode():
@@ -224,10 +268,10 @@ def generate(model: nn.Module, prompts, max_new_tokens: int = 100, *,
     """Continue each prompt with up to ``max_new_tokens`` new tokens.
 
     Args:
-        model: a :class:`~attnlab.models.DecoderLM` in eval mode. On CPU, decoding is often
-            faster after :func:`~.speed.inference_layout` (1.5x for a GPT-2-sized vocabulary
-            at batch 1), which the caller applies where :func:`~.speed.layout_pays`
-            (``attnlab.runs.load_run`` returns the layout training saved).
+        model: a :class:`~attnlab.models.DecoderLM` in eval mode. On a CPU, decoding may be
+            faster after :func:`~attnlab.speed.inference_layout`, which the caller applies
+            where :func:`~attnlab.speed.layout_pays` (``attnlab.runs.load_run`` returns the
+            layout training saved).
         prompts (list[int] | list[list[int]] | Tensor): one prompt (a list of ids or a (T,)
             tensor) or several (a list of lists or a (B, T) tensor); prompts may have
             different lengths (they are left-padded).
@@ -238,14 +282,18 @@ def generate(model: nn.Module, prompts, max_new_tokens: int = 100, *,
         generator: a generator to draw from.
         eos_id: a row stops at this token (left out of the output).
         stop: strings that end a row once its generated text contains one (needs
-            ``tokenizer`` to decode).
+            ``tokenizer`` to decode); the token that completes one is kept in the ids.
         tokenizer: decodes the tokens for ``stop``; only ids below its ``vocab_size`` are
             drawn (a model may have more embedding rows than tokens).
         num_samples: samples per prompt.
-        use_cache: KV-cache decoding (default) or full recomputation at every step.
+        use_cache: KV-cache decoding (default) or recomputing the window at every step
+            (the same tokens).
 
     Returns:
-        The new ids of each row (``len(prompts) * num_samples`` lists, prompt-major).
+        The new ids of each row (``len(prompts) * num_samples`` lists, prompt-major). A
+        batched row has the ids of its prompt alone, except under int8 weights (see
+        :func:`~attnlab.decoding.quant.to_inference_dtype`); sampled rows draw from one
+        generator.
     """
     with torch.inference_mode():
         steps = list(stream(model, prompts, max_new_tokens, temperature=temperature,
@@ -318,6 +366,7 @@ def stream_text(model: nn.Module, tokenizer: Tokenizer, prompt: str, max_new_tok
 
 __all__ = [
     "FINISHED",
+    "ContextWindow",
     "generate",
     "generate_text",
     "stream",

@@ -1,35 +1,9 @@
 """Reduced-precision inference: fewer weight bytes per generated token.
 
-At batch 1 a decoding step reads every weight once and does two FLOPs per weight, so on a
-CPU its speed is set by memory bandwidth (see ``benchmarks/sample_speed.py``, which reports
-tokens/s against that roofline). Halving or quartering the bytes per weight raises the
-limit; whether a given mode actually gets there depends on the kernel behind it.
-
-``to_inference_dtype(model, dtype)`` converts a trained model, in place, for decoding only:
-
-* ``"fp32"``: nothing changes.
-* ``"bf16"``: every parameter cast to bfloat16 (activations and the KV cache follow). The
-  natural choice on a GPU or a CPU with AMX. On a CPU, one-row decoding steps take the
-  matrix-vector product and attention kernels measured faster on the machine (oneDNN's or
-  torch's own; :func:`attnlab.decoding.decoding_kernels`,
-  :func:`attnlab.probe.one_query_in_fp32`): on an AMD EPYC without AMX that made
-  batch-1 decoding 1.6x faster than oneDNN's path (``benchmarks/README.md``).
-* ``"fp16"``: on CPU, the weights of every ``nn.Linear`` stored in float16 and multiplied by
-  FBGEMM's fp16-weight kernel (``torch.ops.quantized.linear_dynamic_fp16``: fp32
-  activations, fp32 accumulation), which streams fp16 weights at memory speed; norms,
-  embeddings and the KV cache stay fp32. On a GPU: every parameter cast to float16.
-* ``"int8"`` (CPU only): the weights of every ``nn.Linear`` quantized to int8, one scale
-  per output row (symmetric, ``max|w| / 127``); each call quantizes its input to uint8 with
-  one scale and zero point per call and multiplies in int32 (FBGEMM's dynamic quantized
-  linear, ``torch.ops.quantized.linear_dynamic``), so the activations are rounded too, by a
-  scale that depends on every row and position of the call: batched rows, or a prompt run
-  with and without the KV cache, may then give other tokens than alone (fp32/bf16/fp16 give
-  the same).
-
-An encoder-decoder's cross-attention keeps its q/k/v matrix in fp32 under fp16 / int8 (its
-rows are applied separately). The converted linears are inference-only (no autograd) and
-cannot be saved back into a run dir; a tied embedding keeps its fp32 table for the lookups,
-so only the head's copy is converted. Nothing here changes training.
+At batch 1 a decoding step reads every weight once for two FLOPs each, so on a CPU memory
+bandwidth sets its speed, and halving or quartering the bytes per weight raises that limit.
+:func:`to_inference_dtype` converts a trained model for decoding only; nothing here changes
+training.
 """
 
 from __future__ import annotations
@@ -39,6 +13,8 @@ from typing import Literal
 
 import torch
 from torch import Tensor, nn
+
+from ..errors import ConfigError
 
 InferenceDtype = Literal["fp32", "bf16", "fp16", "int8"]
 INFERENCE_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8")
@@ -87,24 +63,37 @@ class PackedLinear(nn.Module):
 
 
 def check_inference_dtype(dtype: str, device: torch.device | str, flag: str = "dtype") -> None:
-    """Raise ``ValueError`` (naming ``flag``, the value and what is allowed) unless ``dtype``
-    can run on ``device``."""
+    """Raise :class:`~attnlab.errors.ConfigError` (naming ``flag``, the value and what is
+    allowed) unless ``dtype`` can run on ``device``."""
     if dtype not in INFERENCE_DTYPES:
-        raise ValueError(f"{flag} {dtype!r} is not allowed; allowed: "
-                         f"{', '.join(INFERENCE_DTYPES)}")
+        raise ConfigError(f"{flag} {dtype!r} is not allowed; allowed: "
+                          f"{', '.join(INFERENCE_DTYPES)}")
     kind = torch.device(device).type
     if dtype == "int8" and kind != "cpu":
-        raise ValueError(f"{flag} 'int8' runs on the CPU only (FBGEMM kernels), not on {kind}; "
-                         "allowed there: fp32, bf16, fp16")
+        raise ConfigError(f"{flag} 'int8' runs on the CPU only (FBGEMM kernels), not on {kind}; "
+                          "allowed there: fp32, bf16, fp16")
     if dtype in ("fp16", "int8") and kind == "cpu":
         if "fbgemm" not in torch.backends.quantized.supported_engines:
-            raise ValueError(f"{flag} {dtype!r} on CPU needs PyTorch's FBGEMM kernels (x86 with "
-                             "AVX2), which this build lacks; allowed here: fp32, bf16")
+            raise ConfigError(f"{flag} {dtype!r} on CPU needs PyTorch's FBGEMM kernels (x86 with "
+                              "AVX2), which this build lacks; allowed here: fp32, bf16")
 
 
 def to_inference_dtype(model: nn.Module, dtype: InferenceDtype) -> nn.Module:
-    """Convert ``model`` in place for decoding in ``dtype``; returns it (see the module
-    docstring for what each dtype does).
+    """Convert ``model`` in place for decoding in ``dtype``; returns it.
+
+    * ``"fp32"``: nothing changes.
+    * ``"bf16"``: every parameter cast to bfloat16 (activations and the KV cache follow). On a
+      CPU the decoding loops take the kernels found faster for it on the machine
+      (:func:`~attnlab.speed.decoding_kernels`, :func:`~attnlab.speed.cpu_sdpa_in`).
+    * ``"fp16"``: on a CPU, every ``nn.Linear`` weight stored in float16 and multiplied by
+      FBGEMM's fp16-weight kernel (fp32 activations and accumulation), which streams the
+      weights at memory speed; norms, embeddings and the KV cache stay fp32. On a GPU, every
+      parameter cast to float16.
+    * ``"int8"`` (CPU only): every ``nn.Linear`` weight quantized to int8, one scale per output
+      row (symmetric, ``max|w| / 127``). Each call also rounds its input, with one scale for
+      all its rows and positions (FBGEMM's dynamic quantized linear), so a batched row, or a
+      prompt run with and without the KV cache, may give other tokens than alone (the other
+      dtypes give the same).
 
     Args:
         model: a model in eval mode, on its final device.
@@ -112,7 +101,10 @@ def to_inference_dtype(model: nn.Module, dtype: InferenceDtype) -> nn.Module:
 
     Returns:
         The same model. fp16 / int8 on CPU replace each ``nn.Linear`` with a
-        :class:`PackedLinear`; bf16 (and fp16 on a GPU) cast the parameters.
+        :class:`PackedLinear` (inference only; not saved back into a run dir), except an
+        encoder-decoder's cross-attention q/k/v matrix, which stays fp32 (its rows are applied
+        separately). A tied embedding keeps its fp32 table for the lookups: only the head's
+        copy is converted.
     """
     device = next(model.parameters()).device
     check_inference_dtype(dtype, device)

@@ -14,10 +14,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Sampler:
-    """How to pick the next token; validated on construction.
+    """How to pick the next token; validated on construction (a temperature, top-k or top-p
+    out of range is a :class:`~attnlab.errors.ConfigError`).
 
     Args:
         temperature: 0 picks the most likely token (greedy); > 0 divides the logits by it
@@ -37,20 +40,20 @@ class Sampler:
     def __post_init__(self) -> None:
         t = self.temperature
         if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature={t!r} is not allowed: a number >= 0 "
-                             "(0 = greedy, 1 = the model's distribution)")
+            raise ConfigError(f"temperature={t!r} is not allowed: a number >= 0 "
+                              "(0 = greedy, 1 = the model's distribution)")
         k = self.top_k
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
-            raise ValueError(f"top_k={k!r} is not allowed: a positive integer, or 0/None for "
-                             "no top-k filtering")
+            raise ConfigError(f"top_k={k!r} is not allowed: a positive integer, or 0/None for "
+                              "no top-k filtering")
         v = self.vocab
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             raise ValueError(f"vocab={v!r} is not allowed: a positive integer, or None for all")
         p = self.top_p
         if p is not None and (not isinstance(p, (int, float)) or isinstance(p, bool)
                               or not 0.0 < p <= 1.0):
-            raise ValueError(f"top_p={p!r} is not allowed: a probability in (0, 1] "
-                             "(1 or None = no nucleus filtering)")
+            raise ConfigError(f"top_p={p!r} is not allowed: a probability in (0, 1] "
+                              "(1 or None = no nucleus filtering)")
 
     @property
     def greedy(self) -> bool:
@@ -60,7 +63,7 @@ class Sampler:
         """Next token ids (B,) from logits (B, V)."""
         if self.vocab is not None:
             logits = logits[..., :self.vocab]
-        logits = logits.float()  # exact from bf16 / fp16; and their CPU argmax is ~5x slower
+        logits = logits.float()  # exact from bf16 / fp16, whose argmax is slower on a CPU
         if self.greedy:
             return logits.argmax(dim=-1)
         # The largest logit moved to 0 first, and the temperature kept a normal float32: a tiny

@@ -2,38 +2,24 @@
 and :func:`translate_texts`, the one way from source sentences to translated text (the CLI and
 the translation task's BLEU evaluation both use it).
 
-Shapes: B sentences, K beams, S source length, D d_model, V target vocab, N max new tokens.
+Shapes: B sentences (b still decoding), K beams, S source len, D d_model, V vocab, N tokens.
 
-The source is encoded once; the decoder then runs one token per step with its
-:class:`~attnlab.nn.attention.KVCache` (self-attention keys/values of earlier steps, and the
-cross-attention keys/values of the memory, computed at the first step). Sentences that have
-finished are dropped from the batch (``cache.reorder``), so a batch costs what its unfinished
-sentences cost. Beam search keeps K hypotheses per sentence as B*K rows and reorders the cache
-by the beam each surviving hypothesis came from.
-
-Beam search (as in fairseq, or Hugging Face with ``early_stopping=True``): at each step the
-2K best continuations of a sentence's beams are ranked; an end token among the first K ranks
-finishes a hypothesis, scored ``sum(log p) / lp`` with the GNMT length penalty
-``lp = ((5 + n) / 6) ** length_penalty`` (Wu et al. 2016, eq. 14; n counts the generated tokens
-including the end token); the first K continuations that are not the end token become the next
-beams. A sentence is done once K hypotheses have finished; at ``max_len`` the live beams are
-finished as they are. The best finished hypothesis wins. With K = 1 this is exactly greedy
-decoding: the end token finishes the only beam when it is the argmax, and the argmax is
-otherwise the next token.
+The source is encoded once, then the decoder reads one token per step with its
+:class:`~attnlab.nn.KVCache`; finished sentences leave the batch, so they cost nothing more.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from ..config import check_int
 from ..data.batching import check_texts, pad, warn_if_cut
-from .speed import decoding_kernels, direct_attributes
+from ..speed import cpu_sdpa_in, decoding_kernels, direct_attributes
 
 if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
@@ -93,30 +79,42 @@ def _row_limits(max_len: int | Sequence[int], b: int, device) -> tuple[int, Tens
 @torch.inference_mode()
 def greedy_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, *,
                   max_len: int | Sequence[int], bos_id: int, eos_id: int) -> list[list[int]]:
-    """Most likely next token at every step. src (B, S) -> B lists of ids (no bos / eos);
-    ``max_len``: most tokens of every sentence, or of each (the end token included)."""
+    """The most likely next token at every step.
+
+    Args:
+        model: the encoder-decoder, in eval mode.
+        src: (B, S) source ids.
+        src_mask: (B, S) bool, True at real tokens, or None.
+        max_len: most tokens of every sentence, or of each (the end token included).
+        bos_id: the target start token.
+        eos_id: the target end token.
+
+    Returns:
+        B id lists (no bos / eos).
+    """
     _check_model(model)
     memory = model.encode(src, src_mask)  # (B, S, D)
     valid = model.src_valid(src, src_mask)
-    b = src.size(0)
-    max_len, room, _ = _row_limits(max_len, b, src.device)  # (B,) tokens each may take
-    cache = model.new_cache(b, max_len)
-    out = torch.full((b, max_len), eos_id, dtype=torch.long, device=src.device)  # (B, N)
-    rows = torch.arange(b, device=src.device)  # original sentence of each live row
-    cur = torch.full((b, 1), bos_id, dtype=torch.long, device=src.device)
-    for step in range(max_len):
-        logits = model.decode(cur, memory, valid, cache=cache, last_only=True)  # (b, 1, V)
+    b, dev = src.size(0), src.device
+    n, room, _ = _row_limits(max_len, b, dev)  # (B,) tokens each sentence may take
+    cache = model.new_cache(b, n)
+    out = torch.full((b, n), eos_id, dtype=torch.long, device=dev)  # (B, N)
+    rows = torch.arange(b, device=dev)  # the original sentence of each live row
+    nxt = torch.full((b,), bos_id, dtype=torch.long, device=dev)
+    for t in range(n):
+        logits = model.decode(nxt[:, None], memory, valid, cache=cache, last_only=True)
         nxt = logits[:, -1].argmax(dim=-1)  # (b,)
-        out[rows, step] = nxt
-        live = (nxt != eos_id) & (room[rows] > step + 1)
-        if step == max_len - 1 or not bool(live.all()):  # one sync per step
-            if step == max_len - 1 or not bool(live.any()):
+        out[rows, t] = nxt
+        if t == n - 1:
+            break
+        live = (nxt != eos_id) & (room[rows] > t + 1)  # (b,) not ended, not out of room
+        if not bool(live.all()):  # one sync per step
+            if not bool(live.any()):
                 break
-            keep = live.nonzero().squeeze(1)  # drop finished sentences from the batch
+            keep = live.nonzero().squeeze(1)  # finished sentences leave the batch
             cache.reorder(keep)
             memory, rows, nxt = memory[keep], rows[keep], nxt[keep]
             valid = None if valid is None else valid[keep]
-        cur = nxt[:, None]
     return _until_eos(out.tolist(), eos_id)
 
 
@@ -125,106 +123,210 @@ def _until_eos(table: list[list[int]], eos_id: int) -> list[list[int]]:
 
 
 def length_penalty_of(n: Tensor | int, alpha: float) -> Tensor | float:
-    """GNMT length penalty ((5 + n) / 6) ** alpha (Wu et al. 2016)."""
+    """GNMT length penalty ``((5 + n) / 6) ** alpha`` (Wu et al. 2016, eq. 14), n the tokens of
+    a hypothesis, its end token included: a beam's log-probability sum is divided by it, so
+    longer hypotheses are not ruled out for having more (negative) terms."""
     return ((5 + n) / 6) ** alpha
+
+
+class Finished(NamedTuple):
+    """The K best hypotheses that have ended, of each live sentence, best first.
+
+    Shape:
+        scores (b, K): length-normalised log-probabilities (-inf: none yet); seqs (b, K, N):
+        their ids; lens (b, K): their lengths (the end token left out).
+    """
+
+    scores: Tensor
+    seqs: Tensor
+    lens: Tensor
+
+    def add(self, scores: Tensor, seqs: Tensor, lens: Tensor) -> Finished:
+        """The K best of these and the (b, M) hypotheses given (-inf scores: none)."""
+        k, n = self.scores.size(1), self.seqs.size(-1)
+        best, idx = torch.cat([self.scores, scores], 1).topk(k, dim=1)  # (b, K)
+        seqs = torch.cat([self.seqs, seqs], 1).gather(1, idx[..., None].expand(-1, -1, n))
+        return Finished(best, seqs, torch.cat([self.lens, lens], 1).gather(1, idx))
+
+    def rows(self, keep: Tensor) -> Finished:
+        """Those of sentences ``keep`` (b',)."""
+        return Finished(self.scores[keep], self.seqs[keep], self.lens[keep])
+
+    def best(self, i: int) -> tuple[list[int], float]:
+        """Sentence ``i``'s best hypothesis: its ids and score."""
+        return self.seqs[i, 0, :int(self.lens[i, 0])].tolist(), float(self.scores[i, 0])
+
+
+class Candidates(NamedTuple):
+    """The 2K best continuations of each sentence's beams, best first, each (b, 2K)."""
+
+    scores: Tensor  # sums of log-probabilities
+    beam: Tensor  # the beam (0..K-1) each continues
+    token: Tensor  # its next token
+    ends: Tensor  # whether that token is the end token
+
+
+class BeamSearch:
+    """The state of a beam search over a batch, one step at a time.
+
+    As in fairseq (or Hugging Face with ``early_stopping=True``): each step ranks the 2K best
+    continuations of a sentence's beams. An end token among the first K ends a hypothesis,
+    scored ``sum(log p) / lp`` (:func:`length_penalty_of`); the first K that are not the end
+    token are the next beams. A sentence is done once K hypotheses have ended, or at its
+    ``max_len``, where its live beams end as they are; its best hypothesis goes to
+    :attr:`results` and it leaves the batch. With K = 1 this is exactly greedy decoding.
+
+    The K beams of each live sentence are K rows of the decoder's batch (b*K rows,
+    sentence-major); after each step the self-attention cache is reordered by the beam each
+    new beam came from.
+
+    Args:
+        model: the encoder-decoder, in eval mode.
+        src: (B, S) source ids.
+        src_mask: (B, S) bool, True at real tokens, or None.
+        beam: K, the hypotheses kept per sentence.
+        length_penalty: alpha of :func:`length_penalty_of` (0: none).
+        max_len: most tokens of every sentence, or of each (the end token included).
+        bos_id: the target start token.
+        eos_id: the target end token.
+
+    Shape:
+        scores (b, K): sums of log-probabilities of the live beams; seqs (b*K, N): their
+        tokens; next_ids (b*K, 1): the tokens the decoder reads next.
+    """
+
+    def __init__(self, model: nn.Module, src: Tensor, src_mask: Tensor | None, *, beam: int,
+                 length_penalty: float, max_len: int | Sequence[int], bos_id: int,
+                 eos_id: int):
+        b, dev = src.size(0), src.device
+        self.model, self.k, self.alpha, self.eos_id = model, beam, length_penalty, eos_id
+        self.n, self.room, self.ends = _row_limits(max_len, b, dev)  # (B,) tokens each may take
+        valid = model.src_valid(src, src_mask)
+        self.memory = model.encode(src, valid).repeat_interleave(beam, dim=0)  # (B*K, S, D)
+        self.valid = None if valid is None else valid.repeat_interleave(beam, dim=0)  # (B*K, S)
+        self.cache = model.new_cache(b * beam, self.n)
+        self.scores = torch.zeros(b, beam, device=dev)
+        self.scores[:, 1:] = float("-inf")  # all beams start equal: expand only the first
+        self.seqs = torch.zeros(b * beam, self.n, dtype=torch.long, device=dev)
+        self.finished = Finished(torch.full((b, beam), float("-inf"), device=dev),
+                                 torch.zeros(b, beam, self.n, dtype=torch.long, device=dev),
+                                 torch.zeros(b, beam, dtype=torch.long, device=dev))
+        self.sents = torch.arange(b, device=dev)  # the original index of each live sentence
+        self.rank = torch.arange(2 * beam, device=dev)
+        self.next_ids = torch.full((b * beam, 1), bos_id, dtype=torch.long, device=dev)
+        self.results: dict[int, tuple[list[int], float]] = {}
+
+    def step(self, t: int) -> bool:
+        """Decode token ``t`` of every live beam; True once every sentence is done."""
+        logits = self.model.decode(self.next_ids, self.memory, self.valid, cache=self.cache,
+                                   last_only=True)[:, -1]  # (b*K, V)
+        cand = self.candidates(torch.log_softmax(logits.float(), dim=-1))
+        self.end_hypotheses(cand, t)
+        from_rows, tokens = self.extend(cand, t)
+        done = torch.isfinite(self.finished.scores).all(dim=1)  # K hypotheses have ended
+        if t + 1 in self.ends:  # (a set on the host: no sync)
+            done = done | self.finish_full(t)
+        if bool(done.any()):  # one sync per step
+            self.results.update({int(self.sents[i]): self.finished.best(i)
+                                 for i in done.nonzero().squeeze(1).tolist()})
+            if bool(done.all()):
+                return True
+            from_rows, tokens = self.drop(done, from_rows, tokens)
+        self.cache.reorder_self(from_rows)
+        self.next_ids = tokens.reshape(-1, 1)
+        return False
+
+    def candidates(self, logp: Tensor) -> Candidates:
+        """The best continuations, from the next-token log-probabilities (b*K, V)."""
+        v = logp.size(-1)
+        cand = (self.scores.reshape(-1, 1) + logp).reshape(-1, self.k * v)  # (b, K*V)
+        top, idx = cand.topk(min(2 * self.k, self.k * v), dim=-1)  # (b, 2K), best first
+        token = idx % v
+        return Candidates(top, idx // v, token, token == self.eos_id)
+
+    def end_hypotheses(self, cand: Candidates, t: int) -> None:
+        """The end token among a sentence's first K candidates ends that hypothesis."""
+        m = cand.scores.size(1)
+        now = cand.ends & (self.rank[:m] < self.k)
+        scores = torch.where(now, cand.scores / length_penalty_of(t + 1, self.alpha),
+                             torch.full_like(cand.scores, float("-inf")))
+        beams = self.seqs.view(-1, self.k, self.n)  # (b, K, N)
+        seqs = beams.gather(1, cand.beam[..., None].expand(-1, -1, self.n))  # (b, 2K, N)
+        self.finished = self.finished.add(scores, seqs, torch.full_like(cand.token, t))
+
+    def extend(self, cand: Candidates, t: int) -> tuple[Tensor, Tensor]:
+        """The next beams: each sentence's first K candidates that are not the end token.
+
+        Returns:
+            The row (b*K,) each new beam comes from, and its token (b, K).
+        """
+        m = cand.scores.size(1)
+        order = (cand.ends.long() * m + self.rank[:m]).argsort(dim=-1)[:, :self.k]  # (b, K)
+        self.scores, beam = cand.scores.gather(1, order), cand.beam.gather(1, order)
+        tokens = cand.token.gather(1, order)
+        sents = torch.arange(beam.size(0), device=beam.device)
+        from_rows = (sents[:, None] * self.k + beam).reshape(-1)  # (b*K,)
+        self.seqs = self.seqs.index_select(0, from_rows)
+        self.seqs[:, t] = tokens.reshape(-1)
+        return from_rows, tokens
+
+    def finish_full(self, t: int) -> Tensor:
+        """The sentences (b,) whose room ends with token ``t``: their live beams end as they
+        are."""
+        full = self.room[self.sents] == t + 1
+        live = torch.where(full[:, None], self.scores / length_penalty_of(t + 1, self.alpha),
+                           torch.full_like(self.scores, float("-inf")))
+        self.finished = self.finished.add(live, self.seqs.view(-1, self.k, self.n),
+                                          torch.full_like(live, t + 1, dtype=torch.long))
+        return full
+
+    def drop(self, done: Tensor, from_rows: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """Take the sentences that are ``done`` (b,) out of the batch; returns ``from_rows``
+        and ``tokens`` of the others (the self-attention cache is reordered by the caller)."""
+        keep = (~done).nonzero().squeeze(1)  # (b',) live sentences
+        self.sents, self.scores = self.sents[keep], self.scores[keep]
+        self.finished = self.finished.rows(keep)
+        from_rows = from_rows.view(-1, self.k)[keep].reshape(-1)  # (b'*K,)
+        keep_rows = (keep[:, None] * self.k + torch.arange(self.k, device=keep.device)).reshape(-1)
+        self.seqs, self.memory = self.seqs[keep_rows], self.memory[keep_rows]
+        self.valid = None if self.valid is None else self.valid[keep_rows]
+        self.cache.reorder_cross(keep_rows)  # the beams of one sentence share its memory
+        return from_rows, tokens[keep]
 
 
 @torch.inference_mode()
 def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, *, beam: int,
                 length_penalty: float, max_len: int | Sequence[int], bos_id: int, eos_id: int,
                 return_scores: bool = False) -> list[list[int]] | list[tuple[list[int], float]]:
-    """Beam search with K = ``beam`` (see the module docstring). src (B, S) -> B id lists, or
-    with ``return_scores`` B pairs (ids, length-normalised log-probability); ``max_len``:
-    most tokens of every sentence, or of each (the end token included)."""
+    """Beam search with K = ``beam`` (:class:`BeamSearch` says how it goes).
+
+    Args:
+        model: the encoder-decoder, in eval mode.
+        src: (B, S) source ids.
+        src_mask: (B, S) bool, True at real tokens, or None.
+        beam: K, the hypotheses kept per sentence.
+        length_penalty: alpha of :func:`length_penalty_of` (0: none).
+        max_len: most tokens of every sentence, or of each (the end token included).
+        bos_id: the target start token.
+        eos_id: the target end token.
+        return_scores: also return each hypothesis's length-normalised log-probability.
+
+    Returns:
+        B id lists (no bos / eos), or with ``return_scores`` B pairs (ids, score).
+    """
     _check_model(model)
     if not math.isfinite(length_penalty):
         raise ValueError(f"length_penalty={length_penalty} must be a finite number (0 = none, "
                          "0.6 as in GNMT)")
     if beam < 1:
         raise ValueError(f"beam={beam} must be >= 1")
-    dev = src.device
-    n, room, ends = _row_limits(max_len, src.size(0), dev)  # (B,) tokens each sentence may take
-    k = beam
-    valid = model.src_valid(src, src_mask)
-    memory = model.encode(src, valid).repeat_interleave(k, dim=0)  # (B*K, S, D)
-    valid = None if valid is None else valid.repeat_interleave(k, dim=0)  # (B*K, S)
-    b = src.size(0)
-    cache = model.new_cache(b * k, n)
-    scores = torch.zeros(b, k, device=dev)  # sum of log-probs of each live beam
-    scores[:, 1:] = float("-inf")  # all beams start equal: expand only the first
-    seqs = torch.zeros(b * k, n, dtype=torch.long, device=dev)  # (B*K, N) live tokens
-    fin_scores = torch.full((b, k), float("-inf"), device=dev)  # best finished, normalised
-    fin_seqs = torch.zeros(b, k, n, dtype=torch.long, device=dev)
-    fin_lens = torch.zeros(b, k, dtype=torch.long, device=dev)
-    sents = torch.arange(b, device=dev)  # original index of each live sentence
-    results: dict[int, tuple[list[int], float]] = {}
-    rank = torch.arange(2 * k, device=dev)
-    cur = torch.full((b * k, 1), bos_id, dtype=torch.long, device=dev)
-    for step in range(n):
-        logits = model.decode(cur, memory, valid, cache=cache, last_only=True)[:, -1]  # (bK, V)
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        v = logp.size(-1)
-        cand = (scores.reshape(-1, 1) + logp).reshape(b, k * v)  # (b, K*V)
-        top, idx = cand.topk(min(2 * k, k * v), dim=-1)  # (b, 2K), best first
-        src_beam, tok = idx // v, idx % v
-        is_eos = tok == eos_id
-        # Hypotheses that end here: the end token ranked among the first K.
-        fin_now = is_eos & (rank[: top.size(1)] < k)
-        new_scores = torch.where(fin_now, top / length_penalty_of(step + 1, length_penalty),
-                                 torch.full_like(top, float("-inf")))
-        beams = seqs.view(b, k, n)
-        new_seqs = beams.gather(1, src_beam[..., None].expand(-1, -1, n))  # (b, 2K, N)
-        fin_scores, fin_seqs, fin_lens = _best_k(
-            torch.cat([fin_scores, new_scores], 1), torch.cat([fin_seqs, new_seqs], 1),
-            torch.cat([fin_lens, torch.full_like(tok, step)], 1), k)
-        # The next beams: the first K continuations that are not the end token.
-        order = (is_eos.long() * top.size(1) + rank[: top.size(1)]).argsort(dim=-1)[:, :k]
-        scores, src_beam = top.gather(1, order), src_beam.gather(1, order)  # (b, K)
-        tok = tok.gather(1, order)
-        from_rows = (torch.arange(b, device=dev)[:, None] * k + src_beam).reshape(-1)  # (bK,)
-        seqs = seqs.index_select(0, from_rows)
-        seqs[:, step] = tok.reshape(-1)
-        done = torch.isfinite(fin_scores).all(dim=1)  # K hypotheses finished
-        if step + 1 in ends:  # (b,) out of room: the live beams finish as they are
-            full = room[sents] == step + 1
-            live = torch.where(full[:, None], scores / length_penalty_of(step + 1, length_penalty),
-                               torch.full_like(scores, float("-inf")))
-            fin_scores, fin_seqs, fin_lens = _best_k(
-                torch.cat([fin_scores, live], 1), torch.cat([fin_seqs, seqs.view(b, k, n)], 1),
-                torch.cat([fin_lens, torch.full_like(live, step + 1, dtype=torch.long)], 1), k)
-            done = done | full
-        if bool(done.any()):  # one sync per step
-            _collect(results, sents, done, fin_scores, fin_seqs, fin_lens)
-            if bool(done.all()):
-                break
-            keep = (~done).nonzero().squeeze(1)  # (b',) live sentences
-            sents, scores = sents[keep], scores[keep]
-            fin_scores, fin_seqs, fin_lens = fin_scores[keep], fin_seqs[keep], fin_lens[keep]
-            from_rows = from_rows.view(b, k)[keep].reshape(-1)
-            keep_rows = (keep[:, None] * k + torch.arange(k, device=dev)).reshape(-1)
-            seqs, memory = seqs[keep_rows], memory[keep_rows]
-            valid = None if valid is None else valid[keep_rows]
-            cache.reorder_cross(keep_rows)  # the beams of one sentence share its memory
-            tok = tok[keep]
-            b = keep.numel()
-        cache.reorder_self(from_rows)
-        cur = tok.reshape(-1, 1)
+    search = BeamSearch(model, src, src_mask, beam=beam, length_penalty=length_penalty,
+                        max_len=max_len, bos_id=bos_id, eos_id=eos_id)
+    for t in range(search.n):  # the last step ends every sentence still live
+        if search.step(t):
+            break
+    results = search.results
     return [results[i] if return_scores else results[i][0] for i in range(src.size(0))]
-
-
-def _best_k(scores: Tensor, seqs: Tensor, lens: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The k best of (b, M) finished hypotheses (scores, (b, M, N) ids, (b, M) lengths)."""
-    best, idx = scores.topk(k, dim=1)  # (b, K)
-    n = seqs.size(-1)
-    return best, seqs.gather(1, idx[..., None].expand(-1, -1, n)), lens.gather(1, idx)
-
-
-def _collect(results: dict[int, tuple[list[int], float]], sents: Tensor, done: Tensor,
-             fin_scores: Tensor, fin_seqs: Tensor, fin_lens: Tensor) -> None:
-    """Store the best (first) finished hypothesis of every sentence that is done."""
-    for i in done.nonzero().squeeze(1).tolist():
-        length = int(fin_lens[i, 0])
-        results[int(sents[i])] = (fin_seqs[i, 0, :length].tolist(), float(fin_scores[i, 0]))
 
 
 def translate(model: nn.Module, src: Tensor | Sequence[Sequence[int]], *, beam: int = 1,
@@ -260,7 +362,7 @@ def translate(model: nn.Module, src: Tensor | Sequence[Sequence[int]], *, beam: 
     ids, mask = _source_batch(src, pad, device)
     mask = src_mask if src_mask is not None else mask
     n = _limits(model, max_len, ids.size(0))
-    with decoding_kernels(model)(), direct_attributes(model):
+    with decoding_kernels(model)(), direct_attributes(model), cpu_sdpa_in(model):
         if beam == 1:
             return greedy_search(model, ids, mask, max_len=n, bos_id=bos_id, eos_id=eos_id)
         return beam_search(model, ids, mask, beam=beam, length_penalty=length_penalty,
@@ -268,8 +370,9 @@ def translate(model: nn.Module, src: Tensor | Sequence[Sequence[int]], *, beam: 
 
 
 def decode_limit(model: nn.Module, src_len: int) -> int:
-    """Default most target tokens for sources of up to ``src_len`` tokens: 1.5 x + 10, at most
-    the model's ``max_len``."""
+    """Default most target tokens for sources of up to ``src_len`` tokens:
+    ``int(1.5 * src_len) + 10`` (a translation may be longer than its source), at most the
+    model's ``max_len``."""
     return min(model.config.max_len, int(1.5 * src_len) + 10)
 
 
@@ -294,7 +397,8 @@ def translate_texts(model: nn.Module, texts: Sequence[str], src_tokenizer: Token
         length_penalty: as in :func:`translate`.
         max_len: most target tokens per sentence; default :func:`decode_limit` of each
             source (so a sentence's translation does not depend on its batch; under int8
-            weights its activations' rounding does: see ``decoding.quant``).
+            weights its activations' rounding does: see
+            :func:`~attnlab.decoding.quant.to_inference_dtype`).
 
     Returns:
         One translation per input sentence, in input order.
@@ -327,5 +431,5 @@ def translate_texts(model: nn.Module, texts: Sequence[str], src_tokenizer: Token
     return out
 
 
-__all__ = ["beam_search", "decode_limit", "greedy_search", "length_penalty_of", "translate",
-           "translate_texts"]
+__all__ = ["BeamSearch", "beam_search", "decode_limit", "greedy_search", "length_penalty_of",
+           "translate", "translate_texts"]
