@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from .errors import ConfigError
+
 
 def resolve_device(name: str, info: Any = None,
                    flag: str = "train.device") -> torch.device:
@@ -14,8 +16,8 @@ def resolve_device(name: str, info: Any = None,
 
     ``auto`` = CUDA (this process's GPU under torchrun: ``info`` is its
     :class:`~attnlab.train.distributed.DistInfo`), else MPS, else CPU. A name that is no
-    device, or a device this machine does not have, raises ``ValueError`` naming the allowed
-    ones."""
+    device, or a device this machine does not have, raises
+    :class:`~attnlab.errors.ConfigError` naming the allowed ones."""
     asked = name
     if name == "auto":
         if torch.cuda.is_available():
@@ -28,28 +30,28 @@ def resolve_device(name: str, info: Any = None,
     try:
         dev = torch.device(name)
     except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"{flag} {name!r} is not a device; allowed: "
-                         f"{', '.join(allowed)}") from None
+        raise ConfigError(f"{flag} {name!r} is not a device; allowed: "
+                          f"{', '.join(allowed)}") from None
     if dev.type not in ("cpu", "cuda", "mps") or (dev.type == "cpu" and dev.index):
-        raise ValueError(f"{flag} {name!r} is not supported; allowed: {', '.join(allowed)}")
+        raise ConfigError(f"{flag} {name!r} is not supported; allowed: {', '.join(allowed)}")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"{flag} {name!r} but CUDA is not available here; allowed: "
-                             f"{', '.join(allowed)}")
+            raise ConfigError(f"{flag} {name!r} but CUDA is not available here; allowed: "
+                              f"{', '.join(allowed)}")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"{flag} {name!r} but this machine has "
-                             f"{torch.cuda.device_count()} CUDA device(s); allowed: "
-                             f"{', '.join(allowed)}")
+            raise ConfigError(f"{flag} {name!r} but this machine has "
+                              f"{torch.cuda.device_count()} CUDA device(s); allowed: "
+                              f"{', '.join(allowed)}")
     if dev.type == "mps" and not (getattr(torch.backends, "mps", None)
                                   and torch.backends.mps.is_available()):
-        raise ValueError(f"{flag} {name!r} but MPS is not available here; allowed: "
-                         f"{', '.join(allowed)}")
+        raise ConfigError(f"{flag} {name!r} but MPS is not available here; allowed: "
+                          f"{', '.join(allowed)}")
     if name == "cuda" and info is not None and info.enabled:
         if info.local_rank >= torch.cuda.device_count():  # torchrun: one GPU per process
-            raise ValueError(f"{flag} {asked!r}: torchrun started process {info.local_rank} of "
-                             f"this machine, which has {torch.cuda.device_count()} CUDA "
-                             f"device(s); allowed: --nproc_per_node <= "
-                             f"{torch.cuda.device_count()}, or {flag}='cpu'")
+            raise ConfigError(f"{flag} {asked!r}: torchrun started process {info.local_rank} of "
+                              f"this machine, which has {torch.cuda.device_count()} CUDA "
+                              f"device(s); allowed: --nproc_per_node <= "
+                              f"{torch.cuda.device_count()}, or {flag}='cpu'")
         return torch.device(f"cuda:{info.local_rank}")
     return dev
 

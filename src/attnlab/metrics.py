@@ -9,6 +9,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from .errors import MissingDependencyError
+
 
 def _as_list(values: Any, what: str) -> list:
     """A 1-D sequence (list, tensor, array) as a Python list of plain values."""
@@ -81,8 +83,9 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "
     try:
         import sacrebleu
     except ImportError as e:
-        raise ImportError("bleu() needs sacrebleu: `pip install sacrebleu` (or install attnlab "
-                          "with the `eval` extra: `pip install attnlab[eval]`)") from e
+        raise MissingDependencyError("bleu() needs sacrebleu: `pip install sacrebleu` (or "
+                                     "install attnlab with the `eval` extra: "
+                                     "`pip install attnlab[eval]`)") from e
     if isinstance(hypotheses, str) or isinstance(references, str):
         raise ValueError("bleu() takes lists of sentences, not a single string")
     hyps, refs = list(hypotheses), list(references)

@@ -13,6 +13,8 @@ import io
 from pathlib import Path
 from typing import Any
 
+from .errors import RunError
+
 BASE_COLUMNS = ("step", "train_loss", "val_loss", "lr", "tokens_per_s", "elapsed_s")
 
 Row = dict[str, int | float | None]
@@ -37,7 +39,7 @@ def read_metrics(path: str | Path, complete: bool = False) -> list[Row]:
             disk).
 
     Raises:
-        ValueError: a header without ``step``, an empty step cell, a step that is not a whole
+        RunError: a header without ``step``, an empty step cell, a step that is not a whole
             number >= 0, or a cell that is not a number; names the line and column.
     """
     path = Path(path)
@@ -48,7 +50,7 @@ def read_metrics(path: str | Path, complete: bool = False) -> list[Row]:
     reader = csv.reader(io.StringIO(text))
     header = [h.strip() for h in next(reader, [])]
     if "step" not in header:
-        raise ValueError(f"{path} must have a header with 'step'; got header {header}")
+        raise RunError(f"{path} must have a header with 'step'; got header {header}")
     return [_parse_row(path, line_no, header, cells)
             for line_no, cells in enumerate(reader, start=2)
             if any(c.strip() for c in cells)]  # (a blank line: no row)
@@ -60,13 +62,13 @@ def _parse_row(path: Path, line_no: int, header: list[str], cells: list[str]) ->
     for col, cell in zip(header, [*cells, *[""] * (len(header) - len(cells))]):
         cell = cell.strip()
         if not cell and col == "step":
-            raise ValueError(f"{path} line {line_no}: the step cell is empty")
+            raise RunError(f"{path} line {line_no}: the step cell is empty")
         try:
             value = float(cell) if cell else None
         except ValueError as e:
-            raise ValueError(f"{path} line {line_no}, column {col!r}: {cell!r} is not a "
-                             "number (cells must be numbers or empty)") from e
+            raise RunError(f"{path} line {line_no}, column {col!r}: {cell!r} is not a "
+                           "number (cells must be numbers or empty)") from e
         if col == "step" and not (value.is_integer() and value >= 0):  # (inf, nan too)
-            raise ValueError(f"{path} line {line_no}: step {cell!r} is not a whole number >= 0")
+            raise RunError(f"{path} line {line_no}: step {cell!r} is not a whole number >= 0")
         row[col] = int(value) if col == "step" else value
     return row

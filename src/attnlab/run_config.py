@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from .config import ConfigError, ModelConfig, check, check_literal, check_types
 from .data.synthetic import SYNTHETIC_NAMES
+from .errors import MissingFileError
 
 TokenizerKind = Literal["char", "bpe", "gpt2"]
 PreTokenizer = Literal["byte_level", "whitespace"]
@@ -322,8 +323,8 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     """The tables of a TOML recipe file, with clear errors for a missing or broken file."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"config file {path} does not exist (give a .toml recipe, e.g. "
-                                "configs/shakespeare_char.toml, or no config for the demo)")
+        raise MissingFileError(f"config file {path} does not exist (give a .toml recipe, e.g. "
+                               "configs/shakespeare_char.toml, or no config for the demo)")
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:

@@ -1,7 +1,8 @@
 """The ``attnlab`` command line: thin glue over the library.
 
-Each sub-command lives in its own module with ``register(subparsers)``; a ``UserError`` (or
-any ``ValueError``/``FileNotFoundError`` raised on bad input) prints one line and exits 2.
+Each sub-command lives in its own module with ``register(subparsers)``. Bad input (an
+:class:`attnlab.errors.InputError`) prints one line and exits 2; any other exception is an
+internal error and prints its traceback (:mod:`attnlab.cli.common`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import sys
 
 from . import inspect, interop, train, use
-from .common import Parser, UserError, run_command
+from .common import Parser, run_command
 
 COMMAND_MODULES = (train, use, inspect, interop)
 # third-party loggers that flood debug output (matplotlib alone logs ~270 font lines)
@@ -21,6 +22,8 @@ NOISY_LOGGERS = ("matplotlib", "PIL", "urllib3", "fsspec", "filelock", "h5py", "
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``attnlab`` parser: every command module's sub-commands, ``-v`` before or after a
+    command."""
     parser = Parser(
         prog="attnlab",
         description="Train, sample from, evaluate and look inside Transformers.",
@@ -62,6 +65,8 @@ def _verbose_everywhere(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``attnlab`` with ``argv`` (default: the process's); returns the exit code (no
+    command: ``train``, the demo)."""
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     if not argv:  # `attnlab` alone runs the main job: train the default model, then sample
@@ -91,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_command(args.func, args)
 
 
-__all__ = ["UserError", "build_parser", "main"]
+__all__ = ["build_parser", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,25 +1,27 @@
-"""Shared CLI plumbing: one-line errors with exit code 2, never a traceback."""
+"""Shared CLI plumbing: how a command's errors reach the user.
+
+Bad input (:class:`attnlab.errors.InputError`, or a file-system error on a path the user gave)
+is one line on stderr, exit code 2; ``-v`` adds its details. Any other exception is an internal
+error of attnlab, never the user's: its traceback is printed, then a line that says so and asks
+for a report, exit code 1.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
+import traceback
 from collections.abc import Callable
+
+from ..errors import InputError
 
 log = logging.getLogger("attnlab")
 
-
-class UserError(Exception):
-    """A problem with what the user asked for; printed as one line, exit code 2."""
-
-
-# Exceptions that mean "bad input": printed as one line. Anything else is a bug and keeps its
-# traceback (with --verbose) so it can be reported.
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    UserError, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-    PermissionError, KeyError, ImportError,
-)
+BAD_INPUT = 2
+INTERNAL_ERROR = 1
+INTERRUPTED = 130
 
 
 class Parser(argparse.ArgumentParser):
@@ -28,13 +30,11 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         hint = f"; allowed arguments: `{self.prog} --help`"
-        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
+        self.exit(BAD_INPUT, f"{self.prog}: error: {message}{hint}\n")
 
 
 def _os_error_line(e: OSError) -> str:
     """One line for a file-system error: which path, what went wrong, what to do."""
-    import errno
-
     where = e.filename or "a file"
     what = e.strerror or str(e)
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -44,23 +44,36 @@ def _os_error_line(e: OSError) -> str:
             "you can write to)")
 
 
+def is_bad_input(e: BaseException) -> bool:
+    """Whether ``e`` is the user's to fix: an :class:`InputError`, or a file-system error that
+    names a path (one the user gave: a missing file, a folder that cannot be written)."""
+    return isinstance(e, InputError) or (isinstance(e, OSError) and e.errno is not None
+                                         and e.filename is not None)
+
+
 def run_command(func: Callable[[argparse.Namespace], int | None],
                 args: argparse.Namespace) -> int:
+    """Run a command's function and turn what it raises into what the user sees.
+
+    Returns:
+        The command's exit code: ``BAD_INPUT`` (one line on stderr), ``INTERNAL_ERROR``
+        (the traceback, then a line that asks for a report), ``INTERRUPTED`` (Ctrl-C).
+    """
     try:
         return int(func(args) or 0)
     except KeyboardInterrupt as e:  # a command may say what it kept and how to go on
         said = " ".join(str(e.args[0]).split()) if e.args else "interrupted"
         print(f"attnlab {args.command}: {said}", file=sys.stderr)
-        return 130
-    except (*USER_ERRORS, OSError) as e:
-        if isinstance(e, KeyError):
-            msg = e.args[0] if e.args else e
-        elif isinstance(e, OSError) and e.errno is not None:
-            msg = _os_error_line(e)
-        else:
-            msg = e
+        return INTERRUPTED
+    except Exception as e:
+        if not is_bad_input(e):
+            traceback.print_exc(file=sys.stderr)
+            print(f"attnlab {args.command}: internal error: this is a bug in attnlab, not in "
+                  "your input; please report it with the traceback above", file=sys.stderr)
+            return INTERNAL_ERROR
+        msg = e if isinstance(e, InputError) else _os_error_line(e)
         msg = " ".join(str(msg).split())  # one line, always
         print(f"attnlab {args.command}: error: {msg}", file=sys.stderr)
         if getattr(args, "verbose", False):
             log.exception("details")
-        return 2
+        return BAD_INPUT

@@ -11,16 +11,17 @@ import tomllib
 from pathlib import Path
 
 from ..config import ModelConfig
-from .common import UserError
+from ..errors import ConfigError, RunError, UsageError
 
 log = logging.getLogger("attnlab")
 
-# `viz positions`: the largest sinusoidal table drawn (max_len x d_model values). A heatmap is
-# ~1,300 x 500 pixels, so a larger one shows nothing more, and takes gigabytes to draw.
+# `viz positions`: the largest sinusoidal table drawn (max_len x d_model values). A heatmap has
+# fewer pixels than that, so a larger table shows nothing more, and takes gigabytes to draw.
 MAX_TABLE_VALUES = 2048 * 2048
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``info`` and ``viz attention | positions`` to the ``attnlab`` parser."""
     p = sub.add_parser("info", help="parameters by component, FLOPs per token, memory",
                        description="Parameters by component, FLOPs per token for training and "
                                    "inference, and memory at a batch size and length.")
@@ -94,22 +95,22 @@ def _config_from(target: Path) -> tuple[ModelConfig, str | None, str]:
         try:
             target = find_recipe(str(target))
         except FileNotFoundError as e:
-            raise UserError(f"{target} is neither a run dir, a config file nor a recipe name "
-                            f"({str(e).split('(', 1)[-1].rstrip(')')})") from None
+            raise UsageError(f"{target} is neither a run dir, a config file nor a recipe name "
+                             f"({str(e).split('(', 1)[-1].rstrip(')')})") from None
     if target.suffix not in (".json", ".toml"):
-        raise UserError(f"{target}: expected a run dir, a .toml or a .json config")
+        raise UsageError(f"{target}: expected a run dir, a .toml or a .json config")
     kind = target.suffix[1:].upper()
     try:
         text = target.read_text(encoding="utf-8")
         data = json.loads(text) if kind == "JSON" else tomllib.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
-        raise UserError(f"{target} is not valid {kind}: {e}") from None
+        raise ConfigError(f"{target} is not valid {kind}: {e}") from None
     if isinstance(data, dict) and ("data" in data or "train" in data):  # a training recipe:
         return _recipe_model(data)  # resolved as training does
     model = data.get("model", data) if isinstance(data, dict) else data
     if not isinstance(model, dict):
-        raise UserError(f"{target}: expected a table of model settings ([model] or its keys), "
-                        f"got {type(model).__name__}")
+        raise ConfigError(f"{target}: expected a table of model settings ([model] or its keys), "
+                          f"got {type(model).__name__}")
     cfg = ModelConfig.from_dict(model)
     why = "model.vocab_size of the config" if "vocab_size" in model else (
         "model.vocab_size's default; set it in the config for the real count")
@@ -148,13 +149,15 @@ def _recipe_model(data: dict) -> tuple[ModelConfig, str, str]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    """Print parameters by component, FLOPs per token and memory for a run dir, recipe or
+    model config."""
     cfg, vocabulary, precision = _config_from(Path(args.target))
     length = cfg.max_len if args.length is None else args.length
     if args.batch < 1 or length < 1:
-        raise UserError(f"--batch {args.batch} and --length {length} must be positive integers")
+        raise UsageError(f"--batch {args.batch} and --length {length} must be positive integers")
     if length > cfg.max_len:  # the model refuses longer inputs: no figures for them
-        raise UserError(f"--length {length} is more than the model's max_len={cfg.max_len}: "
-                        "give at most that (or a config with a larger model.max_len)")
+        raise UsageError(f"--length {length} is more than the model's max_len={cfg.max_len}: "
+                         "give at most that (or a config with a larger model.max_len)")
     import torch
 
     from ..info import report
@@ -170,12 +173,13 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 # ---- viz ------------------------------------------------------------------------------------
 def _load(run_dir: str, checkpoint: str):
+    """The run for ``viz attention``; it needs a tokenizer to turn ``--text`` into ids."""
     from ..runs import RunDir, load_run
 
     run = load_run(run_dir, checkpoint)
     if run.tokenizer is None:
-        raise UserError(f"{run_dir} has no {RunDir(run_dir).tokenizer_file.name}: cannot turn "
-                        "--text into tokens")
+        raise RunError(f"{run_dir} has no {RunDir(run_dir).tokenizer_file.name}: cannot turn "
+                       "--text into tokens")
     return run
 
 
@@ -187,7 +191,7 @@ def _encode(run, text: str, target: bool = False) -> list[int]:
 
     flag = "--target" if target else "--text"
     if not text or (run.model.config.family != "decoder" and not text.strip()):
-        raise UserError(f"{flag} is empty: give the text whose attention to show")
+        raise UsageError(f"{flag} is empty: give the text whose attention to show")
     cfg, tok = run.model.config, run.tokenizer
     if target:
         ids = tok.encode(text.strip(), add_special=True)
@@ -200,16 +204,17 @@ def _encode(run, text: str, target: bool = False) -> list[int]:
     limit = run.model.config.max_len
     read = len(ids) - 1 if target else len(ids)  # the decoder reads <bos> ... (not <eos>)
     if read > limit:
-        raise UserError(f"{flag} is {read} tokens long as the model reads it, but it attends "
-                        f"to at most {limit} (max_len); shorten it")
+        raise UsageError(f"{flag} is {read} tokens long as the model reads it, but it attends "
+                         f"to at most {limit} (max_len); shorten it")
     return ids
 
 
 def _check_index(values: list[int] | None, n: int, what: str) -> list[int] | None:
+    """``values`` (``--layer`` or ``--head``), each checked to be in ``0..n-1``."""
     for v in values or []:
         if not 0 <= v < n:
-            raise UserError(f"--{what} {v} is out of range: the model has {n} {what}s "
-                            f"(0..{n - 1})")
+            raise UsageError(f"--{what} {v} is out of range: the model has {n} {what}s "
+                             f"(0..{n - 1})")
     return values
 
 
@@ -257,6 +262,8 @@ def _collect_views(run, args) -> list:
 
 
 def _target_ids(run, src: list[int], target: str | None) -> list[int]:
+    """The target ids whose attention is drawn: ``target`` as given, else the model's greedy
+    translation of ``src``, both as ``<bos> ... <eos>``."""
     tok = run.tokenizer
     if target is not None:
         return _encode(run, target, target=True)
@@ -276,20 +283,22 @@ def _check_out_path(path: str, flag: str, example: str) -> None:
     a folder, a path under a file, or a place this user cannot write to."""
     out = Path(path)
     if out.is_dir():
-        raise UserError(f"{flag} {path} is a folder: give a file path, e.g. {out / example}")
+        raise UsageError(f"{flag} {path} is a folder: give a file path, e.g. {out / example}")
     parent = next(p for p in out.parents if p.exists())
     if not parent.is_dir():
-        raise UserError(f"{flag} {path}: {parent} is a file, not a folder; choose a "
-                        "path in a folder (missing folders are created)")
+        raise UsageError(f"{flag} {path}: {parent} is a file, not a folder; choose a "
+                         "path in a folder (missing folders are created)")
     if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and
                                                      not os.access(out, os.W_OK)):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
 
 
 def cmd_viz_attention(args: argparse.Namespace) -> int:
+    """Draw a run's attention on ``--text``: heatmaps (``--out``) and/or the HTML explorer
+    (``--html``); every output path is checked before anything is computed."""
     if not args.out and not args.html:
-        raise UserError("give --out FILE.png for heatmaps and/or --html FILE.html for the "
-                        "explorer")
+        raise UsageError("give --out FILE.png for heatmaps and/or --html FILE.html for the "
+                         "explorer")
     from .. import viz
     from ..viz._common import check_image_path
 
@@ -299,12 +308,12 @@ def cmd_viz_attention(args: argparse.Namespace) -> int:
     if args.html:
         _check_out_path(args.html, "--html", "attention.html")
         if args.out and Path(args.out).resolve() == Path(args.html).resolve():
-            raise UserError(f"--out and --html are both {args.out}: give two files (the "
-                            "heatmaps would overwrite the page)")
+            raise UsageError(f"--out and --html are both {args.out}: give two files (the "
+                             "heatmaps would overwrite the page)")
     run = _load(args.run_dir, args.checkpoint)
     if args.target is not None and run.model.config.family != "encoder_decoder":
-        raise UserError(f"--target is for encoder-decoder runs; {args.run_dir} is a "
-                        f"{run.model.config.family} run: drop --target")
+        raise UsageError(f"--target is for encoder-decoder runs; {args.run_dir} is a "
+                         f"{run.model.config.family} run: drop --target")
     views = _collect_views(run, args)
     if args.html:  # first: a page over the size limit fails before any file is written
         print(viz.write_attention_html(args.html, views, title=f"attnlab: {args.run_dir}"))
@@ -320,6 +329,8 @@ def cmd_viz_attention(args: argparse.Namespace) -> int:
 
 
 def cmd_viz_positions(args: argparse.Namespace) -> int:
+    """Plot the sinusoidal position table (``--d-model``, ``--max-len``) or a run's learned
+    position embeddings."""
     from .. import viz
     from ..viz._common import check_image_path
 
@@ -329,29 +340,29 @@ def cmd_viz_positions(args: argparse.Namespace) -> int:
         from ..runs import load_run
 
         if args.d_model is not None or args.max_len is not None:
-            raise UserError(f"--d-model and --max-len size the sinusoidal table; the learned "
-                            f"positions of {args.run_dir} have the run's size: give either a "
-                            "run dir or --d-model/--max-len, not both")
+            raise UsageError(f"--d-model and --max-len size the sinusoidal table; the learned "
+                             f"positions of {args.run_dir} have the run's size: give either a "
+                             "run dir or --d-model/--max-len, not both")
         run = load_run(args.run_dir, "best")  # (no tokenizer needed: there is no text)
         pos = getattr(run.model, "emb", None) or getattr(run.model, "tgt_emb", None)
         table = getattr(getattr(pos, "pos", None), "weight", None)
         if table is None:
             kind = run.model.config.pos
-            raise UserError(f"{args.run_dir} uses {kind!r} positions, not learned ones; "
-                            f"plot the sinusoidal table with --d-model/--max-len instead")
+            raise UsageError(f"{args.run_dir} uses {kind!r} positions, not learned ones; "
+                             f"plot the sinusoidal table with --d-model/--max-len instead")
         title = f"learned position embeddings of {args.run_dir}"
     else:
         d_model = 128 if args.d_model is None else args.d_model
         max_len = 100 if args.max_len is None else args.max_len
         if d_model < 2 or d_model % 2:
-            raise UserError(f"--d-model {d_model} is not allowed: give an even number >= 2")
+            raise UsageError(f"--d-model {d_model} is not allowed: give an even number >= 2")
         if max_len < 1:
-            raise UserError(f"--max-len {max_len} is not allowed: give a number >= 1")
+            raise UsageError(f"--max-len {max_len} is not allowed: give a number >= 1")
         if max_len * d_model > MAX_TABLE_VALUES:
-            raise UserError(f"--max-len {max_len} x --d-model {d_model} = "
-                            f"{max_len * d_model:,} values is too many to plot: allowed "
-                            f"max_len x d_model up to {MAX_TABLE_VALUES:,} (e.g. 2048 x 2048)")
-        from ..nn.positional import sinusoidal_table
+            raise UsageError(f"--max-len {max_len} x --d-model {d_model} = "
+                             f"{max_len * d_model:,} values is too many to plot: allowed "
+                             f"max_len x d_model up to {MAX_TABLE_VALUES:,} (e.g. 2048 x 2048)")
+        from ..nn import sinusoidal_table
 
         table = sinusoidal_table(max_len, d_model)
         title = f"sinusoidal positional encoding (d_model={d_model})"

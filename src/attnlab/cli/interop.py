@@ -16,12 +16,13 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from .common import UserError
+from ..errors import UsageError
 
 EXPORT_FORMATS = ("hf", "onnx")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``import`` and ``export`` to the ``attnlab`` parser."""
     p = subparsers.add_parser(
         "import", help="convert a pretrained model (Hugging Face folder) into a run dir",
         description="Convert a local Hugging Face model folder (its config, safetensors or "
@@ -54,6 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    """Convert a Hugging Face model folder (or all-MiniLM-L6-v2) into a new run dir."""
     from ..interop import import_run
 
     out = import_run(args.src, args.out)
@@ -62,6 +64,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    """Write a run dir as a Hugging Face model folder (``--to hf``) or one ONNX file
+    (``--to onnx``); the arguments are checked before the model is loaded."""
     if args.to == "hf":
         from ..interop.pretrained import export_hf
 
@@ -70,12 +74,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"Hugging Face model folder: {out}")
         return 0
     if args.encoder_only:
-        raise UserError("--encoder-only is for --to hf; leave it out for --to onnx")
+        raise UsageError("--encoder-only is for --to hf; leave it out for --to onnx")
     out = Path(args.out)
     if out.suffix != ".onnx":
-        raise UserError(f"--out {out} must be a FILE.onnx for --to onnx")
+        raise UsageError(f"--out {out} must be a FILE.onnx for --to onnx")
     if out.exists():
-        raise UserError(f"--out {out} already exists; choose a new file")
+        raise UsageError(f"--out {out} already exists; choose a new file")
     export_onnx_run(args.run_dir, out, args.checkpoint)
     print(f"ONNX file: {out}")
     return 0

@@ -1,4 +1,5 @@
-"""``attnlab train | eval | data``: train a recipe, evaluate a run dir, fetch a data set.
+"""``attnlab train | eval | recipes | data``: train a recipe, evaluate a run dir, list the
+recipes, fetch or prepare a data set.
 
 Results go to stdout; bad input (config, data, run dir, checkpoint) is one line on stderr with
 exit code 2 (see :mod:`attnlab.cli.common`).
@@ -15,15 +16,26 @@ import shlex
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..errors import RunError, UsageError
 from ..recipes import find_recipe
-from .common import UserError
+
+if TYPE_CHECKING:
+    from ..run_config import RunConfig
 
 log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``train``, ``eval``, ``recipes`` and ``data`` to the ``attnlab`` parser."""
+    _register_train(subparsers)
+    _register_eval(subparsers)
+    _register_recipes(subparsers)
+    _register_data(subparsers)
+
+
+def _register_train(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "train", help="train a model from a TOML recipe (no recipe: the demo)",
         description="Train from a TOML recipe (a .toml file, or a recipe name such as "
@@ -52,6 +64,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "Hugging Face model dir, or all-MiniLM-L6-v2 (sets train.init_from)")
     p.set_defaults(func=cmd_train)
 
+
+def _register_eval(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "eval", help="evaluate a trained run dir",
         description="Loss and the task metric of a run: perplexity (LM, every window of the "
@@ -77,6 +91,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "when stderr is a terminal)")
     p.set_defaults(func=cmd_eval)
 
+
+def _register_recipes(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "recipes", help="list the training recipes, one line each",
         description="The recipes `attnlab train NAME` takes, one per line: the name and what it "
@@ -85,6 +101,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--print-config` shows one in full.")
     p.set_defaults(func=cmd_recipes)
 
+
+def _register_data(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("data", help="fetch a public data set, or prepare a corpus",
                               description="attnlab data fetch shakespeare|multi30k|sst2; "
                               "attnlab data prepare SRC... --out DIR")
@@ -141,10 +159,12 @@ def _register_prepare(sub: argparse._SubParsersAction) -> None:
 
 
 def _usage(p: argparse.ArgumentParser) -> int:
-    raise UserError("choose an action: fetch, list or prepare (see `attnlab data --help`)")
+    """``attnlab data`` without an action."""
+    raise UsageError("choose an action: fetch, list or prepare (see `attnlab data --help`)")
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:
+    """List the recipes, one line each: the name, what it trains, and where a local one is."""
     from ..recipes import describe, local, shipped
 
     mine, ours = local(), shipped()
@@ -157,6 +177,8 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def _default_out(stem: str, resume: bool) -> Path:
+    """The run dir when ``--out`` is not given: the first of ``runs/STEM``, ``runs/STEM-2``, ...
+    without a checkpoint (resumed: the highest-numbered one with a checkpoint)."""
     from ..runs import RunDir
 
     base = Path("runs") / stem
@@ -173,34 +195,23 @@ def _default_out(stem: str, resume: bool) -> Path:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """Train a recipe (or the demo) into its run dir and print the results; with
+    ``--print-config``, print the config it would start from instead."""
     from ..runs import RunDir
-    from ..tasks import task_class
-    from ..train import load_config, sample_texts, train_run
+    from ..train import train_run
 
-    if args.resume and (args.init_from or any(
-            o.partition("=")[0].strip() == "train.init_from" for o in args.overrides)):
-        raise UserError("--init-from (train.init_from) starts a new run from other weights, but "
-                        "--resume continues the run in --out from its own checkpoint: give one "
-                        "of them (a fine-tuned run resumes without --init-from)")
+    _check_train_args(args)
     recipe = find_recipe(args.config) if args.config else None
     stem = recipe.stem if recipe else "demo"
     out = Path(args.out) if args.out else _default_out(stem, args.resume)
     run = RunDir(out)
-    # --init-from wins over a train.init_from of the recipe or of --set (given last)
-    # (ensure_ascii=False: TOML has no surrogate pairs for characters beyond the BMP)
-    given = json.dumps(args.init_from, ensure_ascii=False) if args.init_from else None
-    overrides = args.overrides + ([f"train.init_from={given}"] if given else []) + (
-        [f"train.seed={args.seed}"] if args.seed is not None else [])
-    if recipe is None and args.resume and run.config_file.is_file():
-        rc = load_config(None, overrides, base=run.read_config())  # the run's own
-    else:
-        rc = load_config(recipe, overrides)
+    rc = _train_config(args, recipe, run)
     if args.print_config:
         print(json.dumps(rc.to_dict(), indent=2, ensure_ascii=False) if args.json
               else config_toml(rc.to_dict()))
         return 0
     if args.json:
-        raise UserError("--json is for --print-config (training prints its results as lines)")
+        raise UsageError("--json is for --print-config (training prints its results as lines)")
     if not args.out:  # say where, before a long run that may be stopped (a bad config first)
         log.info("run dir: %s%s", out, " (resumed: the newest with a checkpoint)"
                  if args.resume else "")
@@ -208,8 +219,41 @@ def cmd_train(args: argparse.Namespace) -> int:
         outcome = train_run(rc, out, resume=args.resume)
     except KeyboardInterrupt:
         raise UserInterrupt(interrupted_line(run)) from None
-    if not outcome.is_main:
-        return 0
+    if outcome.is_main:  # under torchrun, the first process alone prints
+        _print_results(outcome, out)
+        if rc.train.samples and rc.data.family == "decoder" and outcome.tokenizer is not None:
+            _print_samples(outcome)
+    return 0
+
+
+def _check_train_args(args: argparse.Namespace) -> None:
+    """Refuse ``train`` arguments that do not fit together, before any config is read."""
+    if args.resume and (args.init_from or any(
+            o.partition("=")[0].strip() == "train.init_from" for o in args.overrides)):
+        raise UsageError("--init-from (train.init_from) starts a new run from other weights, but "
+                         "--resume continues the run in --out from its own checkpoint: give one "
+                         "of them (a fine-tuned run resumes without --init-from)")
+
+
+def _train_config(args: argparse.Namespace, recipe: Path | None, run) -> RunConfig:
+    """The run config: the recipe (resumed without one: the run's own config) with ``--set``,
+    then ``--init-from`` and ``--seed`` applied, in that order."""
+    from ..train import load_config
+
+    # --init-from wins over a train.init_from of the recipe or of --set (given last)
+    # (ensure_ascii=False: TOML has no surrogate pairs for characters beyond the BMP)
+    given = json.dumps(args.init_from, ensure_ascii=False) if args.init_from else None
+    overrides = args.overrides + ([f"train.init_from={given}"] if given else []) + (
+        [f"train.seed={args.seed}"] if args.seed is not None else [])
+    if recipe is None and args.resume and run.config_file.is_file():
+        return load_config(None, overrides, base=run.read_config())  # the run's own
+    return load_config(recipe, overrides)
+
+
+def _print_results(outcome, out: Path) -> None:
+    """The run dir, the last step's metrics and the best checkpoint, one line each."""
+    from ..tasks import task_class
+
     r = outcome.result
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in r.metrics.items())
     print(f"run dir: {out}")
@@ -225,12 +269,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         during = f" (evaluation on {_scope(t.eval_batches)})" if resampled else ""
         print(f"best {r.best['metric']} {r.best['value']:.4f} at step {r.best['step']}{during} "
               f"-> {out / 'best'}")
-    if rc.train.samples and rc.data.family == "decoder" and outcome.tokenizer is not None:
-        prompt = "\n" if "\n" in _vocab_text(outcome.tokenizer) else outcome.tokenizer.decode([0])
-        for i, text in enumerate(sample_texts(outcome.model, outcome.tokenizer, outcome.config,
-                                              prompt)):
-            print(f"\n--- sample {i + 1} ---\n{text.strip()}")
-    return 0
+
+
+def _print_samples(outcome) -> None:
+    """A few samples of a trained LM, each from a new line (or from its first token, for a
+    vocabulary without a newline)."""
+    from ..train import sample_texts
+
+    tokenizer = outcome.tokenizer
+    prompt = "\n" if "\n" in _vocab_text(tokenizer) else tokenizer.decode([0])
+    for i, text in enumerate(sample_texts(outcome.model, tokenizer, outcome.config, prompt)):
+        print(f"\n--- sample {i + 1} ---\n{text.strip()}")
 
 
 class UserInterrupt(KeyboardInterrupt):
@@ -249,6 +298,8 @@ def interrupted_line(run) -> str:
 
 
 def _toml_value(value: Any) -> str:
+    """``value`` as a TOML value (``float`` keeps its exact ``repr``; ``inf`` and ``nan`` as TOML
+    spells them)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
@@ -268,6 +319,7 @@ def _toml_value(value: Any) -> str:
 
 
 def _toml_key(key: str) -> str:
+    """``key`` bare when TOML allows it, else quoted."""
     return key if key and all(c.isalnum() or c in "_-" for c in key) else json.dumps(key)
 
 
@@ -285,10 +337,13 @@ def config_toml(config: dict[str, dict[str, Any]]) -> str:
 
 
 def _scope(batches: int) -> str:
+    """What ``batches`` val batches mean, in words."""
     return "the whole val split" if batches == 0 else f"{batches} sampled val batches"
 
 
 def _vocab_text(tokenizer) -> str:
+    """Every token of ``tokenizer`` decoded, to look for a newline among them (empty when
+    the ids do not decode alone)."""
     try:
         return tokenizer.decode(list(range(tokenizer.vocab_size)))
     except ValueError:
@@ -329,6 +384,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_data_fetch(args: argparse.Namespace) -> int:
+    """Download (or copy with ``--from``) a public data set into the cache, checked; print
+    where."""
     from ..data import fetch
 
     path = fetch(args.name, args.cache_dir, args.source_dir)
@@ -337,6 +394,8 @@ def cmd_data_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> int:
+    """Tokenize text files once into a prepared dir of token shards (``--target``: sentence
+    pairs); print what it holds."""
     from ..data.prepare import TOKENIZER_KINDS, prepare
     from ..data.shards import read_manifest
     from ..runs import RunDir
@@ -344,18 +403,18 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     tokenizer = args.tokenizer
     if tokenizer not in TOKENIZER_KINDS:
         if not Path(tokenizer).is_dir():
-            raise UserError(f"--tokenizer {tokenizer!r} is not allowed: one of "
-                            f"{', '.join(TOKENIZER_KINDS)}, or a run dir")
+            raise UsageError(f"--tokenizer {tokenizer!r} is not allowed: one of "
+                             f"{', '.join(TOKENIZER_KINDS)}, or a run dir")
         tokenizer = RunDir(Path(tokenizer)).load_tokenizer()
         if tokenizer is None:
-            raise UserError(f"--tokenizer {args.tokenizer}: that run dir has no tokenizer")
+            raise RunError(f"--tokenizer {args.tokenizer}: that run dir has no tokenizer")
     common = dict(vocab_size=args.vocab_size, pre_tokenizer=args.pre_tokenizer,
                   val_fraction=args.val_fraction, seed=args.seed, workers=args.workers,
                   errors=args.errors, progress=True)
     if args.target is not None:
         return _prepare_pairs(args, tokenizer, common)
     if args.src_add_special:
-        raise UserError("--src-add-special is for sentence pairs: give --target files too")
+        raise UsageError("--src-add-special is for sentence pairs: give --target files too")
     out = prepare(args.sources, args.out, tokenizer, text_field=args.text_field, **common)
     m = read_manifest(out)
     splits = ", ".join(f"{k} {v['tokens']:,} tokens ({v['documents']:,} document"
@@ -366,11 +425,12 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 
 
 def _prepare_pairs(args: argparse.Namespace, tokenizer, common: dict) -> int:
+    """``data prepare SRC... --target TGT...``: line-aligned translation pairs."""
     from ..data.pairs import prepare_pairs, read_pairs_manifest
 
     if len(args.target) != len(args.sources):
-        raise UserError(f"--target names {len(args.target)} file(s) for {len(args.sources)} "
-                        "SRC file(s); allowed: one target file per source file, in order")
+        raise UsageError(f"--target names {len(args.target)} file(s) for {len(args.sources)} "
+                         "SRC file(s); allowed: one target file per source file, in order")
     out = prepare_pairs(args.sources, args.target, args.out, tokenizer,
                         src_add_special=args.src_add_special, **common)
     m = read_pairs_manifest(out)
@@ -382,6 +442,7 @@ def _prepare_pairs(args: argparse.Namespace, tokenizer, common: dict) -> int:
 
 
 def cmd_data_list(args: argparse.Namespace) -> int:
+    """List the data sets ``data fetch`` knows: name, files, what they hold."""
     from ..data import DATASETS
 
     for name, info in DATASETS.items():

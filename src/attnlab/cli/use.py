@@ -1,7 +1,7 @@
 """``attnlab sample | translate | classify``: use a trained run dir.
 
-Results go to stdout (sampled text is streamed as it is produced); errors are one line on
-stderr with exit code 2 (see :mod:`attnlab.cli.common`).
+Results go to stdout (sampled text is streamed as it is produced); bad input is one line on
+stderr with exit code 2, checked before a model is loaded (see :mod:`attnlab.cli.common`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from .common import UserError
+from ..errors import DataError, DataFileNotFoundError, RunError, UsageError, VocabularyError
 
 FAMILY_NAMES = {"decoder": "a decoder-only (family 'decoder')",
                 "encoder": "an encoder classifier (family 'encoder')",
@@ -20,6 +20,8 @@ FAMILY_NAMES = {"decoder": "a decoder-only (family 'decoder')",
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
+    """The arguments every command that uses a run dir takes: the run, its checkpoint, the
+    device."""
     p.add_argument("run_dir", help="a training run dir (the --out of `attnlab train`)")
     p.add_argument("--checkpoint", default="best",
                    help="'best' (default; falls back to 'last'), 'last', or a .safetensors file")
@@ -27,6 +29,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sample``, ``translate`` and ``classify`` to the ``attnlab`` parser."""
     p = subparsers.add_parser("sample", help="continue a prompt with a decoder-only LM run",
                               description="Sample text from a trained decoder-only run. One "
                               "prompt: the text is streamed to stdout as it is generated; several "
@@ -86,6 +89,8 @@ def _add_input_args(p: argparse.ArgumentParser, item: str) -> None:
 
 
 def _load(args: argparse.Namespace, family: str):
+    """The run of ``args.run_dir`` on ``--device``, refused (before its weights are read) when
+    its model is not of ``family`` or it has no tokenizer."""
     from ..config import ModelConfig
     from ..devices import resolve_device
     from ..runs import RunDir, load_run
@@ -94,17 +99,17 @@ def _load(args: argparse.Namespace, family: str):
     # Check the family before loading weights, so a wrong run fails fast and says why.
     cfg = ModelConfig.from_dict(RunDir(args.run_dir).read_config()["model"])
     if cfg.family != family:
-        raise UserError(f"`attnlab {args.command}` needs {FAMILY_NAMES[family]} run, but "
-                        f"{args.run_dir} holds {FAMILY_NAMES[cfg.family]} model")
+        raise UsageError(f"`attnlab {args.command}` needs {FAMILY_NAMES[family]} run, but "
+                         f"{args.run_dir} holds {FAMILY_NAMES[cfg.family]} model")
     if cfg.head == "mlm":
-        raise UserError(f"`attnlab {args.command}` needs {FAMILY_NAMES[family]} run, but "
-                        f"{args.run_dir} holds a masked language model (model.head='mlm'); "
-                        f"fine-tune it into a classifier first: attnlab train RECIPE "
-                        f"--init-from {args.run_dir}")
+        raise UsageError(f"`attnlab {args.command}` needs {FAMILY_NAMES[family]} run, but "
+                         f"{args.run_dir} holds a masked language model (model.head='mlm'); "
+                         f"fine-tune it into a classifier first: attnlab train RECIPE "
+                         f"--init-from {args.run_dir}")
     run = load_run(args.run_dir, args.checkpoint, device=device)
     if run.tokenizer is None:
-        raise UserError(f"run dir {args.run_dir} has no "
-                        f"{RunDir(args.run_dir).tokenizer_file.name}: cannot turn text into ids")
+        raise RunError(f"run dir {args.run_dir} has no "
+                       f"{RunDir(args.run_dir).tokenizer_file.name}: cannot turn text into ids")
     return run
 
 
@@ -127,16 +132,16 @@ def _read_lines(path: str | None) -> list[str]:
     else:
         file = Path(path)
         if not file.exists():
-            raise UserError(f"input file {path} does not exist")
+            raise DataFileNotFoundError(f"input file {path} does not exist")
         if file.is_dir():
-            raise UserError(f"input {path} is a folder: give a text file, one item per line")
+            raise DataError(f"input {path} is a folder: give a text file, one item per line")
         with open(file, "rb") as f:  # open(): pipes have no size to read ahead
             data, name = f.read(), f"input file {path}"
     try:
         return data.decode("utf-8").splitlines()
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
-        raise UserError(f"{name} is not UTF-8 text: line {line} ({e.reason})") from None
+        raise DataError(f"{name} is not UTF-8 text: line {line} ({e.reason})") from None
 
 
 def _print_aligned(lines: list[str], batch_size: int, run_batch) -> None:
@@ -158,58 +163,92 @@ def _print_aligned(lines: list[str], batch_size: int, run_batch) -> None:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from ..decoding import Sampler, stream_text
+    """Continue each prompt with a decoder-only run: one prompt is streamed as it is sampled,
+    several are sampled together in one batch. Every argument is checked before the model
+    is loaded."""
+    from ..decoding.quant import check_inference_dtype
+    from ..devices import resolve_device
+
+    _check_sample_args(args)
+    prompts = _prompts(args)
+    check_inference_dtype(args.dtype, resolve_device(args.device, flag="--device"), "--dtype")
+    run = _load(args, "decoder")
+    _check_prompts_encode(run, prompts)
+    texts = [p for p, _ in prompts]
+    _decoding_weights(run.model, args, 1 if len(texts) == 1 else len(texts) * args.num_samples)
+    gen = None
+    if args.seed is not None:  # one generator for all samples: the same seed, the same text
+        import torch
+
+        gen = torch.Generator(device=next(run.model.parameters()).device).manual_seed(args.seed)
+    if len(texts) > 1:
+        return _sample_batch(run, texts, args, gen)
+    return _stream_samples(run, texts[0], args, gen)
+
+
+def _check_sample_args(args: argparse.Namespace) -> None:
+    """Refuse sampling settings out of range (:class:`attnlab.decoding.Sampler` checks the
+    temperature and top-p) and empty stop strings."""
+    from ..decoding import Sampler
 
     if args.max_new_tokens < 0:
-        raise UserError(f"--max-new-tokens {args.max_new_tokens} is not allowed: >= 0")
+        raise UsageError(f"--max-new-tokens {args.max_new_tokens} is not allowed: >= 0")
     if args.num_samples < 1:
-        raise UserError(f"--num-samples {args.num_samples} is not allowed: >= 1")
+        raise UsageError(f"--num-samples {args.num_samples} is not allowed: >= 1")
     if args.top_k is not None and args.top_k < 1:
-        raise UserError(f"--top-k {args.top_k} is not allowed: >= 1 (leave it out to sample "
-                        "from every token)")
-    Sampler(args.temperature, args.top_k, args.top_p)  # validate before loading anything
-    # each prompt with where it came from, for the messages about it
+        raise UsageError(f"--top-k {args.top_k} is not allowed: >= 1 (leave it out to sample "
+                         "from every token)")
+    Sampler(args.temperature, args.top_k, args.top_p)
+    if any(not s for s in args.stop):
+        raise UsageError('--stop "" is empty: a stop string needs at least one character')
+
+
+def _prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """Each prompt of ``--prompt`` and ``--prompt-file`` with where it came from, for the
+    messages about it."""
     prompts = [(p, f"--prompt {p!r}") for p in args.prompt]
     if args.prompt_file is not None:
         prompts += [(line, f"line {i + 1} of --prompt-file {args.prompt_file}")
                     for i, line in enumerate(_read_lines(args.prompt_file)) if line.strip()]
         if not prompts:
-            raise UserError(f"--prompt-file {args.prompt_file} has no prompt: give one per line")
+            raise UsageError(f"--prompt-file {args.prompt_file} has no prompt: give one per line")
     if not prompts:
-        raise UserError("no prompt: give the text to continue with --prompt (repeatable) or "
-                        "--prompt-file")
+        raise UsageError("no prompt: give the text to continue with --prompt (repeatable) or "
+                         "--prompt-file")
     if not all(p for p, _ in prompts):
-        raise UserError("a prompt is empty: give some text to continue with --prompt")
-    if any(not s for s in args.stop):
-        raise UserError('--stop "" is empty: a stop string needs at least one character')
-    from ..decoding.quant import check_inference_dtype, to_inference_dtype
-    from ..devices import resolve_device
+        raise UsageError("a prompt is empty: give some text to continue with --prompt")
+    return prompts
 
-    check_inference_dtype(args.dtype, resolve_device(args.device, flag="--device"), "--dtype")
-    run = _load(args, "decoder")
-    for prompt, where in prompts:  # unknown characters: a clear error before any output
+
+def _check_prompts_encode(run, prompts: list[tuple[str, str]]) -> None:
+    """Refuse, before any output, a prompt the run's tokenizer cannot encode or reads as no
+    token at all; the message says which prompt."""
+    for prompt, where in prompts:
         try:
             ids = run.tokenizer.encode(prompt)
-        except ValueError as e:
-            raise UserError(f"{where}: {e}") from None
+        except VocabularyError as e:
+            raise VocabularyError(f"{where}: {e}") from None
         if not ids:
-            raise UserError(f"{where} is no token for this run's tokenizer (it drops "
+            raise DataError(f"{where} is no token for this run's tokenizer (it drops "
                             "whitespace): give some text to continue")
-    prompts = [p for p, _ in prompts]
-    if args.dtype == "fp32":  # the column-major layout helps fp32 only
-        # one prompt streams one sample at a time; several are sampled together
-        _fast_layout(run.model, 1 if len(prompts) == 1 else len(prompts) * args.num_samples)
-    else:
-        to_inference_dtype(run.model, args.dtype)
-    import torch
 
-    gen = None
-    if args.seed is not None:  # one generator for all samples: the same seed, the same text
-        gen = torch.Generator(device=next(run.model.parameters()).device).manual_seed(args.seed)
+
+def _decoding_weights(model, args: argparse.Namespace, rows: int) -> None:
+    """``--dtype``: fp32 in the layout fastest for ``rows`` rows per step, or the weights cast
+    to the reduced precision asked for."""
+    from ..decoding.quant import to_inference_dtype
+
+    if args.dtype == "fp32":  # the column-major layout helps fp32 only
+        _fast_layout(model, rows)
+    else:
+        to_inference_dtype(model, args.dtype)
+
+
+def _stream_samples(run, prompt: str, args: argparse.Namespace, gen) -> int:
+    """One prompt: each sample written to stdout piece by piece as it is decoded."""
+    from ..decoding import stream_text
+
     out = sys.stdout
-    if len(prompts) > 1:
-        return _sample_batch(run, prompts, args, gen)
-    prompt = prompts[0]
     for i in range(args.num_samples):
         if args.num_samples > 1:
             out.write(f"--- sample {i + 1} ---\n")
@@ -242,25 +281,27 @@ def _sample_batch(run, prompts: list[str], args: argparse.Namespace, gen) -> int
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
+    """Translate one sentence per line of ``--input`` (or stdin), a batch at a time; one
+    output line per input line."""
     from ..decoding import translate_texts
 
     for flag, value in (("--beam", args.beam), ("--batch-size", args.batch_size)):
         if value < 1:
-            raise UserError(f"{flag} {value} is not allowed: >= 1")
+            raise UsageError(f"{flag} {value} is not allowed: >= 1")
     if args.max_len is not None and args.max_len < 1:
-        raise UserError(f"--max-len {args.max_len} is not allowed: >= 1 (the most target tokens "
-                        "per sentence; leave it out for 1.5 x the source's + 10)")
+        raise UsageError(f"--max-len {args.max_len} is not allowed: >= 1 (the most target tokens "
+                         "per sentence; leave it out for 1.5 x the source's + 10)")
     if not math.isfinite(args.length_penalty):
-        raise UserError(f"--length-penalty {args.length_penalty} is not allowed: a finite number "
-                        "(0 = none, 0.6 as in GNMT)")
+        raise UsageError(f"--length-penalty {args.length_penalty} is not allowed: a finite number "
+                         "(0 = none, 0.6 as in GNMT)")
     run = _load(args, "encoder_decoder")
     cap = run.model.config.max_len
     if args.max_len is not None and args.max_len > cap:  # before any decoding work
-        raise UserError(f"--max-len {args.max_len} is not allowed: 1..{cap} (the model's target "
-                        "positions, its max_len)")
+        raise UsageError(f"--max-len {args.max_len} is not allowed: 1..{cap} (the model's target "
+                         "positions, its max_len)")
     lines = _read_lines(args.input)
     if not any(line.strip() for line in lines):  # as classify: likely a forgotten pipe
-        raise UserError("no sentence to translate: give one sentence per line")
+        raise UsageError("no sentence to translate: give one sentence per line")
     _fast_layout(run.model, min(args.batch_size, max(1, len(lines))) * args.beam)
     add_special = bool(run.data.get("src_add_special", False))
     _print_aligned(lines, args.batch_size, lambda texts: translate_texts(
@@ -270,19 +311,21 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
+    """Classify one text per line of ``--input`` (or stdin): ``label<TAB>probability<TAB>text``
+    per line."""
     from ..decoding import classify_texts
 
     if args.batch_size < 1:
-        raise UserError(f"--batch-size {args.batch_size} is not allowed: >= 1")
+        raise UsageError(f"--batch-size {args.batch_size} is not allowed: >= 1")
     from ..runs import RunDir
 
     why = RunDir(args.run_dir).untrained_head(args.checkpoint)
     if why:
-        raise UserError(why)
+        raise RunError(why)
     run = _load(args, "encoder")
     lines = [line.strip() for line in _read_lines(args.input)]
     if not any(lines):
-        raise UserError("no text to classify: give one text per line")
+        raise UsageError("no text to classify: give one text per line")
 
     def run_batch(texts: list[str]) -> list[str]:
         results = classify_texts(run.model, run.tokenizer, texts, label_names=run.label_names,

@@ -43,6 +43,7 @@ from attnlab.data.prepare import (
     write_shard,
 )
 from attnlab.data.shards import DTYPES, FORMAT, MANIFEST, TOKENIZER, read_manifest, token_dtype
+from attnlab.errors import VocabularyError
 from attnlab.files import atomic_write_json
 from attnlab.tokenizers import SPECIALS, BPETokenizer, CharTokenizer, Tokenizer
 
@@ -267,15 +268,15 @@ def prepare_pairs(src_files: Sequence[str | Path] | str | Path,
                               progress=progress, piece_bytes=piece_bytes)
     except DiskFullError:
         raise  # the finished shards stay: the same call continues once there is space
-    except (DataError, ConfigError):
-        if new:
-            shutil.rmtree(out, ignore_errors=True)  # bad input: leave nothing behind
-        raise
-    except ValueError as e:  # the tokenizer cannot encode a sentence
+    except VocabularyError as e:  # the tokenizer cannot encode a sentence
         if new:
             shutil.rmtree(out, ignore_errors=True)
         raise DataError(f"the pairs cannot be encoded: {str(e).split('. ')[0]}; use a "
                         "tokenizer whose vocabulary covers them") from None
+    except (DataError, ConfigError):
+        if new:
+            shutil.rmtree(out, ignore_errors=True)  # bad input: leave nothing behind
+        raise
 
 
 def _prepare_pairs(files: list[tuple[Path, Path]], out: Path, tokenizer: str | Tokenizer, *,

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
+from ..errors import ConfigError, RunError, UsageError
 from ..models import EncoderClassifier
 from .hf import (
     TO_HF_ACTIVATION,
@@ -43,10 +44,10 @@ def bert_config(hf_config: Any, *, n_classes: int = 2, pooling: str = "cls",
     check_model_type(hf_config, "bert", "BERT")
     pos_type = getattr(hf_config, "position_embedding_type", "absolute")
     if pos_type != "absolute":
-        raise ValueError(f"BERT with position_embedding_type={pos_type!r} is not supported: "
-                         f"attnlab has absolute learned positions only")
+        raise RunError(f"BERT with position_embedding_type={pos_type!r} is not supported: "
+                       f"attnlab has absolute learned positions only")
     if getattr(hf_config, "is_decoder", False):
-        raise ValueError("BERT with is_decoder=True is not supported: convert an encoder BERT")
+        raise RunError("BERT with is_decoder=True is not supported: convert an encoder BERT")
     return ModelConfig(
         family="encoder",
         vocab_size=hf_config.vocab_size,
@@ -120,18 +121,18 @@ def bert_classifier_from_hf(model_or_dir: Any, *, n_classes: int | None = None,
     if head is not None and hasattr(model, "bert"):
         labels = bert_labels(model.config)
         if len(labels) < 2 or getattr(model.config, "problem_type", None) == "regression":
-            raise ValueError(f"{CLASSIFIER} with num_labels={len(labels)} is a regression "
-                             "head: attnlab classifies into 2 or more classes")
+            raise RunError(f"{CLASSIFIER} with num_labels={len(labels)} is a regression "
+                           "head: attnlab classifies into 2 or more classes")
         if getattr(model.config, "problem_type", None) == "multi_label_classification":
-            raise ValueError(f"{CLASSIFIER} with problem_type='multi_label_classification' "
-                             "scores each label on its own (sigmoid): attnlab's classifier "
-                             "picks one class of several (softmax)")
+            raise RunError(f"{CLASSIFIER} with problem_type='multi_label_classification' "
+                           "scores each label on its own (sigmoid): attnlab's classifier "
+                           "picks one class of several (softmax)")
         if pooling not in (None, "pooler"):
             raise ValueError(f"pooling={pooling!r} is not allowed for a {CLASSIFIER}: its "
                              "head reads BERT's pooler; allowed: 'pooler'")
         if n_classes not in (None, len(labels)):
-            raise ValueError(f"n_classes={n_classes} contradicts the checkpoint's head of "
-                             f"{len(labels)} labels {labels}")
+            raise ConfigError(f"n_classes={n_classes} contradicts the checkpoint's head of "
+                              f"{len(labels)} labels {labels}")
         clf = _convert(model.bert, len(labels), "pooler", dropout, head)
         return clf, labels
     if hasattr(model, "bert"):
@@ -230,13 +231,13 @@ def bert_to_hf(model: EncoderClassifier, label_names: list[str] | None = None) -
     cfg = attnlab_config(model)
     problems = bert_problems(cfg)
     if problems:
-        raise ValueError(f"this encoder cannot be exported as {CLASSIFIER}: it needs "
+        raise UsageError(f"this encoder cannot be exported as {CLASSIFIER}: it needs "
                          f"{', '.join(problems)}")
     names = [f"LABEL_{i}" for i in range(cfg.n_classes)] if label_names is None \
         else [str(n) for n in label_names]
     if len(names) != cfg.n_classes or len(set(names)) != len(names):
-        raise ValueError(f"label_names={names} must be {cfg.n_classes} distinct names, one "
-                         "per class")
+        raise RunError(f"label_names={names} must be {cfg.n_classes} distinct names, one "
+                       "per class")
     tf = import_transformers()
     hf_config = tf.BertConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,

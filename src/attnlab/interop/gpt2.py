@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ModelConfig
+from ..errors import RunError, UsageError
 from ..models import DecoderLM
 from .hf import (
     FROM_HF_ACTIVATION,
@@ -30,7 +31,7 @@ def gpt2_config(hf_config: Any, dropout: float = 0.0) -> ModelConfig:
     for flag, want in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                        ("reorder_and_upcast_attn", False), ("add_cross_attention", False)):
         if getattr(hf_config, flag, want) != want:
-            raise ValueError(f"GPT-2 with {flag}={not want} is not supported by attnlab")
+            raise RunError(f"GPT-2 with {flag}={not want} is not supported by attnlab")
     return ModelConfig(
         family="decoder",
         vocab_size=hf_config.vocab_size,
@@ -121,7 +122,7 @@ def gpt2_to_hf(model: DecoderLM) -> Any:
     cfg = attnlab_config(model)
     problems = gpt2_problems(cfg)
     if problems:
-        raise ValueError("this DecoderLM cannot be expressed as GPT-2: it needs "
+        raise UsageError("this DecoderLM cannot be expressed as GPT-2: it needs "
                          f"{', '.join(problems)}")
     tf = import_transformers()
     hf_config = tf.GPT2Config(

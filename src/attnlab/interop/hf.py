@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..errors import MissingDependencyError, MissingFileError, RunError
 
 log = logging.getLogger(__name__)
 CONFIG_FILE = "config.json"  # a Hugging Face model directory's, not a run dir's
@@ -72,7 +73,7 @@ def import_transformers() -> Any:
     try:
         import transformers
     except ImportError as e:  # pragma: no cover - exercised only without the extra
-        raise ImportError(
+        raise MissingDependencyError(
             "Hugging Face interop needs transformers: pip install attnlab[hf]"
         ) from e
     return transformers
@@ -87,14 +88,14 @@ def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
     """
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"{path} is not a directory (give a Hugging Face model folder "
-                                f"with {CONFIG_FILE} and weights)")
+        raise MissingFileError(f"{path} is not a directory (give a Hugging Face model folder "
+                               f"with {CONFIG_FILE} and weights)")
     file = path / CONFIG_FILE
     if not file.is_file():
-        raise FileNotFoundError(f"{path} is not a Hugging Face model directory: no {CONFIG_FILE}")
+        raise MissingFileError(f"{path} is not a Hugging Face model directory: no {CONFIG_FILE}")
     cfg = _read_json(file)
     if not isinstance(cfg, dict):
-        raise ValueError(f"{file} must hold a JSON object, got {type(cfg).__name__}")
+        raise RunError(f"{file} must hold a JSON object, got {type(cfg).__name__}")
     return cfg
 
 
@@ -102,7 +103,7 @@ def _read_json(file: Path) -> Any:
     try:
         return json.loads(file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{file} is not valid JSON ({e})") from None
+        raise RunError(f"{file} is not valid JSON ({e})") from None
 
 
 def read_optional_json(file: Path) -> dict[str, Any]:
@@ -123,7 +124,7 @@ def _read_file(file: Path) -> dict[str, Tensor]:
         try:
             return load_file(str(file))
         except (SafetensorError, OSError) as e:
-            raise ValueError(f"{file} is not a readable safetensors file ({e})") from None
+            raise RunError(f"{file} is not a readable safetensors file ({e})") from None
     try:  # never an unrestricted unpickle: tensors and plain containers only
         with warnings.catch_warnings():  # torch warns about pickle protocols: the error says it
             warnings.simplefilter("ignore")
@@ -132,11 +133,11 @@ def _read_file(file: Path) -> dict[str, Tensor]:
             IndexError, ValueError) as e:  # (KeyError, IndexError: junk read as pickle opcodes)
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         why = next((ln for ln in lines if "Unsupported" in ln), lines[0] if lines else "")
-        raise ValueError(f"{file} is refused: torch.load(weights_only=True) reads tensors only, "
-                         f"and this file holds more ({why[:200]}); convert it to "
-                         "model.safetensors with a tool you trust") from None
+        raise RunError(f"{file} is refused: torch.load(weights_only=True) reads tensors only, "
+                       f"and this file holds more ({why[:200]}); convert it to "
+                       "model.safetensors with a tool you trust") from None
     if not isinstance(sd, dict) or not all(isinstance(v, Tensor) for v in sd.values()):
-        raise ValueError(f"{file} does not hold a dict of tensors (a state dict)")
+        raise RunError(f"{file} does not hold a dict of tensors (a state dict)")
     return sd
 
 
@@ -162,14 +163,14 @@ def read_hf_weights(path: str | os.PathLike) -> dict[str, Tensor]:
             if bad:
                 raise ValueError(f"shard names must be file names in the folder, got {bad[:3]}")
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"{file} is not a valid shard index ({e})") from None
+            raise RunError(f"{file} is not a valid shard index ({e})") from None
         sd: dict[str, Tensor] = {}
         for shard in shards:
             if not (path / shard).is_file():
-                raise FileNotFoundError(f"{file} lists shard {shard}, which is missing")
+                raise MissingFileError(f"{file} lists shard {shard}, which is missing")
             sd |= _read_file(path / shard)
         return sd
-    raise FileNotFoundError(f"{path} has no weights: expected one of {', '.join(WEIGHT_FILES)}")
+    raise MissingFileError(f"{path} has no weights: expected one of {', '.join(WEIGHT_FILES)}")
 
 
 # tensors of checkpoints that no current model has (old fixed buffers): skipped silently
@@ -206,24 +207,24 @@ def load_hf_state(model: nn.Module, sd: dict[str, Tensor], where: str = "the che
         name = own_name(key)
         if name is None:
             if own_name(re.sub(r"\.\d+\.", ".0.", key, count=1)) is not None:
-                raise ValueError(f"{where} has weight {key!r} of a layer that config.json does "
-                                 "not have: does its layer count belong to these weights?")
+                raise RunError(f"{where} has weight {key!r} of a layer that config.json does "
+                               "not have: does its layer count belong to these weights?")
             if not key.endswith(_STALE):
                 skipped.append(key)
             continue
         if tuple(tensor.shape) != tuple(own[name].shape):
-            raise ValueError(f"{where}: weight {key!r} has shape {tuple(tensor.shape)}, but the "
-                             f"config implies {tuple(own[name].shape)} (do the weights belong "
-                             "to this config.json?)")
+            raise RunError(f"{where}: weight {key!r} has shape {tuple(tensor.shape)}, but the "
+                           f"config implies {tuple(own[name].shape)} (do the weights belong "
+                           "to this config.json?)")
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise ValueError(f"{where}: weight {key!r} holds NaN or inf values (a damaged or "
-                             "diverged checkpoint)")
+            raise RunError(f"{where}: weight {key!r} holds NaN or inf values (a damaged or "
+                           "diverged checkpoint)")
         mapped[name] = tensor
     params = dict(model.named_parameters())  # tied parameters appear once
     missing = sorted(n for n in params if n not in mapped and not n.startswith(optional))
     if missing:
-        raise ValueError(f"{where} lacks weight {missing[0]!r} ({len(missing)} missing of "
-                         f"{len(params)}): is it a checkpoint of another architecture?")
+        raise RunError(f"{where} lacks weight {missing[0]!r} ({len(missing)} missing of "
+                       f"{len(params)}): is it a checkpoint of another architecture?")
     if skipped:
         log.info("%s: skipped %d tensors this model does not use (e.g. %s)", where,
                  len(skipped), skipped[0])
@@ -257,15 +258,15 @@ def load_hf_model(model_or_dir: Any, cls_name: str,
     try:
         config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - transformers' field checks raise their own types
-        raise ValueError(f"{path / 'config.json'} is not a configuration transformers accepts "
-                         f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        raise RunError(f"{path / 'config.json'} is not a configuration transformers accepts "
+                       f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
     cls = getattr(tf, cls_name)
     wanted = getattr(cls.config_class, "model_type", None)
     if wanted and config.model_type != wanted:
-        raise ValueError(f"{path / 'config.json'}: {cls_name} (model_type {wanted!r}) is "
-                         f"what is being loaded, but model_type is {config.model_type!r}: a "
-                         "checkpoint of another architecture, or an architectures entry that "
-                         "contradicts model_type")
+        raise RunError(f"{path / 'config.json'}: {cls_name} (model_type {wanted!r}) is "
+                       f"what is being loaded, but model_type is {config.model_type!r}: a "
+                       "checkpoint of another architecture, or an architectures entry that "
+                       "contradicts model_type")
     if getattr(config, "tie_word_embeddings", False) and _untied(sd):
         # as transformers does: a checkpoint whose output matrix differs from its input
         # embedding is loaded untied, whatever config.json says
@@ -275,9 +276,9 @@ def load_hf_model(model_or_dir: Any, cls_name: str,
         model = cls(config)
     except (AssertionError, ValueError) as e:  # e.g. torch's "Padding_idx must be within
         # num_embeddings" for a pad_token_id outside the vocabulary
-        raise ValueError(f"{path / 'config.json'}: transformers cannot build {cls_name} from "
-                         f"it ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})"
-                         ) from None
+        raise RunError(f"{path / 'config.json'}: transformers cannot build {cls_name} from "
+                       f"it ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})"
+                       ) from None
     load_hf_state(model, sd, str(path), _UNUSED.get(cls_name, ()))
     if hasattr(model, "tie_weights"):
         model.tie_weights()
@@ -288,5 +289,5 @@ def attnlab_activation(name: str, allowed: tuple[str, ...]) -> str:
     """attnlab's ``ffn`` for transformers' activation ``name``, or a ValueError naming the
     ``allowed`` ones."""
     if name not in allowed:
-        raise ValueError(f"activation {name!r} is not supported: one of {', '.join(allowed)}")
+        raise RunError(f"activation {name!r} is not supported: one of {', '.join(allowed)}")
     return FROM_HF_ACTIVATION[name]

@@ -16,6 +16,7 @@ from typing import Any
 from tokenizers import Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
+from ..errors import DataError, MissingFileError, UsageError
 from ..tokenizers import (
     GPT2Tokenizer,
     PretrainedTokenizer,
@@ -62,7 +63,7 @@ def _from_tokenizer_json(path: Path, names: dict[str, str]) -> Tokenizer:
     try:
         hf = HFTokenizer.from_file(str(file))
     except Exception as e:  # tokenizers raises a bare Exception for a malformed file
-        raise ValueError(f"{file} is not a Hugging Face tokenizers file ({e})") from None
+        raise DataError(f"{file} is not a Hugging Face tokenizers file ({e})") from None
     hf.no_truncation()
     hf.no_padding()
     spec = json.loads(hf.to_str())
@@ -106,8 +107,8 @@ def load_hf_tokenizer(path: str | os.PathLike) -> Tokenizer:
         try:
             tok = GPT2Tokenizer.from_files(*(path / f for f in GPT2_FILES))
         except Exception as e:  # tokenizers raises a bare Exception for malformed files
-            raise ValueError(f"{path}: {' + '.join(GPT2_FILES)} are not GPT-2 BPE files "
-                             f"({e})") from None
+            raise DataError(f"{path}: {' + '.join(GPT2_FILES)} are not GPT-2 BPE files "
+                            f"({e})") from None
         hf = tok._hf
         eot = GPT2Tokenizer.EOT
         roles = _roles(hf, {"bos_token": eot, "eos_token": eot} | names, bert=False)
@@ -119,7 +120,7 @@ def load_hf_tokenizer(path: str | os.PathLike) -> Tokenizer:
             path / WORDPIECE_VOCAB, lowercase=bool(cfg.get("do_lower_case", True)),
             strip_accents=None if strip is None else bool(strip),
             chinese_chars=bool(cfg.get("tokenize_chinese_chars", True)))
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"{path} has no tokenizer files: expected {TOKENIZER_JSON}, or "
         f"{' + '.join(GPT2_FILES)} (GPT-2), or {WORDPIECE_VOCAB} (BERT)")
 
@@ -168,12 +169,12 @@ def to_hf_tokenizer(tokenizer: Tokenizer, wrap: str = "") -> tuple[HFTokenizer, 
             hf.post_processor = processors.BertProcessing(
                 (hf.id_to_token(sep), sep), (hf.id_to_token(cls), cls))
     else:
-        raise ValueError(f"a {kind} tokenizer cannot be written as Hugging Face files")
+        raise UsageError(f"a {kind} tokenizer cannot be written as Hugging Face files")
     tokens = {role: hf.id_to_token(i) for role, i in roles.items() if i is not None}
     if wrap and kind != "wordpiece":
         around = wrap.split()  # "bos" or "bos eos"
         if any(role not in tokens for role in around):
-            raise ValueError(f"the model reads {wrap} around a text, which this tokenizer lacks")
+            raise UsageError(f"the model reads {wrap} around a text, which this tokenizer lacks")
         hf.post_processor = processors.TemplateProcessing(
             single=" ".join([tokens["bos"], "$A", *(tokens[r] for r in around[1:])]),
             special_tokens=[(tokens[r], roles[r]) for r in around])

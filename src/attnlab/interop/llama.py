@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..config import ModelConfig
+from ..errors import RunError, UsageError
 from ..models import DecoderLM
 from .hf import attnlab_config, check_model_type, import_transformers, load_hf_model, unmet
 from .weight_map import load_mapped
@@ -27,8 +28,8 @@ def _rope_theta(hf_config: Any) -> float:
     scaling = getattr(hf_config, "rope_scaling", None) or {}
     kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
     if kind != "default":
-        raise ValueError(f"Llama with rope_type={kind!r} is not supported: attnlab has plain "
-                         "RoPE only")
+        raise RunError(f"Llama with rope_type={kind!r} is not supported: attnlab has plain "
+                       "RoPE only")
     return float(params.get("rope_theta") or getattr(hf_config, "rope_theta", None) or 10000.0)
 
 
@@ -42,15 +43,15 @@ def llama_config(hf_config: Any, dropout: float = 0.0) -> ModelConfig:
     """
     check_model_type(hf_config, "llama", "Llama")
     if hf_config.hidden_act != "silu":
-        raise ValueError(f"Llama with hidden_act={hf_config.hidden_act!r} is not supported: "
-                         "attnlab's swiglu uses silu")
+        raise RunError(f"Llama with hidden_act={hf_config.hidden_act!r} is not supported: "
+                       "attnlab's swiglu uses silu")
     attn_bias = bool(getattr(hf_config, "attention_bias", False))
     mlp_bias = bool(getattr(hf_config, "mlp_bias", False))
     if attn_bias != mlp_bias:
-        raise ValueError(f"Llama with attention_bias={attn_bias} and mlp_bias={mlp_bias} is not "
-                         "supported: attnlab has one bias setting for both")
+        raise RunError(f"Llama with attention_bias={attn_bias} and mlp_bias={mlp_bias} is not "
+                       "supported: attnlab has one bias setting for both")
     if getattr(hf_config, "pretraining_tp", 1) != 1:
-        raise ValueError("Llama with pretraining_tp > 1 is not supported")
+        raise RunError("Llama with pretraining_tp > 1 is not supported")
     heads = hf_config.num_attention_heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
     return ModelConfig(
@@ -114,8 +115,8 @@ def llama_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
     heads = cfg.n_heads
     n_kv = getattr(hf_cfg, "num_key_value_heads", None) or heads
     if heads % n_kv:
-        raise ValueError(f"Llama with num_attention_heads={heads} not a multiple of "
-                         f"num_key_value_heads={n_kv} is not supported")
+        raise RunError(f"Llama with num_attention_heads={heads} not a multiple of "
+                       f"num_key_value_heads={n_kv} is not supported")
     sd = base.state_dict()
     head = getattr(model, "lm_head", None)
     mapped = {
@@ -165,7 +166,7 @@ def llama_to_hf(model: DecoderLM) -> Any:
     cfg = attnlab_config(model)
     problems = llama_problems(cfg)
     if problems:
-        raise ValueError(f"this model cannot be expressed as Llama: it needs {', '.join(problems)}")
+        raise UsageError(f"this model cannot be expressed as Llama: it needs {', '.join(problems)}")
     tf = import_transformers()
     hf_config = tf.LlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,

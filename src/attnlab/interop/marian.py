@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..config import ModelConfig, check_int
+from ..errors import UsageError
 from ..models import Transformer
 from .hf import TO_HF_ACTIVATION, attnlab_config, import_transformers, unmet
 from .weight_map import load_mapped
@@ -68,7 +69,7 @@ def marian_to_hf(model: Transformer, *, decoder_start_id: int | None = None,
     cfg = attnlab_config(model)
     problems = marian_problems(cfg)
     if problems:
-        raise ValueError(f"this encoder-decoder cannot be exported as MarianMT: it needs "
+        raise UsageError(f"this encoder-decoder cannot be exported as MarianMT: it needs "
                          f"{', '.join(problems)}")
     for name, value in (("decoder_start_id", decoder_start_id), ("eos_id", eos_id)):
         if value is not None:

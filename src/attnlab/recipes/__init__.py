@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import MissingFileError
+
 RECIPES = Path(__file__).resolve().parent  # the shipped *.toml (package data)
 LOCAL = Path("configs")  # the working directory's own recipes, first
 
@@ -46,9 +48,9 @@ def find_recipe(name: str) -> Path:
             if candidate.is_file():
                 return candidate
     known = sorted({*shipped(), *local()})
-    raise FileNotFoundError(f"config file {name} does not exist (give a .toml file or a recipe "
-                            f"name; recipes: {', '.join(known)}; `attnlab recipes` says what "
-                            "each one trains)")
+    raise MissingFileError(f"config file {name} does not exist (give a .toml file or a recipe "
+                           f"name; recipes: {', '.join(known)}; `attnlab recipes` says what "
+                           "each one trains)")
 
 
 def describe(path: Path, width: int = 100) -> str:

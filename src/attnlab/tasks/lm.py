@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from ..config import ConfigError
 from ..data import DataError, DataFileNotFoundError, default_cache_dir, embedded_corpus, read_text
 from ..data.shards import TOKENIZER, TokenShards, read_manifest
+from ..errors import VocabularyError
 from ..files import atomic_write_bytes
 from ..metrics import perplexity
 from ..models import token_loss
@@ -258,9 +259,7 @@ class LMTask(Task):
                 return folder
         try:
             return cached(tokenizer)
-        except DataError:
-            raise
-        except ValueError as e:  # the given tokenizer cannot encode the text
+        except VocabularyError as e:  # the given tokenizer cannot encode the text
             why = str(e).split(". ")[0]
             if self.rc.train.init_from:
                 raise ConfigError(f"train.init_from={self.rc.train.init_from}: its tokenizer "
@@ -297,12 +296,12 @@ class LMTask(Task):
         text = read_text(path, what)
         try:
             return self.tokenizer.encode(text)
-        except ValueError as first:
+        except VocabularyError as first:
             n, err = 1, first  # (a newline the vocabulary lacks fails no single line)
             for i, line in enumerate(text.splitlines(), start=1):
                 try:
                     self.tokenizer.encode(line)
-                except ValueError as bad:
+                except VocabularyError as bad:
                     n, err = i, bad
                     break
             raise DataError(f"{what} {path} line {n}: {str(err).split('. ')[0]}; this run's "

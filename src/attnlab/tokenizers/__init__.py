@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..errors import DataError, DataFileNotFoundError, InputError
 from .base import FORMAT, MASK, SPECIALS, Tokenizer
 from .simple import CharTokenizer, IdTokenizer
 from .subword import (
@@ -32,29 +33,29 @@ def tokenizer_from_dict(d: dict[str, Any]) -> Tokenizer:
     """Rebuild a tokenizer from ``Tokenizer.to_dict()`` output."""
     kind = d.get("kind") if isinstance(d, dict) else None
     if kind not in _KINDS:
-        raise ValueError(f"unknown tokenizer kind {kind!r}; allowed: {', '.join(_KINDS)}")
+        raise DataError(f"unknown tokenizer kind {kind!r}; allowed: {', '.join(_KINDS)}")
     try:
         return _KINDS[kind].from_dict(d)
     except (KeyError, TypeError) as e:
-        raise ValueError(f"malformed {kind} tokenizer description: missing or bad field {e}") from e
-    except ValueError:
+        raise DataError(f"malformed {kind} tokenizer description: missing or bad field {e}") from e
+    except InputError:
         raise
-    except Exception as e:  # tokenizers raises a bare Exception for a malformed hf_json
-        raise ValueError(f"malformed {kind} tokenizer description: {e}") from None
+    except Exception as e:  # a bad value, or tokenizers' bare Exception for a malformed hf_json
+        raise DataError(f"malformed {kind} tokenizer description: {e}") from None
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """Read a tokenizer written by ``Tokenizer.save``."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"tokenizer file {path} does not exist")
+        raise DataFileNotFoundError(f"tokenizer file {path} does not exist")
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"tokenizer file {path} is not valid JSON ({e})") from e
+        raise DataError(f"tokenizer file {path} is not valid JSON ({e})") from e
     if not isinstance(d, dict) or d.get("format") != FORMAT:
-        raise ValueError(f"{path} is not an attnlab tokenizer file (expected a JSON object with "
-                         f"\"format\": \"{FORMAT}\", as written by Tokenizer.save)")
+        raise DataError(f"{path} is not an attnlab tokenizer file (expected a JSON object with "
+                        f"\"format\": \"{FORMAT}\", as written by Tokenizer.save)")
     return tokenizer_from_dict(d)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import VocabularyError
 from .base import ROLE_NAMES, Tokenizer, visible
 
 
@@ -70,7 +71,7 @@ class CharTokenizer(Tokenizer):
             if self.unk_id is None:
                 bad = [chr(p) for p in np.unique(points[unknown]).tolist()]
                 shown = ", ".join(repr(c) for c in bad[:10]) + (" ..." if len(bad) > 10 else "")
-                raise ValueError(
+                raise VocabularyError(
                     f"{len(bad)} character(s) not in the vocabulary of this character "
                     f"tokenizer: {shown}. The vocabulary has {len(self._chars)} characters, taken "
                     "from the training text; use only characters that occur there (or build the "
@@ -132,8 +133,8 @@ class IdTokenizer(Tokenizer):
         ids = []
         for word in text.split():
             if not (word.isascii() and word.isdigit()) or not first <= int(word) <= last:
-                raise ValueError(f"{word!r} is not a token id of this run: the text must be "
-                                 f"token ids separated by spaces, each in {first}..{last}")
+                raise VocabularyError(f"{word!r} is not a token id of this run: the text must be "
+                                      f"token ids separated by spaces, each in {first}..{last}")
             ids.append(int(word))
         return self._add_special(ids, add_special)
 

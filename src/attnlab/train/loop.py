@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..devices import resolve_device
+from ..errors import ConfigError
 from ..models import build_model
 from ..run_config import RunConfig
 from ..runs import RunDir, RunError
@@ -188,8 +189,8 @@ class Trainer:
         metric = self.cfg.best_metric
         self.metric = task.default_metric if metric == "auto" else metric
         if self.metric not in ("val_loss", *task.metric_names):
-            raise ValueError(f"train.best_metric={metric!r} is not measured by this task; "
-                             f"allowed: auto, val_loss, {', '.join(task.metric_names)}")
+            raise ConfigError(f"train.best_metric={metric!r} is not measured by this task; "
+                              f"allowed: auto, val_loss, {', '.join(task.metric_names)}")
 
     # ---- precision -------------------------------------------------------------------------
     def amp(self, precision: str | None = None) -> contextlib.AbstractContextManager:

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..devices import resolve_device
+from ..errors import DataFileNotFoundError, UsageError
 from ..run_config import SECTIONS, RunConfig
 from ..runs import RunDir, RunError, load_run
 from ..tasks import Progress, Task, build_task, task_class
@@ -298,14 +299,14 @@ def _eval_overrides(rc: RunConfig, split: str, data: list[str]) -> RunConfig:
     task = task_class(rc.data.name)
     keys = task.eval_data_keys
     if not keys:
-        raise ValueError(f"a {task.kind} {rc.data.name!r} run makes its own data; --data is "
+        raise UsageError(f"a {task.kind} {rc.data.name!r} run makes its own data; --data is "
                          "not allowed")
     if len(data) != len(keys):
         what = "SRC TGT (two line-aligned files)" if len(keys) == 2 else "one file"
-        raise ValueError(f"--data for a {task.kind} run takes {what}, got {len(data)} paths")
+        raise UsageError(f"--data for a {task.kind} run takes {what}, got {len(data)} paths")
     for path in data:
         if not Path(path).is_file():
-            raise FileNotFoundError(f"--data file {path} does not exist")
+            raise DataFileNotFoundError(f"--data file {path} does not exist")
     trained_on = [Path(p) for p in (rc.data.path, rc.data.src_path, rc.data.tgt_path)
                   if p and Path(p).is_file()]
     for path in data:
@@ -365,17 +366,17 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
 def _eval_config(rd: RunDir, split: str, checkpoint: str, beam: int) -> RunConfig:
     """The run's config, once the arguments of ``attnlab eval`` that need no data check out."""
     if split not in ("val", "test"):
-        raise ValueError(f"--split {split!r} is not allowed: val or test")
+        raise UsageError(f"--split {split!r} is not allowed: val or test")
     rc = RunConfig.from_dict(rd.read_config())
     cls = task_class(rc.data.name)
     why = rd.untrained_head(checkpoint)
     if why:
         raise RunError(why)
     if beam != 1 and not hasattr(cls, "beam"):
-        raise ValueError(f"--beam is for translation runs (BLEU); a {cls.kind} run is scored "
+        raise UsageError(f"--beam is for translation runs (BLEU); a {cls.kind} run is scored "
                          "without beam search (leave --beam out)")
     if beam < 1:
-        raise ValueError(f"--beam must be >= 1, got {beam}")
+        raise UsageError(f"--beam must be >= 1, got {beam}")
     return rc
 
 

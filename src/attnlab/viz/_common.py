@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import InputError, MissingDependencyError
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from matplotlib.figure import Figure
 
@@ -111,12 +113,13 @@ def short_label(token: str, limit: int = MAX_LABEL_CHARS) -> str:
 
 
 def _matplotlib() -> tuple[type, type]:
-    """matplotlib's Figure and Agg canvas classes (a clear ImportError when it is missing)."""
+    """matplotlib's Figure and Agg canvas classes (a :class:`MissingDependencyError`, an
+    ImportError, naming the extra when it is missing)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as err:
-        raise ImportError(
+        raise MissingDependencyError(
             "attnlab.viz plots need matplotlib; install it with: pip install attnlab[viz]"
         ) from err
     return Figure, FigureCanvasAgg
@@ -131,13 +134,14 @@ def new_figure(width: float, height: float, layout: str = "constrained") -> Figu
 
 
 def check_image_path(out_path: str | Path, name: str = "out_path") -> tuple[Path, str]:
-    """``out_path`` as a Path and its image format (from the suffix); a ValueError naming
-    ``name`` and the allowed suffixes when matplotlib cannot write that format."""
+    """``out_path`` as a Path and its image format (from the suffix); an
+    :class:`~attnlab.errors.InputError` naming ``name`` and the allowed suffixes when
+    matplotlib cannot write that format."""
     path = Path(out_path)
     fmt = path.suffix.lower().lstrip(".")
     supported = _matplotlib()[1].get_supported_filetypes()
     if fmt not in supported:
-        raise ValueError(
+        raise InputError(
             f"{name} {str(path)!r} must end in a supported image suffix "
             f"({', '.join('.' + s for s in sorted(supported))}), got {path.suffix or 'none'!r}"
         )
