@@ -16,8 +16,7 @@ from safetensors.torch import load_file
 
 from attnlab import ModelConfig, build_model
 from attnlab.decoding.lm import generate
-from attnlab.nn import fused_attention, reference_attention
-from attnlab.nn import causal_mask, padding_mask
+from attnlab.nn import causal_mask, fused_attention, padding_mask, reference_attention
 from attnlab.runs import RunDir, read_metrics
 from attnlab.train import RunConfig, resolve_precision, train_run
 

@@ -488,8 +488,8 @@ def test_the_one_row_kernel_probe_measures_once_and_caches_its_answer(monkeypatc
 
 
 def test_layout_pays_is_measured_per_row_count_once_and_cached(monkeypatch, tmp_path):
-    from attnlab.speed import probe
     from attnlab.decoding import layout_pays
+    from attnlab.speed import probe
 
     monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path))
     model = tiny_lm(tie_embeddings=True)

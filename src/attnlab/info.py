@@ -7,13 +7,8 @@ before a run whether it fits in memory and what a step costs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .config import ModelConfig
-from .nn import count_parameters
-
-if TYPE_CHECKING:
-    from torch import nn
 
 
 @dataclass(frozen=True)

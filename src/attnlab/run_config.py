@@ -153,7 +153,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (falls back to eager with a warning)
     threads: int = 0  # CPU threads for torch (torch.set_num_threads); 0 = torch's default
     sdpa_backend: SdpaBackend = "auto"  # auto = torch's choice (short bf16 sequences on a CPU:
-    # attnlab.nn.attention.fused_attention's own two matmuls or fp32 flash, where they are faster)
+    # attnlab.nn.fused_attention's own two matmuls or fp32 flash, where they are faster)
     max_steps: int = 2000
     batch_size: int = 12  # sequences / sentences per optimizer micro-step, over all processes
     block_size: int = 0  # LM context; 0 = model.max_len

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..config import ConfigError, ModelConfig
 from ..data import fetch
-from ..models.common import IGNORE_INDEX
+from ..nn import IGNORE_INDEX
 from ..run_config import RunConfig
 from ..tokenizers import MASK, SPECIALS, BPETokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer
 

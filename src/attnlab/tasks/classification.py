@@ -20,7 +20,7 @@ from ..data import (
 )
 from ..decoding.classify import cls_id
 from ..metrics import accuracy, f1, macro_f1
-from ..models.common import IGNORE_INDEX
+from ..nn import IGNORE_INDEX
 from ..run_config import RunConfig
 from ..tokenizers import Tokenizer
 from .base import (

@@ -29,7 +29,7 @@ from ..errors import VocabularyError
 from ..files import atomic_write_bytes
 from ..metrics import perplexity
 from ..models import token_loss
-from ..models.common import IGNORE_INDEX
+from ..nn import IGNORE_INDEX
 from ..run_config import RunConfig
 from ..tokenizers import (
     FORMAT,

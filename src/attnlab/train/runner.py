@@ -23,6 +23,7 @@ from ..devices import resolve_device
 from ..errors import DataFileNotFoundError, UsageError
 from ..run_config import SECTIONS, RunConfig
 from ..runs import RunDir, RunError, load_run
+from ..speed import use_cpu_sdpa
 from ..tasks import Progress, Task, build_task, task_class
 from ..tokenizers import Tokenizer
 from .distributed import DistInfo, cleanup, describe, env_info, init_distributed
@@ -356,7 +357,7 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
     if hasattr(task, "beam"):
         task.beam, task.length_penalty = beam, length_penalty
         decoding = {"decoding": task.decoding()}
-    run.model.eval()
+    use_cpu_sdpa(run.model).eval()  # the attention kernels training evaluated with
     metrics = task.evaluate(run.model, split, dev, amp, 0, progress)
     where = {"data": " ".join(data)} if data else {"split": split}
     return {**where, "checkpoint": str(run.checkpoint), "precision": precision, **decoding,

@@ -1,6 +1,6 @@
 """Position encodings: the model's sinusoidal table as NumPy, and a two-panel plot of a table.
 
-:func:`sinusoidal_table` is the model's own table (:func:`attnlab.nn.positional.sinusoidal_table`,
+:func:`sinusoidal_table` is the model's own table (:func:`attnlab.nn.sinusoidal_table`,
 paper section 3.5) in float64, with argument checks for plotting; the written-out teaching copy
 that checks it lives in :mod:`attnlab.numpy_ref`.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..nn.positional import sinusoidal_table as _torch_table
+from ..nn import sinusoidal_table as _torch_table
 from ._common import check_finite, new_figure, save_figure, to_numpy
 
 _DEFAULT_CURVES = (4, 5, 6, 7)
