@@ -652,10 +652,13 @@ class DecoderLayer(ResidualBlock):
         Args:
             x: the residual stream (B, T, D).
             memory: the encoder output (B, S, D), needed iff the layer has cross-attention.
-            self_mask, memory_mask: bool, True = may attend, broadcastable to
-                (B, H, T, T_total) and (B, H, T, S); added to the causal mask (``is_causal``).
-            positions: (T,) or (B, T), for rope. cache: keys/values of earlier steps, of
-                layer ``layer``.
+            self_mask: bool, True = may attend, broadcastable to (B, H, T, T_total); added to
+                the causal mask (``is_causal``: later target positions hidden).
+            memory_mask: bool, True = may attend, broadcastable to (B, H, T, S).
+            is_causal: hide later target positions.
+            positions: (T,) or (B, T) absolute positions, for rope.
+            cache: keys/values of earlier steps; this layer's are at index ``layer``.
+            layer: this layer's index in the stack (its place in the cache).
             need_weights: return the attention weights (the written-out path).
 
         Returns:
