@@ -92,6 +92,12 @@ def test_a_file_system_error_on_a_named_path_is_bad_input(capsys):
                           "denied)") and len(err.strip().splitlines()) == 1
 
 
+def test_a_full_disk_is_one_line_even_without_a_file_name(capsys):
+    code, err = _run(_raise(OSError(errno.ENOSPC, "No space left on device")), capsys)
+    assert code == 2 and err == ("attnlab recipes: error: cannot write a file (No space left on "
+                                 "device): free some space, then run the command again\n")
+
+
 def test_ctrl_c_says_what_the_command_kept(capsys):
     code, err = _run(_raise(KeyboardInterrupt("interrupted; resume with: attnlab train")),
                      capsys)

@@ -22,6 +22,8 @@ log = logging.getLogger("attnlab")
 BAD_INPUT = 2
 INTERNAL_ERROR = 1
 INTERRUPTED = 130
+# a full disk or quota: to fix on the machine, not in attnlab, whether or not it names a file
+NO_SPACE = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
 
 
 class Parser(argparse.ArgumentParser):
@@ -40,15 +42,21 @@ def _os_error_line(e: OSError) -> str:
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return (f"cannot write {where} ({what}): its folder cannot be written by this user; "
                 "choose a path in a folder you can write to")
+    if e.errno in NO_SPACE:
+        return f"cannot write {where} ({what}): free some space, then run the command again"
     return (f"cannot use {where} ({what}): check the path (an output must go into a folder "
             "you can write to)")
 
 
 def is_bad_input(e: BaseException) -> bool:
-    """Whether ``e`` is the user's to fix: an :class:`InputError`, or a file-system error that
-    names a path (one the user gave: a missing file, a folder that cannot be written)."""
-    return isinstance(e, InputError) or (isinstance(e, OSError) and e.errno is not None
-                                         and e.filename is not None)
+    """Whether ``e`` is the user's to fix: an :class:`InputError`, a file-system error that
+    names a path (one the user gave: a missing file, a folder that cannot be written), or a
+    full disk."""
+    if isinstance(e, InputError):
+        return True
+    if not isinstance(e, OSError) or e.errno is None:
+        return False
+    return e.filename is not None or e.errno in NO_SPACE
 
 
 def run_command(func: Callable[[argparse.Namespace], int | None],
