@@ -177,6 +177,9 @@ class TrainConfig:
     final_eval_batches: int = 0  # LM: batches of the final evaluation; 0 = the whole split
     log_every: int = 10  # steps between train-loss log rows (one host sync each)
     patience: int = 0  # stop after this many evaluations without improvement; 0 = never
+    # also keep the weights of the last N evaluations (steps/ in the run dir), for
+    # `attnlab average RUN --last N`; 0 = only best/ and last/
+    keep_checkpoints: int = 0
     best_metric: str = "auto"  # auto | val_loss | ppl | bleu | accuracy | f1
     progress: bool = True  # tqdm progress bar
     tensorboard: bool = True
@@ -202,7 +205,7 @@ class TrainConfig:
             check(getattr(self, name) >= 1, name, getattr(self, name), "a positive integer")
         for name in ("threads", "block_size", "warmup_steps", "decay_steps", "eval_every",
                      "eval_batches", "eval_batch_size", "final_eval_batches", "patience",
-                     "samples", "top_k"):
+                     "keep_checkpoints", "samples", "top_k"):
             check(getattr(self, name) >= 0, name, getattr(self, name), "an integer >= 0")
         for name in ("lr", "eps"):
             v = getattr(self, name)

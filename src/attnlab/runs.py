@@ -11,6 +11,7 @@ copy that :meth:`RunDir.checkpoint_dir` finds.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ STATE_TENSORS = "state.safetensors"
 STATE_JSON = "state.json"
 MANIFEST = "manifest.json"
 CHECKPOINTS = ("best", "last")
+STEPS_DIR = "steps"  # steps/NNNNNNNN/: weights of recent evaluations (train.keep_checkpoints)
 # checkpoint meta "head" of an imported encoder whose classification head was never trained
 UNTRAINED_HEAD = "untrained"
 
@@ -183,6 +185,27 @@ class RunDir:
 
         write_dir_atomic(self.path / _checked(which), write, manifest=MANIFEST, meta=meta)
 
+    def save_step_weights(self, step: int, model: nn.Module, meta: dict[str, Any],
+                          keep: int) -> None:
+        """Keep the weights of step ``step`` in ``steps/`` beside the ``keep - 1`` latest
+        earlier ones (for :func:`attnlab.train.average_run`); later steps, left by a run
+        resumed from an earlier checkpoint, go."""
+        write_dir_atomic(self.path / STEPS_DIR / f"{step:08d}",
+                         lambda tmp: save_weights(model, tmp / MODEL_FILE),
+                         manifest=MANIFEST, meta=meta)
+        kept = [s for s, _ in self.step_checkpoints() if s <= step][-keep:]
+        for s, weights in self.step_checkpoints():
+            if s not in kept:
+                shutil.rmtree(weights.parent, ignore_errors=True)
+
+    def step_checkpoints(self) -> list[tuple[int, Path]]:
+        """(step, weights file) of every complete folder in ``steps/``, oldest first."""
+        root = self.path / STEPS_DIR
+        found = [(int(d.name), d / MODEL_FILE) for d in root.glob("[0-9]" * 8)
+                 if (d / MODEL_FILE).is_file() and (d / MANIFEST).is_file()] \
+            if root.is_dir() else []
+        return sorted(found)
+
     def load_weights(self, model: nn.Module, which: str = "best") -> Path:
         """Load the weights of :meth:`find_checkpoint` ``(which)`` into ``model``; returns
         the file read."""
@@ -200,6 +223,12 @@ class RunDir:
             raise RunError(f"cannot resume: {self.path} has no {which}/ checkpoint")
         doc_path, tensor_path = folder / STATE_JSON, folder / STATE_TENSORS
         if not doc_path.is_file() or not tensor_path.is_file():
+            averaged = self.checkpoint_meta(which).get("averaged_steps")
+            if averaged:
+                raise RunError(f"{self.path} holds the average of {len(averaged)} checkpoints "
+                               f"(steps {', '.join(map(str, averaged))}), not a training state: "
+                               "it cannot be resumed; train from it with "
+                               f"--init-from {self.path}, or resume the run it came from")
             raise RunError(f"checkpoint {folder} has no training state ({STATE_JSON} and "
                            f"{STATE_TENSORS}); it holds weights only and cannot be resumed")
         try:

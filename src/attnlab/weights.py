@@ -89,3 +89,33 @@ def load_weights(model: nn.Module, path: Path) -> None:
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise RunError(f"checkpoint {path} is damaged: tensor {name!r} holds NaN or inf "
                            "values; use another checkpoint (best/ or last/) or train again")
+
+
+def average_weights(model: nn.Module, paths: list[Path]) -> None:
+    """Load into ``model`` the mean of the weights in ``paths`` (checkpoint averaging, as
+    fairseq's ``average_checkpoints.py``).
+
+    Each floating-point tensor is summed in float64 and divided once, then cast back, so N
+    identical files give exactly that file's weights; integer tensors must agree.
+
+    Raises:
+        RunError: no paths, a file that does not fit ``model``, or integer tensors that differ.
+    """
+    if not paths:
+        raise RunError("no checkpoints to average")
+    total: dict[str, torch.Tensor] = {}
+    for path in paths:
+        load_weights(model, path)
+        for name, tensor in unwrap(model).state_dict().items():
+            if name not in total:
+                total[name] = tensor.double() if tensor.is_floating_point() else tensor.clone()
+            elif tensor.is_floating_point():
+                total[name] += tensor.double()
+            elif not torch.equal(total[name], tensor):
+                raise RunError(f"cannot average {path}: its integer tensor {name!r} differs "
+                               "from the other checkpoints'")
+    with torch.no_grad():
+        for name, tensor in unwrap(model).state_dict().items():
+            if tensor.is_floating_point():
+                tensor.copy_(total[name] / len(paths))
+

@@ -28,9 +28,10 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``train``, ``eval``, ``recipes`` and ``data`` to the ``attnlab`` parser."""
+    """Add ``train``, ``eval``, ``average``, ``recipes`` and ``data`` to the ``attnlab`` parser."""
     _register_train(subparsers)
     _register_eval(subparsers)
+    _register_average(subparsers)
     _register_recipes(subparsers)
     _register_data(subparsers)
 
@@ -90,6 +91,20 @@ def _register_eval(subparsers: argparse._SubParsersAction) -> None:
                    help="show a progress bar of the batches evaluated on stderr (default: "
                    "when stderr is a terminal)")
     p.set_defaults(func=cmd_eval)
+
+
+def _register_average(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "average", help="average the weights of a run's last N checkpoints into a new run dir",
+        description="Checkpoint averaging (fairseq's average_checkpoints.py): the mean of the "
+        "weights of RUN's last N evaluations, which a run keeps when trained with --set "
+        "train.keep_checkpoints=N. The result is a run dir like any other (evaluate, sample, "
+        "translate or fine-tune it); it has no optimizer state, so it is not resumed.")
+    p.add_argument("run_dir", help="a training run dir trained with train.keep_checkpoints")
+    p.add_argument("--last", type=int, required=True, metavar="N",
+                   help="how many of the latest kept checkpoints to average")
+    p.add_argument("--out", required=True, help="the new run dir (must not exist or be empty)")
+    p.set_defaults(func=cmd_average)
 
 
 def _register_recipes(subparsers: argparse._SubParsersAction) -> None:
@@ -380,6 +395,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 0
     for key, value in result.items():
         print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+    return 0
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    from ..train import average_run
+
+    result = average_run(args.run_dir, args.last, args.out)
+    steps = ", ".join(str(s) for s in result["averaged_steps"])
+    print(f"averaged steps {steps} of {result['from']} into {result['out']}")
     return 0
 
 

@@ -302,6 +302,8 @@ class Trainer:
         if which == "best" and self.best is not None:
             meta.update(self.best)
         self.run.save_checkpoint(which, self.model, state, meta)
+        if which == "last" and self.cfg.keep_checkpoints:
+            self.run.save_step_weights(self.step, self.model, meta, self.cfg.keep_checkpoints)
 
     def resume(self) -> None:
         """Continue from the last checkpoint: weights, optimizer, RNGs, data position, counters."""

@@ -1,0 +1,93 @@
+"""Checkpoint averaging: train.keep_checkpoints keeps the last N evaluations' weights, and
+`attnlab average` writes their mean as a run dir that evaluates like any other."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnlab.cli import main
+from attnlab.errors import RunError, UsageError
+from attnlab.models import build_model
+from attnlab.runs import RunDir
+from attnlab.train import RunConfig, average_run, train_run
+
+TEXT = "to be, or not to be, that is the question.\n" * 8
+TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "dropout": 0.1, "norm": "pre", "max_len": 16}
+TRAIN = {"device": "cpu", "precision": "fp32", "progress": False, "tensorboard": False,
+         "log_every": 1, "warmup_steps": 2, "lr": 3e-3, "seed": 3, "batch_size": 4}
+
+
+def lm_run(tmp_path, name: str = "run", **train) -> RunDir:
+    path = tmp_path / "text.txt"
+    path.write_text(TEXT)
+    d = {"model": TINY, "data": {"name": "text", "path": str(path)},
+         "train": {**TRAIN, "max_steps": 10, "eval_every": 2, "keep_checkpoints": 3, **train}}
+    train_run(RunConfig.from_dict(d), tmp_path / name)
+    return RunDir(tmp_path / name)
+
+
+def weights(path) -> dict[str, torch.Tensor]:
+    return load_file(str(path))
+
+
+def test_training_keeps_the_last_n_evaluations_weights(tmp_path):
+    run = lm_run(tmp_path)
+    kept = run.step_checkpoints()
+    assert [s for s, _ in kept] == [6, 8, 10]
+    last = weights(run.find_checkpoint("last"))
+    assert all(torch.equal(last[k], v) for k, v in weights(kept[-1][1]).items())
+    assert not (tmp_path / "off").exists()
+    assert lm_run(tmp_path, "off", keep_checkpoints=0).step_checkpoints() == []
+
+
+def test_the_average_of_identical_checkpoints_is_that_checkpoint(tmp_path):
+    run = lm_run(tmp_path, keep_checkpoints=1)
+    (step, path), = run.step_checkpoints()
+    model = build_model(RunConfig.from_dict(run.read_config()).model)
+    run.load_weights(model, str(path))
+    for s in (step + 2, step + 4):  # the same weights under two more steps
+        run.save_step_weights(s, model, {"step": s}, keep=3)
+    out = average_run(run.path, 3, tmp_path / "avg")
+    assert out["averaged_steps"] == [step, step + 2, step + 4]
+    want, got = weights(path), weights(RunDir(tmp_path / "avg").find_checkpoint("best"))
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_the_average_of_two_checkpoints_is_the_mean_of_each_tensor(tmp_path):
+    run = lm_run(tmp_path)
+    (_, a), (_, b) = run.step_checkpoints()[-2:]
+    average_run(run.path, 2, tmp_path / "avg")
+    wa, wb = weights(a), weights(b)
+    got = weights(RunDir(tmp_path / "avg").find_checkpoint("last"))
+    assert any(not torch.equal(wa[k], wb[k]) for k in wa)  # two different checkpoints
+    for k in wa:
+        torch.testing.assert_close(got[k], (wa[k].double() + wb[k].double()).div(2).float(),
+                                   rtol=0, atol=0)
+
+
+def test_an_averaged_run_evaluates_but_is_not_resumed(tmp_path, capsys):
+    run = lm_run(tmp_path)
+    assert main(["average", str(run.path), "--last", "3", "--out", str(tmp_path / "avg")]) == 0
+    assert "steps 6, 8, 10" in capsys.readouterr().out
+    assert main(["eval", str(tmp_path / "avg")]) == 0
+    assert "val_loss" in capsys.readouterr().out
+    rc = RunConfig.from_dict(RunDir(tmp_path / "avg").read_config()).replace("train",
+                                                                             max_steps=20)
+    with pytest.raises(RunError, match="average of 3 checkpoints .* cannot be resumed"):
+        train_run(rc, tmp_path / "avg", resume=True)
+
+
+def test_averaging_refusals_name_what_is_allowed(tmp_path, capsys):
+    run = lm_run(tmp_path)
+    with pytest.raises(RunError, match="keeps 3 step checkpoint.*train.keep_checkpoints=5"):
+        average_run(run.path, 5, tmp_path / "avg")
+    with pytest.raises(UsageError, match="--last must be >= 1"):
+        average_run(run.path, 0, tmp_path / "avg")
+    with pytest.raises(UsageError, match="not the run being averaged"):
+        average_run(run.path, 2, run.path)
+    assert not (tmp_path / "avg").exists()
+    assert main(["average", str(run.path), "--last", "9", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "keep_checkpoints=9" in err
