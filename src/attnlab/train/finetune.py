@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ConfigError, ModelConfig
-from ..errors import MissingFileError
+from ..errors import InputError, MissingFileError
 from ..run_config import RunConfig
 from ..runs import RunDir, RunError, load_run
 from ..tokenizers import Tokenizer
@@ -48,9 +48,9 @@ def load_source(spec: str) -> InitSource:
     """Read ``train.init_from``: a run dir, a Hugging Face model dir or ``all-MiniLM-L6-v2``.
 
     Raises:
-        FileNotFoundError: the path does not exist.
-        RunError / ValueError: a folder that is neither a run dir with a checkpoint nor a
-            model directory :func:`attnlab.interop.load_pretrained` converts.
+        MissingFileError: the path does not exist.
+        RunError: a folder that is neither a run dir with a checkpoint nor a model directory
+            :func:`attnlab.interop.load_pretrained` converts.
     """
     path = Path(spec)
     if path.is_dir() and RunDir(path).has_checkpoint():
@@ -69,7 +69,7 @@ def load_source(spec: str) -> InitSource:
 
     try:
         pre = load_pretrained(spec)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, InputError) as e:
         kind = MissingFileError if isinstance(e, FileNotFoundError) else RunError
         raise kind(f"train.init_from={spec} is no run dir with a checkpoint, nor a model "
                    f"attnlab converts: {e}") from None
