@@ -259,3 +259,20 @@ def test_nanogpt_copy_is_prepared_again_from_other_data(tmp_path):
     assert prepared() == (str(len(TEXT) * 2000), 3)
     nanogpt_copy(checkout, data / "input.txt", scratch)  # its own input.txt (gpu.py's fallback)
     assert prepared() == (str(len(TEXT) * 2000), 3)
+
+
+def test_recipes_script_trains_averages_and_scores_a_translation_recipe(tmp_path, capsys):
+    pairs = [("ein hund läuft .", "a dog runs ."), ("eine katze schläft .", "a cat sleeps ."),
+             ("zwei männer gehen .", "two men walk ."), ("ein kind spielt .", "a child plays .")]
+    (tmp_path / "multi30k").mkdir()
+    for split, n in (("train", 30), ("val", 2)):
+        for side, lang in ((0, "de"), (1, "en")):
+            (tmp_path / "multi30k" / f"{split}.{lang}").write_text(
+                "".join(p[side] + "\n" for p in pairs * n))
+    script("recipes").main(["multi30k_de_en", "--tiny", "--data-dir", str(tmp_path),
+                            "--set", "data.vocab_size=300", "--average", "2", "--beam", "2"])
+    out = capsys.readouterr().out
+    assert "machine:" in out and "commit:" in out and "s wall" in out
+    rows = table_rows(out, "trained") + table_rows(out, "average of the last 2")
+    header = next(line for line in out.splitlines() if line.startswith("| weights"))
+    assert len(rows) == 2 and "bleu_beam" in header and "val_loss" in header

@@ -1,0 +1,106 @@
+"""A shipped recipe trained from local data, timed, then scored: what its recipe card says.
+
+    .venv/bin/python benchmarks/recipes.py multi30k_de_en --average 5 --beam 4
+    .venv/bin/python benchmarks/recipes.py shakespeare_char
+
+Prints the machine (lscpu), date, commit and command, then one table: the wall time of
+`attnlab train RECIPE` (start-up and the final evaluation included), and the recipe's
+figure as `attnlab eval` computes it (val loss over the whole split for a language model,
+BLEU with greedy decoding and with `--beam` for translation, accuracy for classification);
+with `--average N`, the same scores of the mean of the last N evaluation checkpoints
+(`attnlab average`). Data: the local copies under `--data-dir` (default ../shared/data).
+`--tiny` trains a few steps of a small model (for the tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from data_speed import git_head, machine  # noqa: E402  (the benchmarks' one machine line)
+
+# the local files of each data set, as --set overrides (relative to --data-dir)
+DATA = {
+    "multi30k": {"data.src_path": "multi30k/train.de", "data.tgt_path": "multi30k/train.en",
+                 "data.val_src_path": "multi30k/val.de", "data.val_tgt_path": "multi30k/val.en"},
+    "shakespeare": {"data.path": "tinyshakespeare/input.txt"},
+    "sst2": {"data.path": "sst2/train.tsv"},
+}
+TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64",
+        "train.max_steps=4", "train.eval_every=2", "train.warmup_steps=1",
+        "train.compile=false", "train.progress=false", "train.tensorboard=false"]
+
+
+def attnlab(*args: str) -> str:
+    """Run ``attnlab ARGS`` in a fresh process; its stdout (stderr shown when it fails)."""
+    res = subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True,
+                         text=True, cwd=ROOT, check=False)
+    if res.returncode != 0:
+        raise SystemExit(f"attnlab {' '.join(args)} failed:\n{res.stderr.strip()[-3000:]}")
+    return res.stdout
+
+
+def data_overrides(recipe: str, data_dir: Path) -> list[str]:
+    """The ``--set`` overrides that point ``recipe`` at its local data under ``data_dir``."""
+    from attnlab.recipes import find_recipe
+    from attnlab.run_config import load_config
+
+    name = load_config(str(find_recipe(recipe))).data.name
+    return [f"{key}={data_dir / rel}" for key, rel in DATA.get(name, {}).items()]
+
+
+def scores(run: Path, beam: int) -> dict[str, float]:
+    """``attnlab eval`` of ``run`` (greedy, and with ``beam`` when it is > 1 and the run
+    translates): the metrics as a dict, the beam's BLEU as ``bleu_beam``."""
+    out = json.loads(attnlab("eval", str(run), "--json"))
+    if beam > 1 and "bleu" in out:
+        out["bleu_beam"] = json.loads(attnlab("eval", str(run), "--json", "--beam", str(beam)))[
+            "bleu"]
+    return {k: v for k, v in out.items() if isinstance(v, float)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("recipe", help="a shipped recipe name (attnlab recipes)")
+    p.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--average", type=int, default=0, metavar="N",
+                   help="also score the mean of the last N evaluation checkpoints")
+    p.add_argument("--beam", type=int, default=1, help="translation: also score this beam")
+    p.add_argument("--out", type=Path, default=None, help="run dir (default: a temporary one)")
+    p.add_argument("--tiny", action="store_true", help="a few steps of a tiny model")
+    args = p.parse_args(argv)
+    print(f"machine: {machine()}\ndate: {date.today().isoformat()}\ncommit: {git_head()}\n"
+          f"command: benchmarks/recipes.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    sets = data_overrides(args.recipe, args.data_dir) + (TINY if args.tiny else [])
+    sets += args.overrides + ([f"train.keep_checkpoints={args.average}"] if args.average else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        run = args.out or Path(tmp) / "run"
+        start = time.perf_counter()
+        attnlab("train", args.recipe, "--out", str(run), *(f"--set={s}" for s in sets))
+        wall = time.perf_counter() - start
+        rows = [("trained (best/)", scores(run, args.beam))]
+        if args.average:
+            attnlab("average", str(run), "--last", str(args.average), "--out", str(run) + "-avg")
+            rows.append((f"average of the last {args.average}", scores(Path(f"{run}-avg"),
+                                                                       args.beam)))
+    keys = sorted({k for _, r in rows for k in r})
+    print(f"\n`attnlab train {args.recipe}`: {wall:.0f} s wall\n")
+    print("| weights | " + " | ".join(keys) + " |")
+    print("| --- |" + " --- |" * len(keys))
+    for name, r in rows:
+        print(f"| {name} | " + " | ".join(f"{r[k]:.4f}" if k in r else "" for k in keys) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
