@@ -47,8 +47,9 @@ class AttentionView:
         weights: (L, H, T, S) array or tensor of attention probabilities.
         layer_ids: the model layer index of each of the L slices (default ``0..L-1``).
         head_ids: the model head index of each of the H slices (default ``0..H-1``).
-        query_label / key_label: what the query and key tokens are, e.g. "target" and
-            "source" for cross-attention (default: none).
+        query_label: what the query tokens are, e.g. "target" for cross-attention
+            (default: none).
+        key_label: what the key tokens are, e.g. "source" for cross-attention (default: none).
     """
 
     name: str
