@@ -180,15 +180,7 @@ class BeamSearch:
     sentence-major); after each step the self-attention cache is reordered by the beam each
     new beam came from.
 
-    Args:
-        model: the encoder-decoder, in eval mode.
-        src: (B, S) source ids.
-        src_mask: (B, S) bool, True at real tokens, or None.
-        beam: K, the hypotheses kept per sentence.
-        length_penalty: alpha of :func:`length_penalty_of` (0: none).
-        max_len: most tokens of every sentence, or of each (the end token included).
-        bos_id: the target start token.
-        eos_id: the target end token.
+    It takes the arguments of :func:`beam_search` (all but ``return_scores``).
 
     Shape:
         scores (b, K): sums of log-probabilities of the live beams; seqs (b*K, N): their
