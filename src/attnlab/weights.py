@@ -41,16 +41,23 @@ def write_tensors(path: str | Path, save: Callable[[str], None], what: str) -> N
 
 
 def save_weights(model: nn.Module, path: Path) -> None:
-    """Model weights as safetensors, written atomically (tied weights stored once; no wrapper
-    prefixes)."""
-    from safetensors.torch import save_model
+    """Model weights as safetensors, written atomically: tied weights stored once (under the
+    name ``safetensors.torch.load_model`` keeps), no wrapper prefixes, and no metadata, so
+    the same weights give the same bytes (safetensors' own ``save_model`` lists the tied names
+    it leaves out in a hash map, whose order changes from process to process)."""
+    from safetensors.torch import _remove_duplicate_names, save_file
 
+    state = unwrap(model).state_dict()
+    for names in _remove_duplicate_names(state).values():
+        for name in names:
+            del state[name]
+    state = {name: tensor.contiguous() for name, tensor in state.items()}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        write_tensors(tmp, lambda p: save_model(unwrap(model), p), "the weights")
+        write_tensors(tmp, lambda p: save_file(state, p), "the weights")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -47,6 +47,14 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
+def seed_everything(seed: int) -> None:
+    """Seed the global RNGs that :func:`rng_state` saves (python, numpy, torch), so that a run
+    and everything its checkpoint holds depend on ``seed`` alone."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     """Put back the RNG states of :func:`rng_state` (CUDA's where there is a GPU)."""
     random.setstate(state["python"])
@@ -168,7 +176,7 @@ class Trainer:
         self.device = resolve_device(self.cfg.device, self.info)
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)  # process-wide, as torch has it
-        torch.manual_seed(self.cfg.seed)  # the same initial weights on every process
+        seed_everything(self.cfg.seed)  # the same initial weights on every process
         self.model = use_cpu_sdpa(build_model(task.model_config).to(self.device))
         if self.info.enabled:  # then each process its own random stream (dropout masks)
             torch.manual_seed(self.cfg.seed + self.info.rank)
