@@ -276,3 +276,20 @@ def test_recipes_script_trains_averages_and_scores_a_translation_recipe(tmp_path
     rows = table_rows(out, "trained") + table_rows(out, "average of the last 2")
     header = next(line for line in out.splitlines() if line.startswith("| weights"))
     assert len(rows) == 2 and "bleu_beam" in header and "val_loss" in header
+
+
+def test_recipes_script_knows_where_the_data_of_every_shipped_recipe_is(tmp_path):
+    """Each shipped recipe's data is generated (synthetic tasks), embedded (the demo), or one
+    of the data sets whose local files the script points the recipe at."""
+    from attnlab.recipes import shipped
+    from attnlab.run_config import load_config
+
+    recipes = script("recipes")
+    for name, path in shipped().items():
+        data = load_config(str(path)).data.name
+        sets = recipes.data_overrides(name, tmp_path)
+        if data in ("copy", "reverse", "sort", "embedded"):
+            assert sets == [], name
+        else:
+            assert data in recipes.DATA and sets, f"{name}: no local files for data {data!r}"
+            assert all(s.split("=", 1)[1].startswith(str(tmp_path)) for s in sets), sets

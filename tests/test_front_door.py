@@ -146,6 +146,72 @@ def test_the_wheel_ships_the_recipes_and_trains_one_outside_the_repo(tmp_path):
     assert "step 2" in p.stdout and RunDir(away / "run").has_checkpoint("last")
 
 
+# ---- recipe cards -----------------------------------------------------------------------------
+CARD_COLUMNS = ("machine", "reaches", "time", "date", "commit", "command")
+
+
+def card_problems(page: str, names: set[str], known_commit=lambda sha: True) -> list[str]:
+    """What is wrong with the recipe cards of ``page`` (docs/recipes.md): each recipe of
+    ``names`` has a ``## `NAME` `` section whose table has the columns CARD_COLUMNS and at
+    least one row, each row with every column filled, a YYYY-MM-DD date, a commit that
+    ``known_commit`` knows, and a command that names the recipe; no card without a recipe."""
+    problems = []
+    cards = dict(re.findall(r"^## `([\w-]+)`\n(.*?)(?=^## |\Z)", page, re.M | re.S))
+    problems += [f"no card for recipe {n}" for n in sorted(names - set(cards))]
+    problems += [f"card for {n}, which is no shipped recipe" for n in sorted(set(cards) - names)]
+    for name, body in cards.items():
+        rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+                for line in body.splitlines() if line.startswith("|")]
+        if not rows or tuple(c.lower() for c in rows[0]) != CARD_COLUMNS:
+            problems.append(f"{name}: the table's columns are not {', '.join(CARD_COLUMNS)}")
+            continue
+        measured = rows[2:]
+        if not measured:
+            problems.append(f"{name}: no measurement")
+        for row in measured:
+            cell = dict(zip(CARD_COLUMNS, row))
+            if len(row) != len(CARD_COLUMNS) or not all(row):
+                problems.append(f"{name}: a row with an empty cell: {row}")
+            elif not re.fullmatch(r"\d{4}-\d{2}-\d{2}", cell["date"]):
+                problems.append(f"{name}: date {cell['date']!r} is not YYYY-MM-DD")
+            elif not (re.fullmatch(r"[0-9a-f]{7,40}", cell["commit"])
+                      and known_commit(cell["commit"])):
+                problems.append(f"{name}: commit {cell['commit']!r} is not one of this repo")
+            elif name not in cell["command"]:
+                problems.append(f"{name}: the command does not name the recipe")
+    return problems
+
+
+def _in_history(sha: str) -> bool:
+    res = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{sha}^{{commit}}"],
+                         capture_output=True)
+    return res.returncode == 0
+
+
+def test_every_shipped_recipe_has_a_measured_card_in_the_docs():
+    page = (ROOT / "docs" / "recipes.md").read_text(encoding="utf-8")
+    in_git = (ROOT / ".git").exists()
+    assert card_problems(page, set(shipped()), _in_history if in_git else lambda sha: True) == []
+
+
+def test_the_card_check_fails_on_a_missing_card_field_date_or_commit():
+    head = "| " + " | ".join(CARD_COLUMNS) + " |\n" + "| --- " * len(CARD_COLUMNS) + "|\n"
+    good = "| Xeon | 99% | 60 s | 2026-11-26 | abcdef1 | `attnlab train copy` |\n"
+    assert card_problems("## `copy`\n\nCopies.\n\n" + head + good, {"copy"}) == []
+    assert card_problems("## `copy`\n" + head + good, {"copy", "sort"}) == [
+        "no card for recipe sort"]
+    assert "no measurement" in card_problems("## `copy`\n" + head, {"copy"})[0]
+    assert "empty cell" in card_problems("## `copy`\n" + head + good.replace("60 s", " "),
+                                         {"copy"})[0]
+    assert "YYYY-MM-DD" in card_problems("## `copy`\n" + head + good.replace(
+        "2026-11-26", "today"), {"copy"})[0]
+    assert "not one of this repo" in card_problems("## `copy`\n" + head + good, {"copy"},
+                                                   lambda sha: False)[0]
+    assert "name the recipe" in card_problems("## `copy`\n" + head + good.replace(
+        "train copy", "train sort"), {"copy"})[0]
+    assert "columns" in card_problems("## `copy`\n| a | b |\n| - | - |\n", {"copy"})[0]
+
+
 # ---- version, changelog ---------------------------------------------------------------------
 def test_version_prints_the_installed_version(capsys):
     code, out, err = run_cli(capsys, "--version")
