@@ -152,7 +152,7 @@ CARD_COLUMNS = ("machine", "reaches", "time", "date", "commit", "command")
 
 def card_problems(page: str, names: set[str], known_commit=lambda sha: True) -> list[str]:
     """What is wrong with the recipe cards of ``page`` (docs/recipes.md): each recipe of
-    ``names`` has a ``## `NAME` `` section whose table has the columns CARD_COLUMNS and at
+    ``names`` has a ``## `NAME` `` section whose first table has the columns CARD_COLUMNS and at
     least one row, each row with every column filled, a YYYY-MM-DD date, a commit that
     ``known_commit`` knows, and a command that names the recipe; no card without a recipe."""
     problems = []
@@ -160,8 +160,9 @@ def card_problems(page: str, names: set[str], known_commit=lambda sha: True) -> 
     problems += [f"no card for recipe {n}" for n in sorted(names - set(cards))]
     problems += [f"card for {n}, which is no shipped recipe" for n in sorted(set(cards) - names)]
     for name, body in cards.items():
+        table = re.search(r"(?:^\|.*\n?)+", body, re.M)  # the card's first table
         rows = [[c.strip() for c in line.strip().strip("|").split("|")]
-                for line in body.splitlines() if line.startswith("|")]
+                for line in (table.group(0).splitlines() if table else [])]
         if not rows or tuple(c.lower() for c in rows[0]) != CARD_COLUMNS:
             problems.append(f"{name}: the table's columns are not {', '.join(CARD_COLUMNS)}")
             continue

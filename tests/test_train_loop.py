@@ -529,7 +529,7 @@ def test_run_files_are_readable_as_the_umask_allows_and_a_failed_save_keeps_the_
     def full_disk(*args, **kwargs):
         raise safetensors.SafetensorError("I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr(safetensors.torch, "save_model", full_disk)
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)  # the weights writer
     with pytest.raises(OSError, match="No space left on device"):
         run.save_checkpoint("last", torch.nn.Linear(2, 2))
     assert (tmp_path / "run" / "last" / "model.safetensors").read_bytes() == before

@@ -342,7 +342,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 # `attnlab train` with no config: a small character-level LM on the pydoc topics that every
-# Python install has, about 3 minutes on 2 CPU cores, then a few samples.
+# Python install has, minutes on 2 CPU cores (docs/recipes.md), then a few samples.
 DEMO: dict[str, dict[str, Any]] = {
     "model": {"d_model": 128, "n_heads": 4, "n_layers": 4, "max_len": 128,
               "dropout": 0.0, "norm": "pre", "ffn": "gelu", "pos": "learned", "bias": False,
