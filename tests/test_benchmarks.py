@@ -278,6 +278,21 @@ def test_recipes_script_trains_averages_and_scores_a_translation_recipe(tmp_path
     assert len(rows) == 2 and "bleu_beam" in header and "val_loss" in header
 
 
+def test_step_speed_times_both_arms_alternately(capsys):
+    """Two pairs of tiny `copy` runs, arm B with torch's dropout: A B then B A, each a time per
+    step, and the ratios' median."""
+    script("step_speed").main(["copy", "--tiny", "--pairs", "2", "--steps", "2",
+                               "--set", "model.dropout=0.1", "--b-torch-dropout"])
+    out = capsys.readouterr().out
+    assert "machine:" in out and "commit:" in out and "B: torch dropout" in out
+    rows = table_rows(out, "1 ") + table_rows(out, "2 ")
+    assert [r[1] for r in rows] == ["AB", "BA"]
+    assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
+    assert "B / A: median" in out
+    with pytest.raises(SystemExit):  # nothing for the arms to differ by
+        script("step_speed").main(["copy", "--tiny"])
+
+
 def test_recipes_script_knows_where_the_data_of_every_shipped_recipe_is(tmp_path):
     """Each shipped recipe's data is generated (synthetic tasks), embedded (the demo), or one
     of the data sets whose local files the script points the recipe at."""

@@ -19,6 +19,7 @@ from attnlab.nn import (
     SinusoidalPositions,
     causal_mask,
     combine_masks,
+    dropout,
     fused_attention,
     left_padding_mask,
     pad_mask_from_ids,
@@ -259,6 +260,43 @@ def test_rope_depends_only_on_relative_position():
     x = torch.randn(2, 2, 3, 8)
     rows = rope(x, torch.tensor([[0, 1, 2], [5, 6, 7]]))
     torch.testing.assert_close(rows[1], rope(x[1:], torch.arange(5, 8))[0])
+
+
+# ---- dropout --------------------------------------------------------------------------------
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_keeps_each_element_with_probability_1_minus_p_and_rescales(p):
+    """The 16-bit masks drop p of the elements (within 5 standard deviations of the binomial),
+    in every one of the four columns a 64-bit draw is cut into, and scale the rest by
+    1 / (1 - p): the same law as F.dropout."""
+    torch.manual_seed(1)
+    n = 400_003  # not a multiple of 4: the last draw is cut short
+    y = dropout(torch.ones(n), p)
+    dropped = y == 0
+    tol = 5 * math.sqrt(p * (1 - p) / n)
+    assert abs(dropped.float().mean().item() - p) < tol
+    for col in range(4):  # element i comes from bits 16*(i % 4) .. of its draw
+        part = dropped[col: n - 3: 4].float()
+        assert abs(part.mean().item() - p) < 5 * math.sqrt(p * (1 - p) / part.numel())
+    torch.testing.assert_close(y[~dropped], torch.full_like(y[~dropped], 1 / (1 - p)))
+    ref = F.dropout(torch.ones(n), p, training=True)
+    assert abs(y.mean().item() - ref.mean().item()) < 2 * tol / (1 - p)  # both keep the mean
+
+
+def test_dropout_gradient_is_the_mask_and_a_seed_repeats_it():
+    x = torch.randn(3, 5, 7, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(3)
+    y = dropout(x, 0.3)
+    g = torch.randn_like(y)
+    y.backward(g)
+    keep = y != 0
+    torch.testing.assert_close(x.grad, torch.where(keep, g / 0.7, 0.0))
+    torch.testing.assert_close(y, torch.where(keep, x / 0.7, 0.0))
+    torch.manual_seed(3)
+    assert torch.equal(dropout(x, 0.3), y)  # same seed, same mask
+    assert not torch.equal(dropout(x, 0.3), y)  # the generator moved on: another mask
+    half = dropout(torch.ones(2, 8, dtype=torch.bfloat16), 0.5)
+    assert half.dtype == torch.bfloat16 and half.shape == (2, 8)
+    assert dropout(torch.ones(0, 4), 0.5).shape == (0, 4)
 
 
 # ---- feed-forward and norms -------------------------------------------------------------------

@@ -19,6 +19,7 @@ from ..nn import (
     Encoder,
     check_ids,
     count_parameters,
+    dropout,
     init_weights,
     key_mask,
     resolve_layers,
@@ -109,7 +110,7 @@ class EncoderClassifier(EncoderStack):
     def _logits(self, h: Tensor, mask: Tensor | None) -> Tensor:
         pooled = self.pool(h, mask)  # (B, D)
         if self.training and self.config.dropout > 0:
-            pooled = F.dropout(pooled, self.config.dropout, training=True)
+            pooled = dropout(pooled, self.config.dropout)
         return self.head(pooled)  # (B, C)
 
     def forward(self, ids: Tensor, labels: Tensor | None = None, *,
