@@ -80,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.b_set or args.b_torch_dropout):
         p.error("give arm B something to differ by: --b-set KEY=VALUE or --b-torch-dropout")
     skip = args.steps if args.skip is None else args.skip
+    given = " ".join(argv if argv is not None else sys.argv[1:])
     print(f"machine: {machine()}\ndate: {date.today().isoformat()}\ncommit: {git_head()}\n"
-          f"command: benchmarks/step_speed.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+          f"command: benchmarks/step_speed.py {given}")
     base = data_overrides(args.recipe, args.data_dir) + (TINY if args.tiny else [])
     base += args.overrides
     arms = {"A": (base, False), "B": (base + args.b_set, args.b_torch_dropout)}
