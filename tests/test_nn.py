@@ -277,26 +277,29 @@ def test_dropout_keeps_each_element_with_probability_1_minus_p_and_rescales(p):
     for col in range(4):  # element i comes from bits 16*(i % 4) .. of its draw
         part = dropped[col: n - 3: 4].float()
         assert abs(part.mean().item() - p) < 5 * math.sqrt(p * (1 - p) / part.numel())
-    torch.testing.assert_close(y[~dropped], torch.full_like(y[~dropped], 1 / (1 - p)))
+    scale = 1 / (1 - round(p * 32768) / 32768)  # of p as rounded to 1/32768: 0.1 -> 0.100006
+    torch.testing.assert_close(y[~dropped], torch.full_like(y[~dropped], scale))
     ref = F.dropout(torch.ones(n), p, training=True)
     assert abs(y.mean().item() - ref.mean().item()) < 2 * tol / (1 - p)  # both keep the mean
 
 
 def test_dropout_gradient_is_the_mask_and_a_seed_repeats_it():
-    x = torch.randn(3, 5, 7, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(3, 5, 7, dtype=torch.float64, requires_grad=True)  # p = 0.25: k = 8192
     torch.manual_seed(3)
-    y = dropout(x, 0.3)
+    y = dropout(x, 0.25)
     g = torch.randn_like(y)
     y.backward(g)
     keep = y != 0
-    torch.testing.assert_close(x.grad, torch.where(keep, g / 0.7, 0.0))
-    torch.testing.assert_close(y, torch.where(keep, x / 0.7, 0.0))
+    torch.testing.assert_close(x.grad, torch.where(keep, g / 0.75, 0.0))
+    torch.testing.assert_close(y, torch.where(keep, x / 0.75, 0.0))
     torch.manual_seed(3)
-    assert torch.equal(dropout(x, 0.3), y)  # same seed, same mask
-    assert not torch.equal(dropout(x, 0.3), y)  # the generator moved on: another mask
+    assert torch.equal(dropout(x, 0.25), y)  # same seed, same mask
+    assert not torch.equal(dropout(x, 0.25), y)  # the generator moved on: another mask
     half = dropout(torch.ones(2, 8, dtype=torch.bfloat16), 0.5)
     assert half.dtype == torch.bfloat16 and half.shape == (2, 8)
     assert dropout(torch.ones(0, 4), 0.5).shape == (0, 4)
+    assert torch.equal(dropout(torch.ones(9), 1.0), torch.zeros(9))  # as F.dropout(p=1)
+    assert torch.equal(dropout(torch.ones(9), 1e-6), torch.ones(9))  # p rounds to 0
 
 
 # ---- feed-forward and norms -------------------------------------------------------------------

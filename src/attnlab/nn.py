@@ -53,18 +53,21 @@ def dropout(x: Tensor, p: float) -> Tensor:
     draws one random number per element from the one (serial) generator, about 10 ns each: a
     tenth of a small model's training step. Here one 64-bit draw gives four 16-bit numbers,
     compared with a threshold, and ``p`` is rounded to a multiple of 1/32768 (0.1 ->
-    0.100006). Both use torch's seeded generator, so a seed gives the same masks every run.
+    0.100006; the scale is of the rounded p, so the expectation stays exact). Both use
+    torch's seeded generator, so a seed gives the same masks every run.
     """
     if x.device.type != "cpu" or torch.compiler.is_compiling():
         return F.dropout(x, p, training=True)
     k = round(p * 32768)  # drop when a 15-bit uniform < k
+    if k >= 32768:  # p = 1 (or within 1/65536 of it): nothing is kept, as F.dropout
+        return x * 0.0
     n = x.numel()
     bits = torch.empty(((n + 3) // 4, 4), dtype=torch.int16)
     bits.view(torch.int64).random_()  # [0, 2^63): columns 0-2 span int16, column 3 is >= 0
     # P(keep) = 1 - k/32768 in every column: int16 >= 2k - 32768, or a 15-bit value >= k
     thresholds = torch.tensor([2 * k - 32768] * 3 + [k], dtype=torch.int16)
     keep = (bits >= thresholds).view(-1)[:n].view(x.shape)
-    return x * keep.to(x.dtype).mul_(1 / (1 - p))  # autograd keeps the scaled mask
+    return x * keep.to(x.dtype).mul_(32768 / (32768 - k))  # 1 / (1 - p as rounded)
 
 
 # ---- masks ----------------------------------------------------------------------------------

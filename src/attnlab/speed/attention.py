@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nn import LOW_PRECISION, MultiHeadAttention, causal_mask
+from ..nn import LOW_PRECISION, MultiHeadAttention, causal_mask, dropout
 from .probe import fastest, machine_key
 
 # Longest whole sequence that low-precision attention on a CPU computes as two matrix products.
@@ -91,7 +91,9 @@ def short_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
     q, k, v = (x.reshape(b * h, t, -1) for x in (q, k, v))
     scores = torch.baddbmm(_score_bias(t, q.dtype, is_causal), q, k.transpose(1, 2),
                            alpha=1 / math.sqrt(dh))  # (B*H, T, T)
-    weights = F.dropout(torch.softmax(scores, dim=-1), dropout_p, training=dropout_p > 0)
+    weights = torch.softmax(scores, dim=-1)  # (B*H, T, T)
+    if dropout_p > 0:
+        weights = dropout(weights, dropout_p)
     return (weights @ v).view(b, h, t, -1)  # (B, H, T, Dh)
 
 
