@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/step_speed.py multi30k_de_en --b-torch-dropout
     .venv/bin/python benchmarks/step_speed.py multi30k_de_en --b-set model.dropout=0.0
     .venv/bin/python benchmarks/step_speed.py shakespeare_char --pairs 6 --steps 40
+    .venv/bin/python benchmarks/step_speed.py multi30k_de_en --profile --steps 5
 
 Arm A is `attnlab train RECIPE` as shipped (plus any `--set`); arm B is the same with
 `--b-set` overrides, or with `--b-torch-dropout`: attnlab's dropout (`attnlab.nn.dropout`)
@@ -11,6 +12,12 @@ pairs, each a fresh process that trains `--skip` + `--steps` steps (no evaluatio
 timed over the last `--steps` (the run's own clock, `elapsed_s` in metrics.csv: the first
 steps, start-up and data preparation are left out). Prints each run's seconds per step and
 each pair's B / A ratio, with the median and range. Data: local copies under `--data-dir`.
+
+`--profile` instead runs arm A once, in this process, with `torch.profiler` around `--steps`
+steps after `--skip`: where a step's time goes (matrix products, random numbers, attention,
+the loss's softmax, norms, the optimizer, the rest; self time of the ops), and the matrix
+products' GFLOP/s against `torch.mm`'s best on this machine (fp32 and bf16 squares of
+256-2048).
 """
 
 from __future__ import annotations
@@ -21,8 +28,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import date
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -61,6 +71,80 @@ def seconds_per_step(recipe: str, sets: list[str], skip: int, steps: int, *,
     return (rows[skip + steps] - first) / (steps if skip in rows else skip + steps)
 
 
+# where a step's time goes: op names (self time) by group, the first match wins
+GROUPS = (("matrix products", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")),
+          ("random numbers (dropout)", ("aten::random_", "aten::bernoulli_", "aten::uniform_")),
+          ("attention", ("scaled_dot_product", "flash_attention")),
+          ("loss (log-softmax, nll)", ("log_softmax", "nll_loss")),
+          ("norms", ("layer_norm",)),
+          ("optimizer", ("aten::_foreach", "adam")))
+
+
+def mm_peak(dtype: torch.dtype) -> float:
+    """The best GFLOP/s of ``torch.mm`` on squares of 256 to 2048 in ``dtype``."""
+    best = 0.0
+    for n in (256, 512, 1024, 2048):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        torch.mm(a, b)
+        reps = max(2, int(2e9 // (2 * n**3)))
+        start = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, b)
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def profile_steps(recipe: str, sets: list[str], skip: int, steps: int) -> None:
+    """Train ``recipe`` here with the profiler on for ``steps`` steps after ``skip``; print the
+    groups' share of those steps' op time and the matrix products' GFLOP/s."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from attnlab.cli import main as attnlab_main
+    from attnlab.train.loop import Trainer
+
+    plain, seen, prof = Trainer.train_step, [0], profile(activities=[ProfilerActivity.CPU],
+                                                            with_flops=True)
+    wall = [0.0]
+
+    def train_step(self):  # the profiler on for the chosen steps only
+        seen[0] += 1
+        if seen[0] == skip + 1:
+            prof.__enter__()
+            wall[0] = time.perf_counter()
+        out = plain(self)
+        if seen[0] == skip + steps:
+            wall[0] = time.perf_counter() - wall[0]
+            prof.__exit__(None, None, None)
+        return out
+
+    Trainer.train_step = train_step
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            attnlab_main(["train", recipe, "--out", str(Path(tmp) / "run"), *(
+                f"--set={s}" for s in sets + [f"train.max_steps={skip + steps}",
+                                              f"train.eval_every={10 * (skip + steps)}",
+                                              "train.progress=false", "train.tensorboard=false"])])
+    finally:
+        Trainer.train_step = plain
+    total, by, flops, mm_us = 0.0, dict.fromkeys([g for g, _ in GROUPS] + ["the rest"], 0.0), 0, 0.0
+    for ev in prof.key_averages():
+        total += ev.self_cpu_time_total
+        group = next((g for g, keys in GROUPS if any(k in ev.key for k in keys)), "the rest")
+        by[group] += ev.self_cpu_time_total
+        if group == "matrix products":
+            flops += ev.flops or 0
+            mm_us += ev.self_cpu_time_total
+    print(f"{steps} steps after {skip}: {wall[0] / steps:.3f} s a step (wall, profiler on)\n")
+    print("| part | ms a step | share |")
+    print("| --- | ---: | ---: |")
+    for group, us in by.items():
+        print(f"| {group} | {us / 1e3 / steps:.0f} | {us / max(total, 1e-9):.0%} |")
+    rate = flops / max(mm_us, 1e-9) / 1e3  # FLOP per microsecond / 1e3 = GFLOP/s
+    peaks = {str(d).removeprefix("torch."): mm_peak(d) for d in (torch.float32, torch.bfloat16)}
+    print(f"\nmatrix products: {flops / steps / 1e9:.1f} GFLOP a step at {rate:.0f} GFLOP/s; "
+          "torch.mm's best here: " + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in peaks.items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("recipe", help="a shipped recipe name (attnlab recipes)")
@@ -75,9 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=30, help="timed steps per run")
     p.add_argument("--skip", type=int, default=None, help="untimed first steps (default: "
                    "--steps, so the log row at that step starts the clock)")
+    p.add_argument("--profile", action="store_true",
+                   help="instead: where arm A's step time goes, by torch.profiler")
     p.add_argument("--tiny", action="store_true", help="a tiny model, a few steps (for tests)")
     args = p.parse_args(argv)
-    if not (args.b_set or args.b_torch_dropout):
+    if not (args.b_set or args.b_torch_dropout or args.profile):
         p.error("give arm B something to differ by: --b-set KEY=VALUE or --b-torch-dropout")
     skip = args.steps if args.skip is None else args.skip
     given = " ".join(argv if argv is not None else sys.argv[1:])
@@ -85,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
           f"command: benchmarks/step_speed.py {given}")
     base = data_overrides(args.recipe, args.data_dir) + (TINY if args.tiny else [])
     base += args.overrides
+    if args.profile:
+        profile_steps(args.recipe, base, skip, args.steps)
+        return 0
     arms = {"A": (base, False), "B": (base + args.b_set, args.b_torch_dropout)}
     print(f"A: as shipped{' + ' + ', '.join(args.overrides) if args.overrides else ''}; "
           f"B: {', '.join(args.b_set + (['torch dropout'] if args.b_torch_dropout else []))}\n")

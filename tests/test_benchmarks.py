@@ -293,6 +293,17 @@ def test_step_speed_times_both_arms_alternately(capsys):
         script("step_speed").main(["copy", "--tiny"])
 
 
+def test_step_speed_profile_splits_a_step_into_its_parts(capsys):
+    script("step_speed").main(["copy", "--tiny", "--profile", "--steps", "2",
+                               "--set", "model.dropout=0.1"])
+    out = capsys.readouterr().out
+    parts = {r[0]: r for r in table_rows(out, "")[2:]}  # after the header and its rule
+    assert {"matrix products", "random numbers (dropout)", "the rest"} <= set(parts)
+    assert sum(int(r[2].rstrip("%")) for r in parts.values()) in range(97, 104)  # rounding
+    assert int(parts["matrix products"][2].rstrip("%")) > 0
+    assert "GFLOP a step" in out and "float32" in out and "bfloat16" in out
+
+
 def test_recipes_script_knows_where_the_data_of_every_shipped_recipe_is(tmp_path):
     """Each shipped recipe's data is generated (synthetic tasks), embedded (the demo), or one
     of the data sets whose local files the script points the recipe at."""
