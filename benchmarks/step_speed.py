@@ -9,7 +9,7 @@ Arm A is `attnlab train RECIPE` as shipped (plus any `--set`); arm B is the same
 `--b-set` overrides, or with `--b-torch-dropout`: attnlab's dropout (`attnlab.nn.dropout`)
 replaced by `torch.nn.functional.dropout`. The arms run A B B A A B ... for `--pairs`
 pairs, each a fresh process that trains `--skip` + `--steps` steps (no evaluation) and is
-timed over the last `--steps` (the run's own clock, `elapsed_s` in metrics.csv: the first
+timed over the last `--steps` (the run's own clock, `elapsed_s` in its metrics: the first
 steps, start-up and data preparation are left out). Prints each run's seconds per step and
 each pair's B / A ratio, with the median and range. Data: local copies under `--data-dir`.
 
@@ -23,7 +23,7 @@ products' GFLOP/s against `torch.mm`'s best on this machine (fp32 and bf16 squar
 from __future__ import annotations
 
 import argparse
-import csv
+import math
 import statistics
 import subprocess
 import sys
@@ -48,27 +48,31 @@ TORCH_DROPOUT = (
 DEFAULT = "from attnlab.cli import main; import sys; sys.exit(main(sys.argv[1:]))"
 
 
+def timed_settings(skip: int, steps: int) -> list[str]:
+    """Train ``skip + steps`` steps, no evaluation until the end, log rows at both ends of the
+    timed window."""
+    return [f"train.max_steps={skip + steps}", f"train.log_every={math.gcd(skip, steps)}",
+            f"train.eval_every={10 * (skip + steps)}", "train.progress=false",
+            "train.tensorboard=false"]
+
+
 def seconds_per_step(recipe: str, sets: list[str], skip: int, steps: int, *,
                      torch_dropout: bool) -> float:
     """Train ``skip + steps`` steps of ``recipe`` in a fresh process; seconds per step of the
     last ``steps`` by the run's clock."""
+    from attnlab.runs import RunDir
+
     with tempfile.TemporaryDirectory() as tmp:
-        run = Path(tmp) / "run"
-        sets = sets + [f"train.max_steps={skip + steps}", f"train.log_every={steps}",
-                       f"train.eval_every={10 * (skip + steps)}", "train.progress=false",
-                       "train.tensorboard=false"]
+        run = RunDir(Path(tmp) / "run")
         code = TORCH_DROPOUT if torch_dropout else DEFAULT
-        res = subprocess.run([sys.executable, "-c", code, "train", recipe, "--out", str(run),
-                              *(f"--set={s}" for s in sets)],
+        res = subprocess.run([sys.executable, "-c", code, "train", recipe, "--out", str(run.path),
+                              *(f"--set={s}" for s in sets + timed_settings(skip, steps))],
                              capture_output=True, text=True, cwd=ROOT, check=False)
         if res.returncode != 0:
             raise SystemExit(f"training {recipe} failed:\n{res.stderr.strip()[-3000:]}")
-        with open(run / "metrics.csv") as f:
-            rows = {int(r["step"]): float(r["elapsed_s"]) for r in csv.DictReader(f)
-                    if r["elapsed_s"]}
-    # rows at `skip` is absent when skip is not a multiple of steps: time from the start then
-    first = rows.get(skip, 0.0)
-    return (rows[skip + steps] - first) / (steps if skip in rows else skip + steps)
+        elapsed = {r["step"]: r["elapsed_s"] for r in run.read_metrics()
+                   if r.get("elapsed_s") is not None}
+    return (elapsed[skip + steps] - elapsed.get(skip, 0.0)) / steps  # skip = 0: from the start
 
 
 # where a step's time goes: op names (self time) by group, the first match wins
@@ -120,10 +124,8 @@ def profile_steps(recipe: str, sets: list[str], skip: int, steps: int) -> None:
     Trainer.train_step = train_step
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            attnlab_main(["train", recipe, "--out", str(Path(tmp) / "run"), *(
-                f"--set={s}" for s in sets + [f"train.max_steps={skip + steps}",
-                                              f"train.eval_every={10 * (skip + steps)}",
-                                              "train.progress=false", "train.tensorboard=false"])])
+            attnlab_main(["train", recipe, "--out", str(Path(tmp) / "run"),
+                          *(f"--set={s}" for s in sets + timed_settings(skip, steps))])
     finally:
         Trainer.train_step = plain
     total, by, flops, mm_us = 0.0, dict.fromkeys([g for g, _ in GROUPS] + ["the rest"], 0.0), 0, 0.0

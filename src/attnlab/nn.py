@@ -50,8 +50,8 @@ def dropout(x: Tensor, p: float) -> Tensor:
     ``p`` and the rest scaled by 1 / (1 - p), so the expectation is unchanged.
 
     On a GPU, and inside ``torch.compile``, this is ``F.dropout``. On a CPU, ``F.dropout``
-    draws one random number per element from the one (serial) generator, about 10 ns each:
-    up to a fifth of a small model's training step on two cores. Here one 64-bit draw gives
+    draws one random number per element from the one (serial) generator, and those draws
+    are most of its cost (the figures: docs/benchmarks.md). Here one 64-bit draw gives
     four 16-bit numbers, each compared with a threshold, and ``p`` is rounded to a multiple
     of 1/32768 (0.1 -> 0.100006; the scale is of the rounded p, so the expectation stays
     exact). Both use torch's seeded generator, so a seed gives the same masks every run.
