@@ -93,12 +93,13 @@ def cores() -> int:
     return os.cpu_count() or 1
 
 
-def git_head() -> str:
+def git_head(checkout: Path = ROOT) -> str:
+    """The short commit of ``checkout``, and whether tracked files differ from it."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout,
                               capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
+                               cwd=checkout, capture_output=True, text=True).stdout.strip()
         return head + (" (with uncommitted changes)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

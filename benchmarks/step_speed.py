@@ -2,12 +2,15 @@
 
     .venv/bin/python benchmarks/step_speed.py multi30k_de_en --b-torch-dropout
     .venv/bin/python benchmarks/step_speed.py multi30k_de_en --b-set model.dropout=0.0
+    .venv/bin/python benchmarks/step_speed.py multi30k_de_en --b-src ../before
     .venv/bin/python benchmarks/step_speed.py shakespeare_char --pairs 6 --steps 40
     .venv/bin/python benchmarks/step_speed.py multi30k_de_en --profile --steps 5
 
-Arm A is `attnlab train RECIPE` as shipped (plus any `--set`); arm B is the same with
-`--b-set` overrides, or with `--b-torch-dropout`: attnlab's dropout (`attnlab.nn.dropout`)
-replaced by `torch.nn.functional.dropout`. The arms run A B B A A B ... for `--pairs`
+Arm A is `attnlab train RECIPE` as shipped (plus any `--set`), with this checkout's attnlab;
+arm B is the same with `--b-set` overrides, with `--b-torch-dropout`: attnlab's dropout
+(`attnlab.nn.dropout`) replaced by `torch.nn.functional.dropout`, or with `--b-src DIR`: the
+attnlab of another checkout (DIR/src), such as the commit before a change
+(`git worktree add ../before HEAD~1`). The arms run A B B A A B ... for `--pairs`
 pairs, each a fresh process that trains `--skip` + `--steps` steps (no evaluation) and is
 timed over the last `--steps` (the run's own clock, `elapsed_s` in its metrics: the first
 steps, start-up and data preparation are left out). Prints each run's seconds per step and
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -56,10 +60,25 @@ def timed_settings(skip: int, steps: int) -> list[str]:
             "train.tensorboard=false"]
 
 
+def checkout_env(checkout: Path) -> dict[str, str]:
+    """The environment in which ``import attnlab`` reads ``checkout``'s src/ (not the
+    installed one), checked."""
+    src = checkout.resolve() / "src"
+    if not (src / "attnlab" / "__init__.py").is_file():
+        raise SystemExit(f"{checkout}: not an attnlab checkout (no src/attnlab/__init__.py)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(src)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    found = subprocess.run([sys.executable, "-c", "import attnlab; print(attnlab.__file__)"],
+                           capture_output=True, text=True, env=env, check=True).stdout
+    if not Path(found.strip()).is_relative_to(src):
+        raise SystemExit(f"attnlab imports from {found.strip()}, not from {src}")
+    return env
+
+
 def seconds_per_step(recipe: str, sets: list[str], skip: int, steps: int, *,
-                     torch_dropout: bool) -> float:
-    """Train ``skip + steps`` steps of ``recipe`` in a fresh process; seconds per step of the
-    last ``steps`` by the run's clock."""
+                     torch_dropout: bool, checkout: Path = ROOT) -> float:
+    """Train ``skip + steps`` steps of ``recipe`` in a fresh process with ``checkout``'s
+    attnlab; seconds per step of the last ``steps`` by the run's clock."""
     from attnlab.runs import RunDir
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -67,7 +86,8 @@ def seconds_per_step(recipe: str, sets: list[str], skip: int, steps: int, *,
         code = TORCH_DROPOUT if torch_dropout else DEFAULT
         res = subprocess.run([sys.executable, "-c", code, "train", recipe, "--out", str(run.path),
                               *(f"--set={s}" for s in sets + timed_settings(skip, steps))],
-                             capture_output=True, text=True, cwd=ROOT, check=False)
+                             capture_output=True, text=True, cwd=ROOT, check=False,
+                             env=checkout_env(checkout))
         if res.returncode != 0:
             raise SystemExit(f"training {recipe} failed:\n{res.stderr.strip()[-3000:]}")
         elapsed = {r["step"]: r["elapsed_s"] for r in run.read_metrics()
@@ -157,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="for arm B only")
     p.add_argument("--b-torch-dropout", action="store_true",
                    help="arm B: torch.nn.functional.dropout instead of attnlab.nn.dropout")
+    p.add_argument("--b-src", type=Path, metavar="DIR",
+                   help="arm B: the attnlab of another checkout (DIR/src)")
     p.add_argument("--pairs", type=int, default=4)
     p.add_argument("--steps", type=int, default=30, help="timed steps per run")
     p.add_argument("--skip", type=int, default=None, help="untimed first steps (default: "
@@ -165,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: where arm A's step time goes, by torch.profiler")
     p.add_argument("--tiny", action="store_true", help="a tiny model, a few steps (for tests)")
     args = p.parse_args(argv)
-    if not (args.b_set or args.b_torch_dropout or args.profile):
-        p.error("give arm B something to differ by: --b-set KEY=VALUE or --b-torch-dropout")
+    if not (args.b_set or args.b_torch_dropout or args.b_src or args.profile):
+        p.error("give arm B something to differ by: --b-set KEY=VALUE, --b-torch-dropout "
+                "or --b-src DIR")
     skip = args.steps if args.skip is None else args.skip
     given = " ".join(argv if argv is not None else sys.argv[1:])
     print(f"machine: {machine()}\ndate: {date.today().isoformat()}\ncommit: {git_head()}\n"
@@ -176,9 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         profile_steps(args.recipe, base, skip, args.steps)
         return 0
-    arms = {"A": (base, False), "B": (base + args.b_set, args.b_torch_dropout)}
-    print(f"A: as shipped{' + ' + ', '.join(args.overrides) if args.overrides else ''}; "
-          f"B: {', '.join(args.b_set + (['torch dropout'] if args.b_torch_dropout else []))}\n")
+    arms = {"A": (base, False, ROOT), "B": (base + args.b_set, args.b_torch_dropout,
+                                            args.b_src or ROOT)}
+    b_is = args.b_set + (["torch dropout"] if args.b_torch_dropout else [])
+    b_is += [f"attnlab of {args.b_src} ({git_head(args.b_src)})"] if args.b_src else []
+    print(f"A: as shipped{' + ' + ', '.join(args.overrides) if args.overrides else ''}, "
+          f"attnlab of {ROOT} ({git_head(ROOT)}); B: {', '.join(b_is)}\n")
     print("| pair | order | A s/step | B s/step | B / A |")
     print("| ---: | --- | ---: | ---: | ---: |")
     ratios = []
@@ -186,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         order = "AB" if i % 2 == 0 else "BA"
         t = {}
         for arm in order:
-            sets, torch_dropout = arms[arm]
+            sets, torch_dropout, checkout = arms[arm]
             t[arm] = seconds_per_step(args.recipe, sets, skip, args.steps,
-                                      torch_dropout=torch_dropout)
+                                      torch_dropout=torch_dropout, checkout=checkout)
         ratios.append(t["B"] / t["A"])
         print(f"| {i + 1} | {order} | {t['A']:.3f} | {t['B']:.3f} | {ratios[-1]:.3f} |",
               flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import sys
 from pathlib import Path
@@ -291,6 +292,19 @@ def test_step_speed_times_both_arms_alternately(capsys):
     assert "B / A: median" in out
     with pytest.raises(SystemExit):  # nothing for the arms to differ by
         script("step_speed").main(["copy", "--tiny"])
+
+
+def test_step_speed_times_another_checkouts_attnlab_as_arm_b(capsys, tmp_path):
+    """--b-src DIR: arm B imports attnlab from DIR/src (here this checkout again), checked;
+    a folder that is no checkout is named."""
+    speed = script("step_speed")
+    root = Path(speed.__file__).resolve().parents[1]
+    assert speed.checkout_env(root)["PYTHONPATH"].split(os.pathsep)[0] == str(root / "src")
+    speed.main(["copy", "--tiny", "--pairs", "1", "--steps", "2", "--b-src", str(root)])
+    out = capsys.readouterr().out
+    assert f"B: attnlab of {root} (" in out and len(table_rows(out, "1 ")) == 1
+    with pytest.raises(SystemExit, match="not an attnlab checkout"):
+        speed.main(["copy", "--tiny", "--pairs", "1", "--b-src", str(tmp_path)])
 
 
 def test_step_speed_profile_splits_a_step_into_its_parts(capsys):

@@ -109,6 +109,33 @@ def test_transformer_source_padding_invariance(variant):
     torch.testing.assert_close(a, c[:, :5], atol=1e-5, rtol=1e-5)
 
 
+def test_transformer_given_targets_runs_its_head_on_the_counted_targets_only():
+    torch.manual_seed(0)
+    model = Transformer(cfg("encoder_decoder", norm="pre"))
+    src, tgt = ids(3, 6), ids(3, 5)
+    src[1, 4:] = 0
+    targets = ids(3, 5)
+    targets[0, 3:], targets[2, 1:] = 0, 0  # right-padded targets
+    targets[1, 2] = -100  # a target left out by hand
+    rows = []
+    model.head.register_forward_hook(lambda m, inp, out: rows.append(inp[0].shape[:-1]))
+    full, none = model(src, tgt)
+    picked = (targets != 0) & (targets != -100)
+    at, loss = model(src, tgt, targets, label_smoothing=0.1)
+    assert none is None and full.shape == (3, 5, V) and at.shape == (int(picked.sum()), V)
+    assert rows == [(3, 5), (int(picked.sum()),)]
+    torch.testing.assert_close(at, full[picked])
+    # torch's own loss over the full pass, pads ignored, and the gradients it gives
+    want = torch.nn.functional.cross_entropy(
+        full.reshape(-1, V), targets.masked_fill(targets == 0, -100).reshape(-1),
+        ignore_index=-100, label_smoothing=0.1)
+    torch.testing.assert_close(loss, want)
+    params = [p for p in model.parameters() if p.requires_grad]
+    got = torch.autograd.grad(loss, params)
+    for g, w in zip(got, torch.autograd.grad(want, params)):
+        torch.testing.assert_close(g, w)
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_decoder_left_padding_with_positions(variant):
     model = DecoderLM(cfg("decoder", **variant)).eval()

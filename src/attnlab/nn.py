@@ -782,13 +782,20 @@ def init_weights(model: nn.Module, cfg: ModelConfig, n_layers: int) -> None:
             nn.init.normal_(module.weight, std=cfg.init_std)
 
 
+def counted(targets: Tensor, pad_id: int | None = None) -> Tensor:
+    """Bool like ``targets``, True where a target counts in the loss: neither
+    ``IGNORE_INDEX`` nor ``pad_id``."""
+    keep = targets != IGNORE_INDEX
+    return keep if pad_id is None else keep & (targets != pad_id)
+
+
 def token_loss(logits: Tensor, targets: Tensor, pad_id: int | None = None,
                label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
     """Cross-entropy of logits (..., V) for targets (...); ``IGNORE_INDEX`` and ``pad_id``
     targets do not count. ``reduction="sum"``: the loop normalises over several micro-batches."""
     targets = targets.reshape(-1)
     if pad_id is not None:
-        targets = targets.masked_fill(targets == pad_id, IGNORE_INDEX)
+        targets = targets.masked_fill(~counted(targets, pad_id), IGNORE_INDEX)
     return F.cross_entropy(upcast(logits.reshape(-1, logits.size(-1))), targets,
                            ignore_index=IGNORE_INDEX, label_smoothing=label_smoothing,
                            reduction=reduction)

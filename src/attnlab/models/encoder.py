@@ -13,12 +13,12 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..nn import (
-    IGNORE_INDEX,
     AttentionMaps,
     Embeddings,
     Encoder,
     check_ids,
     count_parameters,
+    counted,
     dropout,
     init_weights,
     key_mask,
@@ -156,6 +156,6 @@ class MaskedLM(EncoderStack):
         h = self.hidden_states(ids, mask)  # (B, S, D)
         if targets is None:
             return self._logits(h, None), None
-        picked = targets != IGNORE_INDEX  # (B, S)
+        picked = counted(targets)  # (B, S)
         logits = self._logits(h[picked], None)  # (N, V)
         return logits, token_loss(logits, targets[picked])

@@ -21,6 +21,7 @@ from ..nn import (
     check_ids,
     check_positions,
     count_parameters,
+    counted,
     init_weights,
     key_mask,
     resolve_layers,
@@ -120,27 +121,33 @@ class Transformer(nn.Module):
 
     def forward(self, src: Tensor, tgt: Tensor, targets: Tensor | None = None, *,
                 src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
-                ) -> tuple[Tensor, Tensor | None]:
-        """Teacher-forced logits and, given targets, the mean cross-entropy.
+                label_smoothing: float = 0.0) -> tuple[Tensor, Tensor | None]:
+        """Teacher-forced logits; given targets, only the counted positions' logits and
+        their mean cross-entropy: the head (the largest matrix product of a small model)
+        is not run on target padding.
 
         Args:
             src: source ids. tgt: decoder inputs (``<bos> y1 .. y_{T-1}``).
             targets: next tokens (``y1 .. y_T``); pad and -100 positions are ignored.
             src_mask: bool, True at real tokens; default ``src != pad_id``.
             tgt_mask: bool for left-padded targets; right padding needs none (causal).
+            label_smoothing: of the loss (Szegedy et al. 2016; the paper's 0.1).
 
         Shape:
             src, src_mask (B, S); tgt, targets, tgt_mask (B, T).
 
         Returns:
-            logits (B, T, V) and the loss (scalar) or None.
+            logits (B, T, V) and None; given targets, logits (N, V) of the N counted
+            positions (``logits[counted(targets, pad_id)]`` of the full pass) and the loss.
         """
         src_valid = self.src_valid(src, src_mask)
         memory, _ = self.encode_with_maps(src, valid=src_valid)  # (B, S, D)
         h, _, _ = self.decode_with_maps(tgt, memory, src_valid=src_valid, tgt_valid=tgt_mask)
-        logits = self.head(h)  # (B, T, V)
-        loss = None if targets is None else token_loss(logits, targets, self.config.pad_id)
-        return logits, loss
+        if targets is None:
+            return self.head(h), None  # (B, T, V)
+        picked = counted(targets, self.config.pad_id)  # (B, T)
+        logits = self.head(h[picked])  # (N, V)
+        return logits, token_loss(logits, targets[picked], label_smoothing=label_smoothing)
 
     def attention_maps(self, src: Tensor, tgt: Tensor, *, layers: Collection[int] | bool = True,
                        heads: Collection[int] | None = None, src_mask: Tensor | None = None,

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..config import ConfigError, ModelConfig
 from ..data import fetch
-from ..nn import IGNORE_INDEX
+from ..nn import counted
 from ..run_config import RunConfig
 from ..tokenizers import MASK, SPECIALS, BPETokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer
 
@@ -134,10 +134,7 @@ class Task:
         target = batch[-1]
         if target.dim() == 1:
             return torch.tensor(float(target.numel()), device=target.device)
-        keep = target != IGNORE_INDEX
-        if self.model_config.pad_id is not None:
-            keep &= target != self.model_config.pad_id
-        return keep.sum().float()
+        return counted(target, self.model_config.pad_id).sum().float()
 
     def state_dict(self) -> dict[str, Any]:
         """The position in the training data (a resume goes on from it)."""

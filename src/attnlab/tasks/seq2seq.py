@@ -30,7 +30,6 @@ from ..data.pairs import (
 from ..data.shards import MANIFEST, TOKENIZER
 from ..decoding import translate_texts
 from ..metrics import bleu
-from ..models import token_loss
 from ..run_config import RunConfig
 from ..tokenizers import Tokenizer, load_tokenizer
 from .base import Amp, EpochTask, Progress, Task, data_file, no_progress, resolve_model
@@ -55,9 +54,9 @@ class Seq2SeqTask(Task):
         return f"beam search, beam {self.beam}, length penalty {self.length_penalty:g}"
 
     def loss_sum(self, model: nn.Module, batch, label_smoothing: float = 0.0) -> Tensor:
-        src, tgt_in, tgt_out = batch
-        logits, _ = model(src, tgt_in)  # (B, T, V); source pads masked from src != pad_id
-        return token_loss(logits, tgt_out, self.model_config.pad_id, label_smoothing, "sum")
+        src, tgt_in, tgt_out = batch  # source pads masked from src != pad_id
+        _, loss = model(src, tgt_in, tgt_out, label_smoothing=label_smoothing)
+        return loss * self.count(batch)  # the head ran on the counted targets only
 
     def _val_loss(self, model: nn.Module, batches, device: torch.device, amp: Amp,
                   progress: Progress) -> float:
