@@ -505,12 +505,16 @@ def check_positions(positions: Tensor, t: int, max_len: int) -> None:
 def token_positions(ids: Tensor, max_len: int, *, valid: Tensor | None = None,
                     cache: KVCache | None = None) -> Tensor:
     """Absolute positions of ``ids`` (B, T): after the cached tokens, or for left-padded rows
-    (``valid`` (B, T), True at real tokens) counted from each row's first real token.
+    (``valid`` (B, T), True at real tokens) counted from each row's first real token. A
+    left-padded prefill (an empty cache and ``valid``) records its padding in the cache, so
+    the later steps count on from each row's real tokens.
 
     Returns (T,) or (B, T).
     """
     t = ids.size(1)
     if cache is not None:
+        if cache.length == 0 and valid is not None and cache.pad is None:
+            cache.set_padding(valid)
         return cache.positions(t, max_len)
     pos = padded_positions(0, t, None, ids.device, max_len=max_len)  # (T,)
     return pos if valid is None else (valid.long().cumsum(1) - 1).clamp(min=0)  # (B, T)

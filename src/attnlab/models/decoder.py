@@ -50,9 +50,7 @@ class DecoderLM(nn.Module):
         """Final hidden states (B, T, D) of ``ids`` and the self-attention weights of the
         layers in ``capture``; with a ``cache``, this step's keys/values are added to it."""
         check_ids(ids)
-        if positions is None:
-            if cache is not None and cache.length == 0 and mask is not None and cache.pad is None:
-                cache.set_padding(mask)  # a left-padded prompt: positions count from real tokens
+        if positions is None:  # a left-padded prompt counts from its real tokens
             positions = token_positions(ids, self.config.max_len, valid=mask, cache=cache)
         else:
             check_positions(positions, ids.size(1), self.config.max_len)

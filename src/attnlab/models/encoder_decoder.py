@@ -104,10 +104,7 @@ class Transformer(nn.Module):
         """Decoder hidden states (B, T, D) and the self- and cross-attention weights of the
         layers in ``capture``; with a ``cache``, this step's keys/values are added to it."""
         check_ids(tgt)
-        if positions is None:
-            if cache is not None and cache.length == 0 and tgt_valid is not None \
-                    and cache.pad is None:
-                cache.set_padding(tgt_valid)  # left-padded targets count from real tokens
+        if positions is None:  # left-padded targets count from their real tokens
             positions = token_positions(tgt, self.config.max_len, valid=tgt_valid, cache=cache)
         else:
             check_positions(positions, tgt.size(1), self.config.max_len)
