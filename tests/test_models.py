@@ -130,6 +130,8 @@ def test_transformer_given_targets_runs_its_head_on_the_counted_targets_only():
         full.reshape(-1, V), targets.masked_fill(targets == 0, -100).reshape(-1),
         ignore_index=-100, label_smoothing=0.1)
     torch.testing.assert_close(loss, want)
+    total = model(src, tgt, targets, label_smoothing=0.1, reduction="sum")[1]
+    torch.testing.assert_close(total, want * picked.sum())
     params = [p for p in model.parameters() if p.requires_grad]
     got = torch.autograd.grad(loss, params)
     for g, w in zip(got, torch.autograd.grad(want, params)):

@@ -118,7 +118,8 @@ class Transformer(nn.Module):
 
     def forward(self, src: Tensor, tgt: Tensor, targets: Tensor | None = None, *,
                 src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
-                label_smoothing: float = 0.0) -> tuple[Tensor, Tensor | None]:
+                label_smoothing: float = 0.0, reduction: str = "mean",
+                ) -> tuple[Tensor, Tensor | None]:
         """Teacher-forced logits; given targets, only the counted positions' logits and
         their mean cross-entropy: the head (the largest matrix product of a small model)
         is not run on target padding.
@@ -129,6 +130,7 @@ class Transformer(nn.Module):
             src_mask: bool, True at real tokens; default ``src != pad_id``.
             tgt_mask: bool for left-padded targets; right padding needs none (causal).
             label_smoothing: of the loss (Szegedy et al. 2016; the paper's 0.1).
+            reduction: ``"mean"`` over the counted targets, or ``"sum"``.
 
         Shape:
             src, src_mask (B, S); tgt, targets, tgt_mask (B, T).
@@ -144,7 +146,8 @@ class Transformer(nn.Module):
             return self.head(h), None  # (B, T, V)
         picked = counted(targets, self.config.pad_id)  # (B, T)
         logits = self.head(h[picked])  # (N, V)
-        return logits, token_loss(logits, targets[picked], label_smoothing=label_smoothing)
+        return logits, token_loss(logits, targets[picked], label_smoothing=label_smoothing,
+                                  reduction=reduction)
 
     def attention_maps(self, src: Tensor, tgt: Tensor, *, layers: Collection[int] | bool = True,
                        heads: Collection[int] | None = None, src_mask: Tensor | None = None,
