@@ -348,7 +348,7 @@ DEMO: dict[str, dict[str, Any]] = {
               "dropout": 0.0, "norm": "pre", "ffn": "gelu", "pos": "learned", "bias": False,
               "scale_embeddings": False, "init_std": 0.06, "init_residual_scale": False},
     "data": {"name": "embedded"},  # (char, the default: a prepared data.path brings its own)
-    "train": {"max_steps": 1600, "batch_size": 32, "lr": 2e-3, "min_lr": 2e-4,
+    "train": {"max_steps": 1200, "batch_size": 32, "lr": 2e-3, "min_lr": 2e-4,
               "warmup_steps": 100, "eval_every": 400, "eval_batches": 20, "samples": 3,
               "sample_tokens": 300},
 }
