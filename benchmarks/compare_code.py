@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from data_speed import src_env  # noqa: E402  (the benchmarks' shared helpers)
 
 # Runs in the child process, against whichever attnlab PYTHONPATH points to. Only API that
 # both versions share: a positional model call, `new_cache`, `generate` found in either home
@@ -88,8 +90,7 @@ print(json.dumps(out))
 HIGHER_IS_BETTER = ("tok_s",)
 
 
-def measure(src: Path, what: str) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": str(src)}
+def measure(src: Path, env: dict[str, str], what: str) -> dict[str, float]:
     res = subprocess.run([sys.executable, "-c", CHILD, what], env=env, capture_output=True,
                          text=True, check=False)
     if res.returncode != 0:
@@ -103,9 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--only", choices=("sample", "train"), default=None)
     args = p.parse_args(argv)
-    if not (args.base / "attnlab").is_dir():
-        p.error(f"--base {args.base} holds no attnlab package (give a checkout's src/ folder)")
     this = ROOT / "src"
+    envs = {args.base: src_env(args.base), this: src_env(this)}
     kinds = [args.only] if args.only else ["sample", "train"]
     rows: dict[str, dict[str, list[float]]] = {}
     for r in range(args.rounds):
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             order = [("base", args.base), ("this", this)]
             if r % 2:
                 order.reverse()  # alternate who goes first
-            got = {name: measure(src, kind) for name, src in order}
+            got = {name: measure(src, envs[src], kind) for name, src in order}
             for key in got["this"]:
                 row = rows.setdefault(key, {"base": [], "this": [], "ratio": []})
                 a, b = got["base"][key], got["this"][key]

@@ -93,6 +93,21 @@ def cores() -> int:
     return os.cpu_count() or 1
 
 
+def src_env(src: Path) -> dict[str, str]:
+    """The environment in which a child process's ``import attnlab`` reads the package in
+    ``src`` (a checkout's src/ folder), not the installed one; checked once, here."""
+    src = src.resolve()
+    if not (src / "attnlab" / "__init__.py").is_file():
+        raise SystemExit(f"{src} holds no attnlab package (give a checkout's src/ folder)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(src)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    found = subprocess.run([sys.executable, "-c", "import attnlab; print(attnlab.__file__)"],
+                           capture_output=True, text=True, env=env, check=True).stdout.strip()
+    if not Path(found).is_relative_to(src):
+        raise SystemExit(f"attnlab imports from {found}, not from {src}")
+    return env
+
+
 def git_head(checkout: Path = ROOT) -> str:
     """The short commit of ``checkout``, and whether tracked files differ from it."""
     try:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from data_speed import git_head, machine  # noqa: E402
+from data_speed import git_head, machine, src_env  # noqa: E402
 from recipes import ROOT, TINY, data_overrides  # noqa: E402
 
 # arm B with --b-torch-dropout: the library's dropout swapped before the models import it
@@ -60,25 +59,11 @@ def timed_settings(skip: int, steps: int) -> list[str]:
             "train.tensorboard=false"]
 
 
-def checkout_env(checkout: Path) -> dict[str, str]:
-    """The environment in which ``import attnlab`` reads ``checkout``'s src/ (not the
-    installed one), checked."""
-    src = checkout.resolve() / "src"
-    if not (src / "attnlab" / "__init__.py").is_file():
-        raise SystemExit(f"{checkout}: not an attnlab checkout (no src/attnlab/__init__.py)")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(src)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
-    found = subprocess.run([sys.executable, "-c", "import attnlab; print(attnlab.__file__)"],
-                           capture_output=True, text=True, env=env, check=True).stdout
-    if not Path(found.strip()).is_relative_to(src):
-        raise SystemExit(f"attnlab imports from {found.strip()}, not from {src}")
-    return env
-
-
 def seconds_per_step(recipe: str, sets: list[str], skip: int, steps: int, *,
-                     torch_dropout: bool, checkout: Path = ROOT) -> float:
-    """Train ``skip + steps`` steps of ``recipe`` in a fresh process with ``checkout``'s
-    attnlab; seconds per step of the last ``steps`` by the run's clock."""
+                     torch_dropout: bool, env: dict[str, str] | None = None) -> float:
+    """Train ``skip + steps`` steps of ``recipe`` in a fresh process (in ``env``: which
+    attnlab it imports, :func:`src_env`); seconds per step of the last ``steps`` by the run's
+    clock."""
     from attnlab.runs import RunDir
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,7 +72,7 @@ def seconds_per_step(recipe: str, sets: list[str], skip: int, steps: int, *,
         res = subprocess.run([sys.executable, "-c", code, "train", recipe, "--out", str(run.path),
                               *(f"--set={s}" for s in sets + timed_settings(skip, steps))],
                              capture_output=True, text=True, cwd=ROOT, check=False,
-                             env=checkout_env(checkout))
+                             env=env)
         if res.returncode != 0:
             raise SystemExit(f"training {recipe} failed:\n{res.stderr.strip()[-3000:]}")
         elapsed = {r["step"]: r["elapsed_s"] for r in run.read_metrics()
@@ -199,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         profile_steps(args.recipe, base, skip, args.steps)
         return 0
-    arms = {"A": (base, False, ROOT), "B": (base + args.b_set, args.b_torch_dropout,
-                                            args.b_src or ROOT)}
+    here = src_env(ROOT / "src")
+    arms = {"A": (base, False, here), "B": (base + args.b_set, args.b_torch_dropout,
+                                            src_env(args.b_src / "src") if args.b_src else here)}
     b_is = args.b_set + (["torch dropout"] if args.b_torch_dropout else [])
     b_is += [f"attnlab of {args.b_src} ({git_head(args.b_src)})"] if args.b_src else []
     print(f"A: as shipped{' + ' + ', '.join(args.overrides) if args.overrides else ''}, "
@@ -212,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         order = "AB" if i % 2 == 0 else "BA"
         t = {}
         for arm in order:
-            sets, torch_dropout, checkout = arms[arm]
+            sets, torch_dropout, env = arms[arm]
             t[arm] = seconds_per_step(args.recipe, sets, skip, args.steps,
-                                      torch_dropout=torch_dropout, checkout=checkout)
+                                      torch_dropout=torch_dropout, env=env)
         ratios.append(t["B"] / t["A"])
         print(f"| {i + 1} | {order} | {t['A']:.3f} | {t['B']:.3f} | {ratios[-1]:.3f} |",
               flush=True)

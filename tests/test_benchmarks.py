@@ -299,11 +299,11 @@ def test_step_speed_times_another_checkouts_attnlab_as_arm_b(capsys, tmp_path):
     a folder that is no checkout is named."""
     speed = script("step_speed")
     root = Path(speed.__file__).resolve().parents[1]
-    assert speed.checkout_env(root)["PYTHONPATH"].split(os.pathsep)[0] == str(root / "src")
+    assert speed.src_env(root / "src")["PYTHONPATH"].split(os.pathsep)[0] == str(root / "src")
     speed.main(["copy", "--tiny", "--pairs", "1", "--steps", "2", "--b-src", str(root)])
     out = capsys.readouterr().out
     assert f"B: attnlab of {root} (" in out and len(table_rows(out, "1 ")) == 1
-    with pytest.raises(SystemExit, match="not an attnlab checkout"):
+    with pytest.raises(SystemExit, match="holds no attnlab package"):
         speed.main(["copy", "--tiny", "--pairs", "1", "--b-src", str(tmp_path)])
 
 
