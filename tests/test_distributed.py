@@ -30,9 +30,24 @@ def command(text, out):
             "--out", str(out)]
 
 
-def run(args, nproc, tmp_path, ok=True):
+MAIN = "import sys\nfrom attnlab.cli import main\nsys.exit(main())\n"
+# rank 1 alone gets a SIGTERM during step 5 (as `kill` of one process would send it)
+SIGNALLED = """import os, signal, sys
+from attnlab.cli import main
+from attnlab.train import Trainer
+plain = Trainer.train_step
+def train_step(self):
+    if self.step == 4 and os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return plain(self)
+Trainer.train_step = train_step
+sys.exit(main())
+"""
+
+
+def run(args, nproc, tmp_path, ok=True, main=MAIN):
     script = tmp_path / "attnlab_main.py"
-    script.write_text("import sys\nfrom attnlab.cli import main\nsys.exit(main())\n")
+    script.write_text(main)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "ATTNLAB_CACHE_DIR": str(tmp_path / "cache")}
     launcher = [sys.executable, str(script)] if nproc == 1 else [
@@ -122,8 +137,16 @@ def test_two_processes_with_dropout_resume_exactly(tmp_path):
     run(args(tmp_path / "whole", 6), 2, tmp_path)
     run(args(tmp_path / "split", 3), 2, tmp_path)
     run(args(tmp_path / "split", 6, "--resume"), 2, tmp_path)
-    a, b = (read_metrics(tmp_path / r / "metrics.csv") for r in ("whole", "split"))
-    assert [r["train_loss"] for r in a] == [r["train_loss"] for r in b]
-    wa = load_file(tmp_path / "whole" / "last" / "model.safetensors")
-    wb = load_file(tmp_path / "split" / "last" / "model.safetensors")
+    same_weights_and_losses(tmp_path / "whole", tmp_path / "split")
+    # a signal to one process between two evaluations: both stop after the same step, saved
+    stopped = run(args(tmp_path / "signalled", 6), 2, tmp_path, ok=False, main=SIGNALLED)
+    assert "holds step 5; resume with" in stopped.stderr, stopped.stderr[-3000:]
+    run(args(tmp_path / "signalled", 6, "--resume"), 2, tmp_path)
+    same_weights_and_losses(tmp_path / "whole", tmp_path / "signalled")
+
+
+def same_weights_and_losses(a, b):
+    ra, rb = (read_metrics(r / "metrics.csv") for r in (a, b))
+    assert [r["train_loss"] for r in ra] == [r["train_loss"] for r in rb]
+    wa, wb = (load_file(r / "last" / "model.safetensors") for r in (a, b))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)

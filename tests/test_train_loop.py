@@ -7,6 +7,7 @@ import contextlib
 import logging
 import math
 import os
+import signal
 
 import pytest
 import torch
@@ -149,16 +150,77 @@ def test_resume_gives_the_same_losses_and_weights(tmp_path, make):
     train_run(RunConfig.from_dict(half), tmp_path / "split")
     resumed = train_run(RunConfig.from_dict(d), tmp_path / "split", resume=True)
     assert resumed.result.step == whole.result.step == 6
-    a = read_metrics(tmp_path / "whole" / "metrics.csv")
-    b = read_metrics(tmp_path / "split" / "metrics.csv")
-    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
-    for key in ("train_loss", "val_loss", "lr"):
-        assert [r[key] for r in a] == [r[key] for r in b], key
-    wa = load_file(tmp_path / "whole" / "last" / "model.safetensors")
-    wb = load_file(tmp_path / "split" / "last" / "model.safetensors")
-    assert wa.keys() == wb.keys()
-    for k in wa:
-        assert torch.equal(wa[k], wb[k]), k
+    assert [r["step"] for r in read_metrics(tmp_path / "whole" / "metrics.csv")] == [
+        1, 2, 3, 4, 5, 6]
+    same_run(tmp_path / "whole", tmp_path / "split")
+
+
+def same_run(a, b) -> None:
+    """Two run dirs hold the same log rows and the same last/ weights."""
+    ra, rb = read_metrics(a / "metrics.csv"), read_metrics(b / "metrics.csv")
+    for key in ("step", "train_loss", "val_loss", "lr"):
+        assert [r.get(key) for r in ra] == [r.get(key) for r in rb], key
+    wa, wb = (load_file(r / "last" / "model.safetensors") for r in (a, b))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def signalled_at(step: int, *signals: int):
+    """Trainer.train_step that sends this process ``signals`` during step ``step + 1``."""
+    plain = Trainer.train_step
+
+    def train_step(self):
+        if self.step == step:
+            for s in signals:
+                os.kill(os.getpid(), s)
+        return plain(self)
+    return train_step
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_after_the_step_it_came_in_with_that_step_saved(tmp_path, monkeypatch,
+                                                                       sig):
+    d = lm_dict(tmp_path, decay_steps=6, keep_checkpoints=2)  # evaluations at steps 3 and 6
+    train_run(RunConfig.from_dict(d), tmp_path / "whole")
+
+    def unhandled(signum, frame):  # what the signal meets if training did not take it
+        raise AssertionError(f"{signal.Signals(signum).name} was not taken by the training")
+    before = signal.signal(sig, unhandled)
+    try:
+        monkeypatch.setattr(Trainer, "train_step", signalled_at(3, sig))
+        with pytest.raises(KeyboardInterrupt):
+            train_run(RunConfig.from_dict(d), tmp_path / "split")
+        assert signal.getsignal(sig) is unhandled  # the handlers are put back
+    finally:
+        signal.signal(sig, before)
+    split = RunDir(tmp_path / "split")
+    assert split.checkpoint_meta("last")["step"] == 4  # not 3, the last evaluation's
+    assert [s for s, _ in split.step_checkpoints()] == [3]  # steps/: evaluations only
+    monkeypatch.undo()
+    resumed = train_run(RunConfig.from_dict(d), tmp_path / "split", resume=True)
+    assert resumed.result.step == 6
+    same_run(tmp_path / "whole", tmp_path / "split")  # as if it had never stopped
+    assert [s for s, _ in split.step_checkpoints()] == [3, 6]
+
+
+def test_a_second_signal_stops_at_once(tmp_path, monkeypatch):
+    d = lm_dict(tmp_path)
+    monkeypatch.setattr(Trainer, "train_step", signalled_at(3, signal.SIGTERM, signal.SIGINT))
+    with pytest.raises(KeyboardInterrupt):
+        train_run(RunConfig.from_dict(d), tmp_path / "run")
+    assert RunDir(tmp_path / "run").checkpoint_meta("last")["step"] == 3  # step 4 not taken
+
+
+def test_an_ignored_signal_stays_ignored(tmp_path, monkeypatch):
+    """A background job of a non-interactive shell starts with SIGINT ignored: training does
+    not start listening to it."""
+    d = lm_dict(tmp_path)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        monkeypatch.setattr(Trainer, "train_step", signalled_at(3, signal.SIGINT))
+        assert train_run(RunConfig.from_dict(d), tmp_path / "run").result.step == 6
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 class Broken(torch.nn.Module):

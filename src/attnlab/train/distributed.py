@@ -67,8 +67,10 @@ def describe(info: DistInfo) -> str:
 
 def cleanup() -> None:
     """Leave the process group, if this process joined one."""
+    global _HOST_GROUP
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # every group, the host one too
+    _HOST_GROUP = None
 
 
 def shard(batch: tuple[Tensor, ...], info: DistInfo) -> tuple[Tensor, ...]:
@@ -87,6 +89,31 @@ def all_reduce_sum(t: Tensor, info: DistInfo) -> Tensor:
     if info.enabled:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+_HOST_GROUP: Any = None  # a gloo group of every process, for host tensors beside NCCL
+
+
+def _host_group() -> Any:
+    """The process group that reduces host (CPU) tensors: the default one under gloo, one
+    gloo group made at the first call otherwise (every process calls it at the same point)."""
+    global _HOST_GROUP
+    if dist.get_backend() == "gloo":
+        return None
+    if _HOST_GROUP is None:
+        _HOST_GROUP = dist.new_group(backend="gloo")
+    return _HOST_GROUP
+
+
+def any_process(flag: bool, info: DistInfo) -> bool:
+    """Whether ``flag`` holds in any process (``flag`` itself without processes): one number
+    all-reduced on the host, over gloo (beside NCCL, gloo's own group), so no process waits
+    for its GPU's queue."""
+    if not info.enabled:
+        return flag
+    t = torch.tensor([int(flag)])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_host_group())
+    return bool(t.item())
 
 
 def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:

@@ -29,10 +29,12 @@ from ..run_config import RunConfig
 from ..runs import RunDir, RunError
 from ..speed import use_cpu_sdpa
 from ..tasks import Task
-from .distributed import DistInfo, all_gather_objects, all_reduce_sum, shard, wrap_ddp
+from .distributed import (DistInfo, all_gather_objects, all_reduce_sum, any_process, shard,
+                          wrap_ddp)
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
 from .precision import autocast, fastest, probe_key, resolve_precision, sdpa_backends
+from .stop import StopSignals
 
 log = logging.getLogger(__name__)
 LOWER_IS_BETTER = ("val_loss", "ppl")
@@ -296,8 +298,10 @@ class Trainer:
                 "window": self.window.state_dict(), "world_size": self.info.world_size,
                 "elapsed_s": 0.0 if self.started is None else time.perf_counter() - self.started}
 
-    def save(self, which: str = "last") -> None:
-        """Checkpoint ``which`` (best: weights only; last: also the training state)."""
+    def save(self, which: str = "last", *, step_weights: bool = True) -> None:
+        """Checkpoint ``which`` (best: weights only; last: also the training state and, with
+        ``train.keep_checkpoints`` and ``step_weights``, a copy of the weights under steps/:
+        an evaluation's, for ``attnlab average``)."""
         # every process's RNG state (they differ), gathered on all of them before rank 0 writes
         ranks = all_gather_objects(rng_state(), self.info) \
             if which == "last" and self.info.enabled else None
@@ -310,7 +314,7 @@ class Trainer:
         if which == "best" and self.best is not None:
             meta.update(self.best)
         self.run.save_checkpoint(which, self.model, state, meta)
-        if which == "last" and self.cfg.keep_checkpoints:
+        if which == "last" and self.cfg.keep_checkpoints and step_weights:
             self.run.save_step_weights(self.step, self.model, meta, self.cfg.keep_checkpoints)
 
     def resume(self) -> None:
@@ -411,10 +415,20 @@ class Trainer:
             self.save("last")
         return metrics, stopped
 
+    def _save_and_stop(self, saved: bool) -> None:
+        """A signal asked training to stop (in any process): last/ at this step (``saved``:
+        the evaluation just wrote it), then ``KeyboardInterrupt``."""
+        if not saved:
+            with self.window.paused():
+                self.window.fold(self.step)
+                self.save("last", step_weights=False)
+        raise KeyboardInterrupt(f"stopped at step {self.step}, saved")
+
     def fit(self) -> TrainResult:
         """Train to ``train.max_steps`` (or until patience runs out), with a log row every
         ``log_every`` steps and an evaluation and last/ checkpoint every ``eval_every``; then
-        the final evaluation (``final_eval_batches``)."""
+        the final evaluation (``final_eval_batches``). Ctrl-C or SIGTERM: the step finishes,
+        last/ is saved at it, then ``KeyboardInterrupt`` (:mod:`attnlab.train.stop`)."""
         cfg = self.cfg
         mon = Monitor(self.run, self.task.metric_names, total=cfg.max_steps,
                       start=self.step, progress=cfg.progress, tensorboard=cfg.tensorboard,
@@ -426,13 +440,17 @@ class Trainer:
         stopped, metrics = 0 < cfg.patience <= self.bad_evals, {}
         self.model.train()
         try:
-            while self.step < cfg.max_steps and not stopped:
-                lr = self._step()
-                row = self._train_row(mon, lr) if self._due(cfg.log_every) else {}
-                if self._due(cfg.eval_every):
-                    metrics, stopped = self._evaluate_and_save(mon, row, lr)
-                elif row:
-                    mon.row(self.step, row)
+            with StopSignals() as signals:  # Ctrl-C, SIGTERM: stop after the step, saved
+                while self.step < cfg.max_steps and not stopped:
+                    lr = self._step()
+                    row = self._train_row(mon, lr) if self._due(cfg.log_every) else {}
+                    saved = self._due(cfg.eval_every)
+                    if saved:
+                        metrics, stopped = self._evaluate_and_save(mon, row, lr)
+                    elif row:
+                        mon.row(self.step, row)
+                    if any_process(signals.received is not None, self.info):
+                        self._save_and_stop(saved)
         finally:
             mon.close()
         resample = self.task.sampled_eval and cfg.final_eval_batches != cfg.eval_batches
