@@ -18,7 +18,8 @@ each pair's B / A ratio, with the median and range. Data: local copies under `--
 
 `--profile` instead runs arm A once, in this process, with `torch.profiler` around `--steps`
 steps after `--skip`: where a step's time goes (matrix products, random numbers, attention,
-the loss's softmax, norms, the optimizer, the rest; self time of the ops), and the matrix
+the loss's softmax, norms, the optimizer, the rest; self time of the ops), the share of the
+ops on vocabulary-wide tensors (the output projection and the loss), and the matrix
 products' GFLOP/s against `torch.mm`'s best on this machine (fp32 and bf16 squares of
 256-2048).
 """
@@ -112,11 +113,12 @@ def profile_steps(recipe: str, sets: list[str], skip: int, steps: int) -> None:
     from attnlab.train.loop import Trainer
 
     plain, seen, prof = Trainer.train_step, [0], profile(activities=[ProfilerActivity.CPU],
-                                                            with_flops=True)
-    wall = [0.0]
+                                                            with_flops=True, record_shapes=True)
+    wall, vocab = [0.0], [0]
 
     def train_step(self):  # the profiler on for the chosen steps only
         seen[0] += 1
+        vocab[0] = self.task.model_config.vocab_size
         if seen[0] == skip + 1:
             prof.__enter__()
             wall[0] = time.perf_counter()
@@ -146,6 +148,12 @@ def profile_steps(recipe: str, sets: list[str], skip: int, steps: int) -> None:
     print("| --- | ---: | ---: |")
     for group, us in by.items():
         print(f"| {group} | {us / 1e3 / steps:.0f} | {us / max(total, 1e-9):.0%} |")
+    # ops with a vocabulary-sized dimension: the output projection, its gradient, the loss
+    wide = sum(ev.self_cpu_time_total for ev in prof.key_averages(group_by_input_shape=True)
+               if any(vocab[0] in shape for shape in ev.input_shapes or [] if shape))
+    print(f"\nof which on ({vocab[0]:,}-wide) vocabulary tensors (the output projection, its "
+          f"gradient, the loss): {wide / 1e3 / steps:.0f} ms a step, "
+          f"{wide / max(total, 1e-9):.0%}")
     rate = flops / max(mm_us, 1e-9) / 1e3  # FLOP per microsecond / 1e3 = GFLOP/s
     peaks = {str(d).removeprefix("torch."): mm_peak(d) for d in (torch.float32, torch.bfloat16)}
     print(f"\nmatrix products: {flops / steps / 1e9:.1f} GFLOP a step at {rate:.0f} GFLOP/s; "

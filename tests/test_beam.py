@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from _runs import tiny_classifier, tiny_lm, tiny_seq2seq
+from attnlab.config import ConfigError
 from attnlab.data.batching import pad
 from attnlab.decoding import beam_search, classify, greedy_search, translate
 from attnlab.decoding.translate import length_penalty_of
@@ -112,8 +113,11 @@ def test_beam_search_scores_at_least_greedy_on_average_and_respects_max_len():
 
 def test_translate_input_checks():
     model = tiny_seq2seq(0)
-    with pytest.raises(ValueError, match="beam"):
+    with pytest.raises(ConfigError, match=r"beam=0 is not allowed.*an integer >= 1"):
         translate(model, SOURCES, beam=0, bos_id=BOS, eos_id=EOS)
+    with pytest.raises(ConfigError, match=r"beam=0 is not allowed.*an integer >= 1"):
+        beam_search(model, pad(SOURCES, 0)[0], None, beam=0, length_penalty=0.6, max_len=8,
+                    bos_id=BOS, eos_id=EOS)  # the same check, the same message
     with pytest.raises(ValueError, match="max_len"):
         translate(model, SOURCES, max_len=100, bos_id=BOS, eos_id=EOS)
     with pytest.raises(ValueError, match="empty"):

@@ -316,6 +316,8 @@ def test_step_speed_profile_splits_a_step_into_its_parts(capsys):
     assert sum(int(r[2].rstrip("%")) for r in parts.values()) in range(97, 104)  # rounding
     assert int(parts["matrix products"][2].rstrip("%")) > 0
     assert "GFLOP a step" in out and "float32" in out and "bfloat16" in out
+    wide = re.search(r"vocabulary tensors .*: (\d+) ms a step, (\d+)%", out)
+    assert wide and 0 < int(wide[2]) < 100, out  # the head and the loss: some, not all
 
 
 def test_recipes_script_knows_where_the_data_of_every_shipped_recipe_is(tmp_path):

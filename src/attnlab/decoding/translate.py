@@ -310,8 +310,7 @@ def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, *, beam:
     if not math.isfinite(length_penalty):
         raise ValueError(f"length_penalty={length_penalty} must be a finite number (0 = none, "
                          "0.6 as in GNMT)")
-    if beam < 1:
-        raise ValueError(f"beam={beam} must be >= 1")
+    check_int("beam", beam, 1)
     search = BeamSearch(model, src, src_mask, beam=beam, length_penalty=length_penalty,
                         max_len=max_len, bos_id=bos_id, eos_id=eos_id)
     for t in range(search.n):  # the last step ends every sentence still live
