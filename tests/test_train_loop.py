@@ -210,6 +210,15 @@ def test_a_second_signal_stops_at_once(tmp_path, monkeypatch):
     assert RunDir(tmp_path / "run").checkpoint_meta("last")["step"] == 3  # step 4 not taken
 
 
+def test_a_signal_in_the_last_step_lets_the_run_finish(tmp_path, monkeypatch):
+    """Nothing is left to save for: the run ends as usual, its results written (an
+    interrupt there would leave a checkpoint with no steps left to resume)."""
+    d = lm_dict(tmp_path)
+    monkeypatch.setattr(Trainer, "train_step", signalled_at(5, signal.SIGTERM))
+    assert train_run(RunConfig.from_dict(d), tmp_path / "run").result.step == 6
+    assert RunDir(tmp_path / "run").results_file.is_file()
+
+
 def test_an_ignored_signal_stays_ignored(tmp_path, monkeypatch):
     """A background job of a non-interactive shell starts with SIGINT ignored: training does
     not start listening to it."""

@@ -449,7 +449,8 @@ class Trainer:
                         metrics, stopped = self._evaluate_and_save(mon, row, lr)
                     elif row:
                         mon.row(self.step, row)
-                    if any_process(signals.received is not None, self.info):
+                    asked = any_process(signals.received is not None, self.info)
+                    if asked and self.step < cfg.max_steps and not stopped:  # (else: done)
                         self._save_and_stop(saved)
         finally:
             mon.close()
