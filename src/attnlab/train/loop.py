@@ -29,8 +29,7 @@ from ..run_config import RunConfig
 from ..runs import RunDir, RunError
 from ..speed import use_cpu_sdpa
 from ..tasks import Task
-from .distributed import (DistInfo, all_gather_objects, all_reduce_sum, any_process, shard,
-                          wrap_ddp)
+from .distributed import DistInfo, all_gather_objects, all_reduce_sum, any_process, shard, wrap_ddp
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
 from .precision import autocast, fastest, probe_key, resolve_precision, sdpa_backends
