@@ -85,7 +85,7 @@ def seconds_per_step(recipe: str, sets: list[str], skip: int, steps: int, *,
 GROUPS = (("matrix products", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")),
           ("random numbers (dropout)", ("aten::random_", "aten::bernoulli_", "aten::uniform_")),
           ("attention", ("scaled_dot_product", "flash_attention")),
-          ("loss (log-softmax, nll)", ("log_softmax", "nll_loss")),
+          ("loss (log-softmax, nll)", ("log_softmax", "nll_loss", "logsumexp")),
           ("norms", ("layer_norm",)),
           ("optimizer", ("aten::_foreach", "adam")))
 

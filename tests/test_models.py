@@ -136,6 +136,12 @@ def test_transformer_given_targets_runs_its_head_on_the_counted_targets_only():
     got = torch.autograd.grad(loss, params)
     for g, w in zip(got, torch.autograd.grad(want, params)):
         torch.testing.assert_close(g, w)
+    # training's path: the head fused with the loss (no logits), the same loss and gradients
+    none, fused = model(src, tgt, targets, label_smoothing=0.1, return_logits=False)
+    assert none is None and len(rows) == 3  # the head module itself did not run
+    torch.testing.assert_close(fused, want)
+    for g, w in zip(torch.autograd.grad(fused, params), got):
+        torch.testing.assert_close(g, w)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)

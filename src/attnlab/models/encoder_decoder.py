@@ -24,6 +24,7 @@ from ..nn import (
     counted,
     init_weights,
     key_mask,
+    linear_cross_entropy,
     resolve_layers,
     token_loss,
     token_positions,
@@ -119,7 +120,7 @@ class Transformer(nn.Module):
     def forward(self, src: Tensor, tgt: Tensor, targets: Tensor | None = None, *,
                 src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
                 label_smoothing: float = 0.0, reduction: str = "mean",
-                ) -> tuple[Tensor, Tensor | None]:
+                return_logits: bool = True) -> tuple[Tensor | None, Tensor | None]:
         """Teacher-forced logits; given targets, only the counted positions' logits and
         their mean cross-entropy: the head (the largest matrix product of a small model)
         is not run on target padding.
@@ -131,13 +132,16 @@ class Transformer(nn.Module):
             tgt_mask: bool for left-padded targets; right padding needs none (causal).
             label_smoothing: of the loss (Szegedy et al. 2016; the paper's 0.1).
             reduction: ``"mean"`` over the counted targets, or ``"sum"``.
+            return_logits: False: the loss only, the head fused with it
+                (:func:`~attnlab.nn.linear_cross_entropy`, as training runs it).
 
         Shape:
             src, src_mask (B, S); tgt, targets, tgt_mask (B, T).
 
         Returns:
             logits (B, T, V) and None; given targets, logits (N, V) of the N counted
-            positions (``logits[counted(targets, pad_id)]`` of the full pass) and the loss.
+            positions (``logits[counted(targets, pad_id)]`` of the full pass) and the loss;
+            None and the loss with ``return_logits=False``.
         """
         src_valid = self.src_valid(src, src_mask)
         memory, _ = self.encode_with_maps(src, valid=src_valid)  # (B, S, D)
@@ -145,6 +149,10 @@ class Transformer(nn.Module):
         if targets is None:
             return self.head(h), None  # (B, T, V)
         picked = counted(targets, self.config.pad_id)  # (B, T)
+        if not return_logits:
+            return None, linear_cross_entropy(h[picked], self.head.weight, targets[picked],
+                                              label_smoothing=label_smoothing,
+                                              reduction=reduction)
         logits = self.head(h[picked])  # (N, V)
         return logits, token_loss(logits, targets[picked], label_smoothing=label_smoothing,
                                   reduction=reduction)

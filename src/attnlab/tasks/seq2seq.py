@@ -55,8 +55,9 @@ class Seq2SeqTask(Task):
 
     def loss_sum(self, model: nn.Module, batch, label_smoothing: float = 0.0) -> Tensor:
         src, tgt_in, tgt_out = batch  # source pads masked from src != pad_id
-        _, loss = model(src, tgt_in, tgt_out, label_smoothing=label_smoothing, reduction="sum")
-        return loss  # the head ran on the counted targets only
+        _, loss = model(src, tgt_in, tgt_out, label_smoothing=label_smoothing, reduction="sum",
+                        return_logits=False)
+        return loss  # the head fused with the loss, on the counted targets only
 
     def _val_loss(self, model: nn.Module, batches, device: torch.device, amp: Amp,
                   progress: Progress) -> float:
