@@ -8,7 +8,9 @@ Prints the machine (lscpu), date, commit and command, then one table: the wall t
 figure as `attnlab eval` computes it (val loss over the whole split for a language model,
 BLEU with greedy decoding and with `--beam` for translation, accuracy for classification);
 with `--average N`, the same scores of the mean of the last N evaluation checkpoints
-(`attnlab average`). Data: the local copies under `--data-dir` (default ../shared/data).
+(`attnlab average`). Then the wall time of each command, and of the recipe end to end:
+training, then (with `--average`) averaging, then the last weights' best-scored evaluation
+(with `--beam`, the beam's). Data: the local copies under `--data-dir` (default ../shared/data).
 `--tiny` trains a few steps of a small model (for the tests).
 """
 
@@ -58,13 +60,22 @@ def data_overrides(recipe: str, data_dir: Path) -> list[str]:
     return [f"{key}={data_dir / rel}" for key, rel in DATA.get(name, {}).items()]
 
 
-def scores(run: Path, beam: int) -> dict[str, float]:
+def timed(walls: dict[str, float], label: str, *args: str) -> str:
+    """:func:`attnlab` that adds its wall time to ``walls`` under ``label``."""
+    start = time.perf_counter()
+    out = attnlab(*args)
+    walls[label] = time.perf_counter() - start
+    return out
+
+
+def scores(run: Path, beam: int, walls: dict[str, float]) -> dict[str, float]:
     """``attnlab eval`` of ``run`` (greedy, and with ``beam`` when it is > 1 and the run
     translates): the metrics as a dict, the beam's BLEU as ``bleu_beam``."""
-    out = json.loads(attnlab("eval", str(run), "--json"))
+    out = json.loads(timed(walls, f"attnlab eval {run.name}", "eval", str(run), "--json"))
     if beam > 1 and "bleu" in out:
-        out["bleu_beam"] = json.loads(attnlab("eval", str(run), "--json", "--beam", str(beam)))[
-            "bleu"]
+        out["bleu_beam"] = json.loads(timed(walls, f"attnlab eval {run.name} --beam {beam}",
+                                            "eval", str(run), "--json", "--beam",
+                                            str(beam)))["bleu"]
     return {k: v for k, v in out.items() if isinstance(v, float)}
 
 
@@ -83,22 +94,31 @@ def main(argv: list[str] | None = None) -> int:
           f"command: benchmarks/recipes.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     sets = data_overrides(args.recipe, args.data_dir) + (TINY if args.tiny else [])
     sets += args.overrides + ([f"train.keep_checkpoints={args.average}"] if args.average else [])
+    walls: dict[str, float] = {}  # command -> seconds, in the order they ran
     with tempfile.TemporaryDirectory() as tmp:
         run = args.out or Path(tmp) / "run"
-        start = time.perf_counter()
-        attnlab("train", args.recipe, "--out", str(run), *(f"--set={s}" for s in sets))
-        wall = time.perf_counter() - start
-        rows = [("trained (best/)", scores(run, args.beam))]
+        timed(walls, f"attnlab train {args.recipe}", "train", args.recipe, "--out", str(run),
+              *(f"--set={s}" for s in sets))
+        path = [f"attnlab train {args.recipe}"]  # what the recipe runs end to end
+        rows = [("trained (best/)", scores(run, args.beam, walls))]
         if args.average:
-            attnlab("average", str(run), "--last", str(args.average), "--out", str(run) + "-avg")
-            rows.append((f"average of the last {args.average}", scores(Path(f"{run}-avg"),
-                                                                       args.beam)))
+            path.append(f"attnlab average {run.name} --last {args.average}")
+            timed(walls, path[-1], "average", str(run), "--last", str(args.average),
+                  "--out", f"{run}-avg")
+            rows.append((f"average of the last {args.average}",
+                         scores(Path(f"{run}-avg"), args.beam, walls)))
+        path.append(list(walls)[-1])  # the evaluation of the weights it ends on
     keys = sorted({k for _, r in rows for k in r})
-    print(f"\n`attnlab train {args.recipe}`: {wall:.0f} s wall\n")
+    print(f"\n`attnlab train {args.recipe}`: {walls[path[0]]:.0f} s wall\n")
     print("| weights | " + " | ".join(keys) + " |")
     print("| --- |" + " --- |" * len(keys))
     for name, r in rows:
         print(f"| {name} | " + " | ".join(f"{r[k]:.4f}" if k in r else "" for k in keys) + " |")
+    print("\n| command | s wall |\n| --- | ---: |")
+    for words, wall in walls.items():
+        print(f"| `{words}` | {wall:.0f} |")
+    print(f"\nend to end ({', then '.join(f'`{w}`' for w in path)}): "
+          f"{sum(walls[w] for w in path):.0f} s wall")
     return 0
 
 

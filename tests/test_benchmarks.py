@@ -277,6 +277,14 @@ def test_recipes_script_trains_averages_and_scores_a_translation_recipe(tmp_path
     rows = table_rows(out, "trained") + table_rows(out, "average of the last 2")
     header = next(line for line in out.splitlines() if line.startswith("| weights"))
     assert len(rows) == 2 and "bleu_beam" in header and "val_loss" in header
+    walls = {r[0]: float(r[1]) for r in table_rows(out, "`attnlab ")}
+    assert list(walls) == ["`attnlab train multi30k_de_en`", "`attnlab eval run`",
+                           "`attnlab eval run --beam 2`", "`attnlab average run --last 2`",
+                           "`attnlab eval run-avg`", "`attnlab eval run-avg --beam 2`"]
+    end = re.search(r"end to end \(`attnlab train multi30k_de_en`, then `attnlab average run "
+                    r"--last 2`, then `attnlab eval run-avg --beam 2`\): (\d+) s wall", out)
+    assert end and abs(int(end[1]) - sum(walls[w] for w in ("`attnlab train multi30k_de_en`",
+        "`attnlab average run --last 2`", "`attnlab eval run-avg --beam 2`"))) <= 1.5, out
 
 
 def test_step_speed_times_both_arms_alternately(capsys):
