@@ -8,6 +8,7 @@ import torch
 
 import attnlab.nn as attention_module
 from attnlab import DecoderLM, EncoderClassifier, ModelConfig, Transformer, build_model
+from attnlab.speed import linear_cross_entropy, use_fused_loss
 
 V = 23
 
@@ -136,12 +137,17 @@ def test_transformer_given_targets_runs_its_head_on_the_counted_targets_only():
     got = torch.autograd.grad(loss, params)
     for g, w in zip(got, torch.autograd.grad(want, params)):
         torch.testing.assert_close(g, w)
-    # training's path: the head fused with the loss (no logits), the same loss and gradients
-    none, fused = model(src, tgt, targets, label_smoothing=0.1, return_logits=False)
-    assert none is None and len(rows) == 3  # the head module itself did not run
-    torch.testing.assert_close(fused, want)
-    for g, w in zip(torch.autograd.grad(fused, params), got):
-        torch.testing.assert_close(g, w)
+    # the loss only (no logits), through the head_loss slot: as it is, and with the fused loss
+    # training puts there (attnlab.speed): the same loss and gradients
+    for slot in ("as built", "fused"):
+        if slot == "fused":
+            use_fused_loss(model)
+        none, only = model(src, tgt, targets, label_smoothing=0.1, return_logits=False)
+        assert none is None and len(rows) == 3  # the head module itself did not run
+        torch.testing.assert_close(only, want)
+        for g, w in zip(torch.autograd.grad(only, params), got):
+            torch.testing.assert_close(g, w)
+    assert model.head_loss is linear_cross_entropy
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)

@@ -22,7 +22,6 @@ from attnlab.nn import (
     dropout,
     fused_attention,
     left_padding_mask,
-    linear_cross_entropy,
     pad_mask_from_ids,
     padding_mask,
     reference_attention,
@@ -336,61 +335,3 @@ def test_feed_forward_variants(act):
     with pytest.raises(ValueError, match="activation='tanh' is not allowed"):
         FeedForward(8, 32, "tanh")
 
-
-# ---- the output projection fused with its loss -----------------------------------------------
-def _projection_case(n=37, d=16, v=50, seed=0, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    h = torch.randn(n, d, generator=g, dtype=dtype, requires_grad=True)
-    w = (torch.randn(v, d, generator=g, dtype=dtype) * 0.3).requires_grad_()
-    targets = torch.randint(0, v, (n,), generator=g)
-    targets[::5] = -100  # left out
-    return h, w, targets
-
-
-@pytest.mark.parametrize("smoothing", [0.0, 0.1])
-@pytest.mark.parametrize("reduction", ["mean", "sum"])
-@pytest.mark.parametrize("rows", [None, 8, 1])  # one block; blocks with a remainder; row by row
-def test_linear_cross_entropy_equals_torchs_loss_of_the_projection(smoothing, reduction, rows):
-    h, w, targets = _projection_case(dtype=torch.float64)
-    got = linear_cross_entropy(h, w, targets, label_smoothing=smoothing, reduction=reduction,
-                               rows=rows)
-    want = F.cross_entropy(h @ w.t(), targets, ignore_index=-100, label_smoothing=smoothing,
-                           reduction=reduction)
-    torch.testing.assert_close(got, want)
-    grads = [torch.autograd.grad(loss * 1.7, (h, w)) for loss in (got, want)]
-    for a, b in zip(*grads):
-        torch.testing.assert_close(a, b)
-    assert torch.autograd.gradcheck(
-        lambda h, w: linear_cross_entropy(h, w, targets, label_smoothing=smoothing, rows=rows),
-        (h, w))
-
-
-def test_linear_cross_entropy_without_gradients_and_with_one_input_needing_them():
-    h, w, targets = _projection_case()
-    want = F.cross_entropy(h @ w.t(), targets, ignore_index=-100, label_smoothing=0.1)
-    with torch.no_grad(), torch.profiler.profile() as prof:
-        torch.testing.assert_close(linear_cross_entropy(h, w, targets, label_smoothing=0.1), want)
-    products = [e.name for e in prof.events() if e.name in ("aten::mm", "aten::addmm_")]
-    assert products == ["aten::mm"]  # no gradients made: the logits' product only
-    frozen = w.detach()  # a frozen projection: only h gets a gradient
-    got = linear_cross_entropy(h, frozen, targets, label_smoothing=0.1, rows=4)
-    (want_h,) = torch.autograd.grad(F.cross_entropy(h @ frozen.t(), targets, label_smoothing=0.1,
-                                                    ignore_index=-100), h)
-    torch.testing.assert_close(torch.autograd.grad(got, h)[0], want_h)
-    with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum', got 'none'"):
-        linear_cross_entropy(h, w, targets, reduction="none")
-
-
-def test_linear_cross_entropy_under_bf16_autocast_as_the_autocast_projection():
-    """Matrix products in bf16, the softmax in float32, gradients in the inputs' dtypes: as
-    torch's autocast runs the unfused projection and ``F.cross_entropy`` of its upcast."""
-    h, w, targets = _projection_case(n=300, d=64, v=1000)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = linear_cross_entropy(h, w, targets, label_smoothing=0.1, rows=64)
-        want = F.cross_entropy((h @ w.t()).float(), targets, ignore_index=-100,
-                               label_smoothing=0.1)
-    grads = torch.autograd.grad(got, (h, w)), torch.autograd.grad(want, (h, w))
-    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
-    for a, b in zip(*grads):
-        assert a.dtype == torch.float32
-        torch.testing.assert_close(a, b, atol=2e-4, rtol=2e-2)

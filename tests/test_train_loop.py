@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import signal
+import threading
 
 import pytest
 import torch
@@ -165,13 +166,15 @@ def same_run(a, b) -> None:
 
 
 def signalled_at(step: int, *signals: int):
-    """Trainer.train_step that sends this process ``signals`` during step ``step + 1``."""
+    """Trainer.train_step that sends this process ``signals`` during step ``step + 1``: to its
+    main thread, so each is taken before the step runs (``os.kill`` lets the kernel pick a
+    thread, and a busy torch worker thread can hold a signal past the step)."""
     plain = Trainer.train_step
 
     def train_step(self):
         if self.step == step:
             for s in signals:
-                os.kill(os.getpid(), s)
+                signal.pthread_kill(threading.main_thread().ident, s)
         return plain(self)
     return train_step
 

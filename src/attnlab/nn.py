@@ -805,84 +805,12 @@ def token_loss(logits: Tensor, targets: Tensor, pad_id: int | None = None,
                            reduction=reduction)
 
 
-def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, *,
-                         label_smoothing: float = 0.0, reduction: str = "mean",
-                         rows: int | None = None) -> Tensor:
-    """The output projection and its loss in one: ``token_loss(h @ weight.T, targets, ...)``,
-    its value and its gradients, without the (N, V) logits ever made whole.
-
-    The logits of ``rows`` positions at a time (default: about 4M numbers, 16 MB) are made,
-    turned into their share of the loss and, when gradients are wanted, into the gradient of
-    the loss by them (softmax minus the smoothed one-hot target) and on into the gradients
-    of ``h`` and ``weight``, while they are still in the cache. Unfused, a vocabulary of
-    8,000 costs a log-softmax, its backward and several passes over (N, V) tensors besides
-    the three matrix products: fused, a ``multi30k_de_en`` training step on a 2-core CPU is
-    1.13x faster (docs/benchmarks.md).
-    Under autocast the matrix products run in its dtype, the softmax in float32.
-
-    Args:
-        h: hidden states. weight: the projection (``head.weight``, tied or not; no bias).
-        targets: ids; ``IGNORE_INDEX`` rows do not count.
-        label_smoothing: as ``F.cross_entropy``'s. reduction: ``"mean"`` or ``"sum"``.
-
-    Shape:
-        h (N, D); weight (V, D); targets (N,).
-    """
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-    keep = targets != IGNORE_INDEX
-    if not bool(keep.all()):
-        h, targets = h[keep], targets[keep]
-    kind = h.device.type
-    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
-    rows = rows or max(1, 2**22 // weight.size(0))
-    total = _LinearCrossEntropy.apply(h, weight, targets, label_smoothing, dtype, rows,
-                                      torch.is_grad_enabled())
-    return total if reduction == "sum" else total / targets.numel()
-
-
-class _LinearCrossEntropy(torch.autograd.Function):
-    """:func:`linear_cross_entropy`'s sum: the gradients are made in the forward pass, a block
-    of rows at a time, and only scaled in the backward."""
-
-    @staticmethod
-    def forward(ctx, h, weight, targets, smoothing, dtype, rows, grad_enabled):
-        x, w = h.to(dtype), weight.to(dtype)  # (N, D), (V, D)
-        v, acc = w.size(0), torch.promote_types(dtype, torch.float32)  # acc: sums, softmax
-        want = [grad_enabled and need for need in ctx.needs_input_grad[:2]]  # (no_grad: none)
-        gx = torch.empty_like(x) if want[0] else None
-        gw = torch.zeros_like(w, dtype=acc) if want[1] else None
-        total = torch.zeros((), dtype=acc, device=h.device)
-        with torch.autocast(h.device.type, enabled=False):
-            for start in range(0, x.size(0), rows):
-                xc, tc = x[start:start + rows], targets[start:start + rows, None]
-                z = (xc @ w.t()).to(acc)  # (c, V) logits
-                lse = torch.logsumexp(z, 1, keepdim=True)  # (c, 1)
-                # -log p = lse - z: (1 - eps) on the target, eps spread evenly over the V ids
-                total += (lse.sum() - (1 - smoothing) * z.gather(1, tc).sum()
-                          - smoothing / v * z.sum())
-                if gx is None and gw is None:
-                    continue
-                g = z.sub_(lse).exp_().sub_(smoothing / v)  # softmax - eps / V
-                g.scatter_add_(1, tc, g.new_full(tc.shape, smoothing - 1))  # - (1 - eps) one-hot
-                g = g.to(dtype)
-                if gx is not None:
-                    torch.mm(g, w, out=gx[start:start + rows])  # (c, D)
-                if gw is not None and dtype == acc:
-                    gw.addmm_(g.t(), xc)  # (V, D)
-                elif gw is not None:
-                    gw += g.t() @ xc  # (V, D), summed in float32 across the blocks
-        ctx.save_for_backward(gx, gw)
-        ctx.dtypes = h.dtype, weight.dtype
-        return total
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        gx, gw = ctx.saved_tensors
-        gx = None if gx is None else (gx * grad).to(ctx.dtypes[0])
-        gw = None if gw is None else (gw * grad).to(ctx.dtypes[1])
-        return gx, gw, None, None, None, None, None
+def projected_loss(h: Tensor, weight: Tensor, targets: Tensor, *,
+                   label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
+    """:func:`token_loss` of the projection ``h @ weight.T`` (N, V): a model's ``head_loss``
+    slot, where :mod:`attnlab.speed` puts the fused one (the same loss and gradients)."""
+    return token_loss(h @ weight.t(), targets, label_smoothing=label_smoothing,
+                      reduction=reduction)
 
 
 def count_parameters(model: nn.Module, by_component: bool = False) -> int | dict[str, int]:

@@ -24,7 +24,7 @@ from ..nn import (
     counted,
     init_weights,
     key_mask,
-    linear_cross_entropy,
+    projected_loss,
     resolve_layers,
     token_loss,
     token_positions,
@@ -47,6 +47,7 @@ class Transformer(nn.Module):
         self.encoder = Encoder(config, config.n_layers)
         self.decoder = Decoder(config, config.n_decoder_layers, cross=True)
         self.head = nn.Linear(config.d_model, config.tgt_vocab_size, bias=False)
+        self.head_loss = projected_loss  # (h, head.weight, targets) -> loss; a slot
         init_weights(self, config, config.n_layers + config.n_decoder_layers)
         if config.share_embeddings:
             self.tgt_emb.tok.weight = self.src_emb.tok.weight
@@ -132,8 +133,8 @@ class Transformer(nn.Module):
             tgt_mask: bool for left-padded targets; right padding needs none (causal).
             label_smoothing: of the loss (Szegedy et al. 2016; the paper's 0.1).
             reduction: ``"mean"`` over the counted targets, or ``"sum"``.
-            return_logits: False: the loss only, the head fused with it
-                (:func:`~attnlab.nn.linear_cross_entropy`, as training runs it).
+            return_logits: False: None and the loss, from ``self.head_loss`` (a slot:
+                :func:`~attnlab.nn.projected_loss`, or the fused one training puts there).
 
         Shape:
             src, src_mask (B, S); tgt, targets, tgt_mask (B, T).
@@ -149,10 +150,9 @@ class Transformer(nn.Module):
         if targets is None:
             return self.head(h), None  # (B, T, V)
         picked = counted(targets, self.config.pad_id)  # (B, T)
-        if not return_logits:
-            return None, linear_cross_entropy(h[picked], self.head.weight, targets[picked],
-                                              label_smoothing=label_smoothing,
-                                              reduction=reduction)
+        if not return_logits:  # the loss only (training): head_loss may be a fused one
+            return None, self.head_loss(h[picked], self.head.weight, targets[picked],
+                                        label_smoothing=label_smoothing, reduction=reduction)
         logits = self.head(h[picked])  # (N, V)
         return logits, token_loss(logits, targets[picked], label_smoothing=label_smoothing,
                                   reduction=reduction)

@@ -7,6 +7,8 @@ the trainer and the decoding loops apply these around a model.
 * :mod:`~attnlab.speed.attention`: attention kernels for bf16/fp16 on a CPU, put into each
   :class:`~attnlab.nn.MultiHeadAttention`'s ``sdpa`` slot (:func:`use_cpu_sdpa`,
   :func:`cpu_sdpa_in`).
+* :mod:`~attnlab.speed.loss`: the output projection fused with its loss, put into a
+  model's ``head_loss`` slot (:func:`use_fused_loss`, :func:`linear_cross_entropy`).
 * :mod:`~attnlab.speed.decoding`: what decoding steps run in (:func:`decoding_kernels`,
   :func:`direct_attributes`) and the weights' memory order (:func:`inference_layout`,
   :func:`layout_pays`).
@@ -14,7 +16,9 @@ the trainer and the decoding loops apply these around a model.
 
 from .attention import cpu_sdpa, cpu_sdpa_in, use_cpu_sdpa
 from .decoding import decoding_kernels, direct_attributes, inference_layout, layout_pays
+from .loss import linear_cross_entropy, use_fused_loss
 from .probe import fastest, machine_key
 
 __all__ = ["cpu_sdpa", "cpu_sdpa_in", "decoding_kernels", "direct_attributes", "fastest",
-           "inference_layout", "layout_pays", "machine_key", "use_cpu_sdpa"]
+           "inference_layout", "layout_pays", "linear_cross_entropy", "machine_key",
+           "use_cpu_sdpa", "use_fused_loss"]

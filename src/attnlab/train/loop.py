@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..models import build_model
 from ..run_config import RunConfig
 from ..runs import RunDir, RunError
-from ..speed import use_cpu_sdpa
+from ..speed import use_cpu_sdpa, use_fused_loss
 from ..tasks import Task
 from .distributed import DistInfo, all_gather_objects, all_reduce_sum, any_process, shard, wrap_ddp
 from .monitor import Monitor
@@ -178,7 +178,7 @@ class Trainer:
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)  # process-wide, as torch has it
         seed_everything(self.cfg.seed)  # the same initial weights on every process
-        self.model = use_cpu_sdpa(build_model(task.model_config).to(self.device))
+        self.model = use_fused_loss(use_cpu_sdpa(build_model(task.model_config).to(self.device)))
         if self.info.enabled:  # then each process its own random stream (dropout masks)
             torch.manual_seed(self.cfg.seed + self.info.rank)
         self.backends = sdpa_backends(self.cfg.sdpa_backend)  # before the precision probe
