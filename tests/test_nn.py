@@ -334,4 +334,3 @@ def test_feed_forward_variants(act):
     torch.testing.assert_close(ff(x), ff.w2(expected))
     with pytest.raises(ValueError, match="activation='tanh' is not allowed"):
         FeedForward(8, 32, "tanh")
-

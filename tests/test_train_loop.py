@@ -8,7 +8,6 @@ import logging
 import math
 import os
 import signal
-import threading
 
 import pytest
 import torch
@@ -166,15 +165,13 @@ def same_run(a, b) -> None:
 
 
 def signalled_at(step: int, *signals: int):
-    """Trainer.train_step that sends this process ``signals`` during step ``step + 1``: to its
-    main thread, so each is taken before the step runs (``os.kill`` lets the kernel pick a
-    thread, and a busy torch worker thread can hold a signal past the step)."""
+    """Trainer.train_step that sends this process ``signals`` during step ``step + 1``."""
     plain = Trainer.train_step
 
     def train_step(self):
         if self.step == step:
             for s in signals:
-                signal.pthread_kill(threading.main_thread().ident, s)
+                os.kill(os.getpid(), s)
         return plain(self)
     return train_step
 

@@ -57,7 +57,7 @@ class Seq2SeqTask(Task):
         src, tgt_in, tgt_out = batch  # source pads masked from src != pad_id
         _, loss = model(src, tgt_in, tgt_out, label_smoothing=label_smoothing, reduction="sum",
                         return_logits=False)
-        return loss  # the head fused with the loss, on the counted targets only
+        return loss  # from the model's head_loss slot (fused in training), counted targets only
 
     def _val_loss(self, model: nn.Module, batches, device: torch.device, amp: Amp,
                   progress: Progress) -> float:
