@@ -66,17 +66,26 @@ class _LinearCrossEntropy(torch.autograd.Function):
         gx = torch.empty_like(x) if want[0] else None
         gw = torch.zeros_like(w, dtype=acc) if want[1] else None
         total = torch.zeros((), dtype=acc, device=h.device)
+        z = torch.empty((min(rows, x.size(0)), v), dtype=acc, device=h.device)  # one buffer
         with torch.autocast(h.device.type, enabled=False):
             for start in range(0, x.size(0), rows):
                 xc, tc = x[start:start + rows], targets[start:start + rows, None]
-                z = (xc @ w.t()).to(acc)  # (c, V) logits
-                lse = torch.logsumexp(z, 1, keepdim=True)  # (c, 1)
+                zc = z[:xc.size(0)]
+                if dtype == acc:
+                    torch.mm(xc, w.t(), out=zc)  # (c, V) logits
+                else:
+                    zc.copy_(xc @ w.t())
                 # -log p = lse - z: (1 - eps) on the target, eps spread evenly over the V ids
-                total += (lse.sum() - (1 - smoothing) * z.gather(1, tc).sum()
-                          - smoothing / v * z.sum())
+                total -= (1 - smoothing) * zc.gather(1, tc).sum() + smoothing / v * zc.sum()
+                top = zc.amax(1, keepdim=True)  # (c, 1)
+                e = zc.sub_(top).exp_()  # exp(z - top), in place: no second (c, V) tensor
+                s = e.sum(1, keepdim=True)  # (c, 1)
+                total += (top + s.log()).sum()  # the log-sum-exp of each row
                 if gx is None and gw is None:
                     continue
-                g = z.sub_(lse).exp_().sub_(smoothing / v)  # softmax - eps / V
+                g = e.mul_(1 / s)  # softmax
+                if smoothing:
+                    g.sub_(smoothing / v)  # - eps / V
                 g.scatter_add_(1, tc, g.new_full(tc.shape, smoothing - 1))  # - (1 - eps) one-hot
                 g = g.to(dtype)
                 if gx is not None:
