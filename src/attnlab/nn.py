@@ -67,8 +67,7 @@ def dropout(x: Tensor, p: float) -> Tensor:
     # P(keep) = 1 - k/32768 in every column: int16 >= 2k - 32768, or a 15-bit value >= k
     thresholds = torch.tensor([2 * k - 32768] * 3 + [k], dtype=torch.int16)
     keep = (bits >= thresholds).view(-1)[:n].view(x.shape)
-    scale = torch.tensor(32768 / (32768 - k), dtype=x.dtype)  # 1 / (1 - p as rounded)
-    return x * torch.where(keep, scale, scale.new_zeros(()))  # the mask made in one pass
+    return x * keep.to(x.dtype).mul_(32768 / (32768 - k))  # 1 / (1 - p as rounded)
 
 
 # ---- masks ----------------------------------------------------------------------------------
