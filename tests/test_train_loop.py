@@ -205,7 +205,7 @@ def test_a_signal_stops_after_the_step_it_came_in_with_that_step_saved(tmp_path,
 def test_a_second_signal_stops_at_once(tmp_path, monkeypatch):
     d = lm_dict(tmp_path)
     monkeypatch.setattr(Trainer, "train_step", signalled_at(3, signal.SIGTERM, signal.SIGINT))
-    # SIGINT as in an interactive shell (not ignored, as a test before may have left it)
+    # SIGINT as in an interactive shell: a suite run as a background job starts with it ignored
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
