@@ -8,9 +8,11 @@ Prints the machine (lscpu), date, commit and command, then one table: the wall t
 figure as `attnlab eval` computes it (val loss over the whole split for a language model,
 BLEU with greedy decoding and with `--beam` for translation, accuracy for classification);
 with `--average N`, the same scores of the mean of the last N evaluation checkpoints
-(`attnlab average`). Then the wall time of each command, and of the recipe end to end:
-training, then (with `--average`) averaging, then the last weights' best-scored evaluation
-(with `--beam`, the beam's). Data: the local copies under `--data-dir` (default ../shared/data).
+(`attnlab average`); with `--ema D`, trained with `train.ema_decay = D`, the same scores of
+its moving average (`attnlab average --ema`). Then the wall time of each command, and of the
+recipe end to end: training, then (with `--average` or `--ema`) averaging, then the last
+weights' best-scored evaluation (with `--beam`, the beam's). Data: the local copies under
+`--data-dir` (default ../shared/data).
 `--tiny` trains a few steps of a small model (for the tests).
 """
 
@@ -86,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--average", type=int, default=0, metavar="N",
                    help="also score the mean of the last N evaluation checkpoints")
+    p.add_argument("--ema", type=float, default=0.0, metavar="D",
+                   help="train with train.ema_decay=D and also score the moving average")
     p.add_argument("--beam", type=int, default=1, help="translation: also score this beam")
     p.add_argument("--out", type=Path, default=None, help="run dir (default: a temporary one)")
     p.add_argument("--tiny", action="store_true", help="a few steps of a tiny model")
@@ -94,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
           f"command: benchmarks/recipes.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     sets = data_overrides(args.recipe, args.data_dir) + (TINY if args.tiny else [])
     sets += args.overrides + ([f"train.keep_checkpoints={args.average}"] if args.average else [])
+    sets += [f"train.ema_decay={args.ema}"] if args.ema else []
     walls: dict[str, float] = {}  # command -> seconds, in the order they ran
     with tempfile.TemporaryDirectory() as tmp:
         run = args.out or Path(tmp) / "run"
@@ -101,12 +106,15 @@ def main(argv: list[str] | None = None) -> int:
               *(f"--set={s}" for s in sets))
         path = [f"attnlab train {args.recipe}"]  # what the recipe runs end to end
         rows = [("trained (best/)", scores(run, args.beam, walls))]
-        if args.average:
-            path.append(f"attnlab average {run.name} --last {args.average}")
-            timed(walls, path[-1], "average", str(run), "--last", str(args.average),
-                  "--out", f"{run}-avg")
-            rows.append((f"average of the last {args.average}",
-                         scores(Path(f"{run}-avg"), args.beam, walls)))
+        averages = ([(f"average of the last {args.average}", "--last", str(args.average),
+                      "avg")] if args.average else []) + \
+            ([(f"moving average ({args.ema})", "--ema", "", "ema")] if args.ema else [])
+        for name, flag, value, suffix in averages:  # the last one ends the recipe's path
+            words = f"attnlab average {run.name} {flag} {value}".strip()
+            timed(walls, words, "average", str(run), flag, *([value] if value else []),
+                  "--out", f"{run}-{suffix}")
+            rows.append((name, scores(Path(f"{run}-{suffix}"), args.beam, walls)))
+            path[1:] = [words]
         path.append(list(walls)[-1])  # the evaluation of the weights it ends on
     keys = sorted({k for _, r in rows for k in r})
     print(f"\n`attnlab train {args.recipe}`: {walls[path[0]]:.0f} s wall\n")

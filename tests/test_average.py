@@ -1,5 +1,7 @@
-"""Checkpoint averaging: train.keep_checkpoints keeps the last N evaluations' weights, and
-`attnlab average` writes their mean as a run dir that evaluates like any other."""
+"""Weight averaging: train.keep_checkpoints keeps the last N evaluations' weights, and
+`attnlab average` writes their mean as a run dir that evaluates like any other; with
+train.ema_decay the run keeps the moving average of its weights, and `attnlab average --ema`
+writes that."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from attnlab.cli import main
 from attnlab.errors import RunError, UsageError
 from attnlab.models import build_model
 from attnlab.runs import RunDir
-from attnlab.train import RunConfig, average_run, train_run
+from attnlab.train import RunConfig, WeightEMA, average_run, ema_run, train_run
 
 TEXT = "to be, or not to be, that is the question.\n" * 8
 TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "dropout": 0.1, "norm": "pre", "max_len": 16}
@@ -91,3 +93,88 @@ def test_averaging_refusals_name_what_is_allowed(tmp_path, capsys):
     assert main(["average", str(run.path), "--last", "9", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "keep_checkpoints=9" in err
+
+
+def test_the_moving_average_follows_its_recurrence_in_float64():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    ema = WeightEMA(model, 0.9)
+    ref = {k: p.detach().double().clone() for k, p in model.named_parameters()}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for n in range(1, 41):  # the warmup (1 + n) / (10 + n) < 0.9 up to n = 80: then 0.9
+        opt.zero_grad()
+        (model(torch.randn(5, 4)) - 1).pow(2).mean().backward()
+        opt.step()
+        ema.update()
+        d = min(0.9, (1 + n) / (10 + n))
+        for k, p in model.named_parameters():
+            ref[k] = d * ref[k] + (1 - d) * p.detach().double()
+    assert ema.updates == 40
+    for k, v in ema.state_dict()["weights"].items():
+        torch.testing.assert_close(v.double(), ref[k], rtol=0, atol=1e-6)
+    assert not torch.allclose(ema.shadow["0.weight"], model[0].weight)  # it lags the weights
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    ema.copy_to(fresh)
+    assert all(torch.equal(p, ema.shadow[k]) for k, p in fresh.named_parameters())
+
+
+def test_a_moving_average_of_constant_weights_is_those_weights():
+    model = torch.nn.Linear(3, 2)
+    ema = WeightEMA(model, 0.999)
+    for _ in range(5):
+        ema.update()
+    assert all(torch.equal(p, ema.shadow[k]) for k, p in model.named_parameters())
+
+
+def test_training_keeps_the_moving_average_resumes_it_exactly_and_writes_it_as_a_run(
+        tmp_path, capsys):
+    whole = lm_run(tmp_path, "whole", ema_decay=0.8, decay_steps=10)
+    lm_run(tmp_path, "split", ema_decay=0.8, decay_steps=10, max_steps=4)
+    assert RunDir(tmp_path / "split").load_state()["ema"]["updates"] == 4
+    d = RunDir(tmp_path / "split").read_config()
+    train_run(RunConfig.from_dict(d).replace("train", max_steps=10), tmp_path / "split",
+              resume=True)
+    a, b = whole.load_state()["ema"], RunDir(tmp_path / "split").load_state()["ema"]
+    assert a["updates"] == b["updates"] == 10
+    assert all(torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])
+    assert main(["average", str(whole.path), "--ema", "--out", str(tmp_path / "ema")]) == 0
+    assert "moving average (decay 0.8)" in capsys.readouterr().out
+    got = weights(RunDir(tmp_path / "ema").find_checkpoint("best"))
+    last = weights(whole.find_checkpoint("last"))
+    model = build_model(RunConfig.from_dict(whole.read_config()).model)
+    names = dict(model.named_parameters())
+    for k, v in a["weights"].items():
+        assert torch.equal(got[k], v) and not torch.equal(got[k], last[k]), k
+    assert got.keys() == last.keys() and set(a["weights"]) == set(names)
+    assert main(["eval", str(tmp_path / "ema")]) == 0
+    assert "val_loss" in capsys.readouterr().out
+    rc = RunConfig.from_dict(RunDir(tmp_path / "ema").read_config()).replace("train",
+                                                                             max_steps=20)
+    with pytest.raises(RunError, match="moving average of the weights of .* cannot be resumed"):
+        train_run(rc, tmp_path / "ema", resume=True)
+
+
+def test_a_moving_average_switched_on_at_resume_starts_from_the_resumed_weights(tmp_path):
+    run = lm_run(tmp_path, "run", max_steps=4, decay_steps=10)
+    d = run.read_config()
+    train_run(RunConfig.from_dict(d).replace("train", max_steps=6, ema_decay=0.5), run.path,
+              resume=True)
+    assert run.load_state()["ema"]["updates"] == 2
+
+
+def test_moving_average_refusals_name_what_is_allowed(tmp_path, capsys):
+    run = lm_run(tmp_path)
+    with pytest.raises(RunError, match="keeps no moving average.*train.ema_decay=D"):
+        ema_run(run.path, tmp_path / "ema")
+    with pytest.raises(UsageError, match="not the run being averaged"):
+        ema_run(run.path, run.path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunError, match="no last/ checkpoint"):
+        ema_run(tmp_path / "empty", tmp_path / "ema")
+    assert not (tmp_path / "ema").exists()
+    for bad in ("1.0", "-0.1", "nan"):
+        with pytest.raises(Exception, match="ema_decay"):
+            RunConfig.from_dict({"train": {"ema_decay": float(bad)}})
+    assert main(["average", str(run.path), "--last", "2", "--ema", "--out",
+                 str(tmp_path / "x")]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err

@@ -271,20 +271,24 @@ def test_recipes_script_trains_averages_and_scores_a_translation_recipe(tmp_path
             (tmp_path / "multi30k" / f"{split}.{lang}").write_text(
                 "".join(p[side] + "\n" for p in pairs * n))
     script("recipes").main(["multi30k_de_en", "--tiny", "--data-dir", str(tmp_path),
-                            "--set", "data.vocab_size=300", "--average", "2", "--beam", "2"])
+                            "--set", "data.vocab_size=300", "--average", "2", "--beam", "2",
+                            "--ema", "0.9"])
     out = capsys.readouterr().out
     assert "machine:" in out and "commit:" in out and "s wall" in out
-    rows = table_rows(out, "trained") + table_rows(out, "average of the last 2")
+    rows = table_rows(out, "trained") + table_rows(out, "average of the last 2") + \
+        table_rows(out, "moving average (0.9)")
     header = next(line for line in out.splitlines() if line.startswith("| weights"))
-    assert len(rows) == 2 and "bleu_beam" in header and "val_loss" in header
+    assert len(rows) == 3 and "bleu_beam" in header and "val_loss" in header
     walls = {r[0]: float(r[1]) for r in table_rows(out, "`attnlab ")}
     assert list(walls) == ["`attnlab train multi30k_de_en`", "`attnlab eval run`",
                            "`attnlab eval run --beam 2`", "`attnlab average run --last 2`",
-                           "`attnlab eval run-avg`", "`attnlab eval run-avg --beam 2`"]
+                           "`attnlab eval run-avg`", "`attnlab eval run-avg --beam 2`",
+                           "`attnlab average run --ema`", "`attnlab eval run-ema`",
+                           "`attnlab eval run-ema --beam 2`"]
     end = re.search(r"end to end \(`attnlab train multi30k_de_en`, then `attnlab average run "
-                    r"--last 2`, then `attnlab eval run-avg --beam 2`\): (\d+) s wall", out)
+                    r"--ema`, then `attnlab eval run-ema --beam 2`\): (\d+) s wall", out)
     assert end and abs(int(end[1]) - sum(walls[w] for w in ("`attnlab train multi30k_de_en`",
-        "`attnlab average run --last 2`", "`attnlab eval run-avg --beam 2`"))) <= 1.5, out
+        "`attnlab average run --ema`", "`attnlab eval run-ema --beam 2`"))) <= 1.5, out
 
 
 def test_step_speed_times_both_arms_alternately(capsys):

@@ -180,6 +180,9 @@ class TrainConfig:
     # also keep the weights of the last N evaluations (steps/ in the run dir), for
     # `attnlab average RUN --last N`; 0 = only best/ and last/
     keep_checkpoints: int = 0
+    # > 0: also an exponential moving average of the weights, updated after every step with
+    # this decay (kept in last/'s training state; `attnlab average RUN --ema` makes it a run dir)
+    ema_decay: float = 0.0
     best_metric: str = "auto"  # auto | val_loss | ppl | bleu | accuracy | f1
     progress: bool = True  # tqdm progress bar
     tensorboard: bool = True
@@ -218,6 +221,9 @@ class TrainConfig:
             check(0 <= getattr(self, name) < 1, name, getattr(self, name), "a float in [0, 1)")
         check(0 <= self.label_smoothing < 1, "label_smoothing", self.label_smoothing,
               "a float in [0, 1)")
+        check(0 <= self.ema_decay < 1, "ema_decay", self.ema_decay,
+              "a float in [0, 1) (0 = no moving average; 0.999 averages over about the last "
+              "1,000 steps)")
         check(0 < self.layer_decay <= 1, "layer_decay", self.layer_decay,
               "a float in (0, 1] (1 = the same rate for every layer)")
         check(self.best_metric in METRICS, "best_metric", self.best_metric,

@@ -223,7 +223,13 @@ class RunDir:
             raise RunError(f"cannot resume: {self.path} has no {which}/ checkpoint")
         doc_path, tensor_path = folder / STATE_JSON, folder / STATE_TENSORS
         if not doc_path.is_file() or not tensor_path.is_file():
-            averaged = self.checkpoint_meta(which).get("averaged_steps")
+            meta = self.checkpoint_meta(which)
+            averaged = meta.get("averaged_steps")
+            if "ema_decay" in meta:
+                raise RunError(f"{self.path} holds the moving average of the weights of "
+                               f"{meta.get('averaged_from', 'a run')}, not a training state: it "
+                               f"cannot be resumed; train from it with --init-from {self.path}, "
+                               "or resume the run it came from")
             if averaged:
                 raise RunError(f"{self.path} holds the average of {len(averaged)} checkpoints "
                                f"(steps {', '.join(map(str, averaged))}), not a training state: "

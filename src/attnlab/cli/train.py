@@ -95,14 +95,21 @@ def _register_eval(subparsers: argparse._SubParsersAction) -> None:
 
 def _register_average(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "average", help="average the weights of a run's last N checkpoints into a new run dir",
+        "average", help="average a run's weights (its last N checkpoints, or its moving "
+        "average) into a new run dir",
         description="Checkpoint averaging (fairseq's average_checkpoints.py): the mean of the "
         "weights of RUN's last N evaluations, which a run keeps when trained with --set "
-        "train.keep_checkpoints=N. The result is a run dir like any other (evaluate, sample, "
+        "train.keep_checkpoints=N; or, with --ema, the exponential moving average of its "
+        "weights over every step, which a run keeps when trained with --set "
+        "train.ema_decay=D. The result is a run dir like any other (evaluate, sample, "
         "translate or fine-tune it); it has no optimizer state, so it is not resumed.")
-    p.add_argument("run_dir", help="a training run dir trained with train.keep_checkpoints")
-    p.add_argument("--last", type=int, required=True, metavar="N",
-                   help="how many of the latest kept checkpoints to average")
+    p.add_argument("run_dir", help="a training run dir trained with train.keep_checkpoints "
+                   "or train.ema_decay")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--last", type=int, metavar="N",
+                       help="how many of the latest kept checkpoints to average")
+    which.add_argument("--ema", action="store_true",
+                       help="the moving average of the weights as of the last checkpoint")
     p.add_argument("--out", required=True, help="the new run dir (must not exist or be empty)")
     p.set_defaults(func=cmd_average)
 
@@ -399,8 +406,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_average(args: argparse.Namespace) -> int:
-    from ..train import average_run
+    from ..train import average_run, ema_run
 
+    if args.ema:
+        result = ema_run(args.run_dir, args.out)
+        print(f"the moving average (decay {result['ema_decay']}) of {result['from']} at step "
+              f"{result['step']} into {result['out']}")
+        return 0
     result = average_run(args.run_dir, args.last, args.out)
     steps = ", ".join(str(s) for s in result["averaged_steps"])
     print(f"averaged steps {steps} of {result['from']} into {result['out']}")

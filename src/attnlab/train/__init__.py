@@ -7,7 +7,7 @@ trains live in :mod:`attnlab.tasks`; the run dir it writes in :mod:`attnlab.runs
 
 from ..devices import resolve_device
 from ..run_config import DEMO, DataConfig, RunConfig, TrainConfig, apply_overrides, load_config
-from .average import average_run
+from .average import WeightEMA, average_run, ema_run
 from .loop import Trainer, TrainResult
 from .optim import build_optimizer, cosine_lr, inverse_sqrt_lr, lr_at, noam_peak, param_groups
 from .precision import resolve_precision
@@ -19,12 +19,14 @@ __all__ = [
     "RunConfig",
     "RunOutcome",
     "TrainConfig",
+    "WeightEMA",
     "TrainResult",
     "Trainer",
     "apply_overrides",
     "average_run",
     "build_optimizer",
     "cosine_lr",
+    "ema_run",
     "evaluate_run",
     "inverse_sqrt_lr",
     "load_config",

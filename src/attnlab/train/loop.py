@@ -29,6 +29,7 @@ from ..run_config import RunConfig
 from ..runs import RunDir, RunError
 from ..speed import use_cpu_sdpa, use_fused_loss
 from ..tasks import Task
+from .average import WeightEMA
 from .distributed import DistInfo, all_gather_objects, all_reduce_sum, any_process, shard, wrap_ddp
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, set_lr
@@ -185,6 +186,7 @@ class Trainer:
         self.precision = resolve_precision(self.cfg.precision, self.device,
                                            self._measure_precision, precision)
         self.optimizer = build_optimizer(self.model, self.cfg, self.device.type)
+        self.ema = WeightEMA(self.model, self.cfg.ema_decay) if self.cfg.ema_decay else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.ddp = wrap_ddp(self.model, self.info, self.device)
         self.fwd = self.ddp
@@ -260,6 +262,8 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update()
         return loss, n
 
     def _first_step_compiled(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -295,7 +299,8 @@ class Trainer:
                 "scaler": self.scaler.state_dict(), "rng": rng_state(),
                 "data": self.task.state_dict(), "best": self.best, "bad_evals": self.bad_evals,
                 "window": self.window.state_dict(), "world_size": self.info.world_size,
-                "elapsed_s": 0.0 if self.started is None else time.perf_counter() - self.started}
+                "elapsed_s": 0.0 if self.started is None else time.perf_counter() - self.started,
+                **({"ema": self.ema.state_dict()} if self.ema is not None else {})}
 
     def save(self, which: str = "last", *, step_weights: bool = True) -> None:
         """Checkpoint ``which`` (best: weights only; last: also the training state and, with
@@ -339,6 +344,12 @@ class Trainer:
             self.step, self.best = state["step"], state["best"]
             self.bad_evals = state["bad_evals"]
             self.window.load_state_dict(state["window"])
+            if self.ema is not None and "ema" in state:
+                self.ema.load_state_dict(state["ema"])
+            elif self.ema is not None:  # train.ema_decay set on resume: it starts here
+                log.info("the checkpoint has no moving average of the weights; "
+                         "train.ema_decay's starts from its weights at step %d", self.step)
+                self.ema = WeightEMA(self.model, self.cfg.ema_decay)
             # elapsed_s and wall_s go on from the checkpoint's (older checkpoints: from 0)
             elapsed = state.get("elapsed_s", 0.0)
             self.started = time.perf_counter() - float(elapsed)
