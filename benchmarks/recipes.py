@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}\ndate: {date.today().isoformat()}\ncommit: {git_head()}\n"
           f"command: benchmarks/recipes.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     sets = data_overrides(args.recipe, args.data_dir) + (TINY if args.tiny else [])
-    sets += args.overrides + ([f"train.keep_checkpoints={args.average}"] if args.average else [])
+    sets += [f"train.keep_checkpoints={args.average}"] if args.average else []
     sets += [f"train.ema_decay={args.ema}"] if args.ema else []
+    sets += args.overrides  # (the last word: --set train.keep_checkpoints=8 keeps more)
     walls: dict[str, float] = {}  # command -> seconds, in the order they ran
     with tempfile.TemporaryDirectory() as tmp:
         run = args.out or Path(tmp) / "run"

@@ -150,6 +150,35 @@ def test_transformer_given_targets_runs_its_head_on_the_counted_targets_only():
     assert model.head_loss is linear_cross_entropy
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_decoder_lm_loss_only_through_its_head_loss_slot_is_torchs_loss(smoothing):
+    torch.manual_seed(0)
+    model = DecoderLM(cfg("decoder", norm="pre"))
+    x, targets = ids(3, 7), ids(3, 7)
+    targets[0, 5:] = 0  # pads
+    targets[2, 1] = -100  # a target left out by hand
+    picked = (targets != 0) & (targets != -100)
+    logits, loss = model(x, targets, label_smoothing=smoothing)
+    want = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, V), targets.masked_fill(~picked, -100).reshape(-1),
+        ignore_index=-100, label_smoothing=smoothing)
+    torch.testing.assert_close(loss, want)
+    total = model(x, targets, label_smoothing=smoothing, reduction="sum")[1]
+    torch.testing.assert_close(total, want * picked.sum())
+    params = list(model.parameters())
+    got = torch.autograd.grad(want, params)
+    for slot in ("as built", "fused"):  # the fused one training puts there: the same
+        if slot == "fused":
+            use_fused_loss(model)
+        none, only = model(x, targets, label_smoothing=smoothing, reduction="sum",
+                           return_logits=False)
+        assert none is None
+        torch.testing.assert_close(only, want * picked.sum())
+        for g, w in zip(torch.autograd.grad(only / picked.sum(), params), got):
+            torch.testing.assert_close(g, w)
+    assert model.head_loss is linear_cross_entropy
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_decoder_left_padding_with_positions(variant):
     model = DecoderLM(cfg("decoder", **variant)).eval()

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..nn import (
+    IGNORE_INDEX,
     AttentionMaps,
     Decoder,
     Embeddings,
@@ -19,8 +20,10 @@ from ..nn import (
     check_ids,
     check_positions,
     count_parameters,
+    counted,
     init_weights,
     key_mask,
+    projected_loss,
     resolve_layers,
     token_loss,
     token_positions,
@@ -40,6 +43,7 @@ class DecoderLM(nn.Module):
         self.emb = Embeddings(config.vocab_size, config)
         self.decoder = Decoder(config, config.n_layers, cross=False)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.head_loss = projected_loss  # (h, head.weight, targets) -> loss; a slot
         init_weights(self, config, config.n_layers)
         if config.tie_embeddings:
             self.head.weight = self.emb.tok.weight  # (V, D), shared
@@ -63,7 +67,9 @@ class DecoderLM(nn.Module):
 
     def forward(self, ids: Tensor, targets: Tensor | None = None, *, mask: Tensor | None = None,
                 positions: Tensor | None = None, cache: KVCache | None = None,
-                last_only: bool = False) -> tuple[Tensor, Tensor | None]:
+                last_only: bool = False, label_smoothing: float = 0.0,
+                reduction: str = "mean", return_logits: bool = True,
+                ) -> tuple[Tensor | None, Tensor | None]:
         """Next-token logits and, given targets, the mean cross-entropy.
 
         Args:
@@ -74,6 +80,11 @@ class DecoderLM(nn.Module):
             positions: absolute positions; default: after the cached ones.
             cache: a :class:`KVCache` from :meth:`new_cache` for step-by-step decoding.
             last_only: return the logits of the last position only.
+            label_smoothing: of the loss. reduction: ``"mean"`` over the counted targets, or
+                ``"sum"``.
+            return_logits: False (with targets): None and the loss, from ``self.head_loss``
+                (a slot: :func:`~attnlab.nn.projected_loss`, or the fused one training puts
+                there), so the (B, T, V) logits need never be made whole (GPT-2's V = 50,257).
 
         Shape:
             ids, targets (B, T); mask (B, S); positions (T,) or (B, T).
@@ -82,10 +93,15 @@ class DecoderLM(nn.Module):
             logits (B, T, V) ((B, 1, V) with ``last_only``) and the loss (scalar) or None.
         """
         h, _ = self.hidden(ids, mask=mask, positions=positions, cache=cache)  # (B, T, D)
+        if targets is not None and not return_logits:  # the loss only (training)
+            ignored = targets.masked_fill(~counted(targets, self.config.pad_id), IGNORE_INDEX)
+            return None, self.head_loss(h.flatten(0, 1), self.head.weight, ignored.flatten(),
+                                        label_smoothing=label_smoothing, reduction=reduction)
         if last_only and h.size(1) > 1:
             h = h[:, -1:]  # (B, 1, D)
         logits = self.head(h)  # (B, T, V)
-        loss = None if targets is None else token_loss(logits, targets, self.config.pad_id)
+        loss = None if targets is None else token_loss(logits, targets, self.config.pad_id,
+                                                       label_smoothing, reduction)
         return logits, loss
 
     def attention_maps(self, ids: Tensor, *, layers: Collection[int] | bool = True,

@@ -12,7 +12,7 @@ from ..nn import IGNORE_INDEX
 
 def use_fused_loss(model: nn.Module) -> nn.Module:
     """``model`` with :func:`linear_cross_entropy` in its ``head_loss`` slot, where it has one
-    (the encoder-decoder)."""
+    (the encoder-decoder and the decoder-only language model)."""
     if hasattr(model, "head_loss"):
         model.head_loss = linear_cross_entropy
     return model
@@ -24,13 +24,15 @@ def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, *,
     """The output projection and its loss in one: ``token_loss(h @ weight.T, targets, ...)``,
     its value and its gradients, without the (N, V) logits ever made whole.
 
-    The logits of ``rows`` positions at a time (default: about 4M numbers, 16 MB) are made,
-    turned into their share of the loss and, when gradients are wanted, into the gradient of
-    the loss by them (softmax minus the smoothed one-hot target) and on into the gradients
-    of ``h`` and ``weight``, while they are still in the cache. Unfused, a vocabulary of
-    8,000 costs a log-softmax, its backward and several passes over (N, V) tensors besides
-    the three matrix products: fused, a ``multi30k_de_en`` training step on a 2-core CPU is
-    1.13x faster (docs/benchmarks.md).
+    The logits of ``rows`` positions at a time are made, turned into their share of the
+    loss and, when gradients are wanted, into the gradient of the loss by them (softmax
+    minus the smoothed one-hot target) and on into the gradients of ``h`` and ``weight``.
+    Unfused, a vocabulary of 8,000 costs a log-softmax, its backward and several passes over
+    (N, V) tensors besides the three matrix products: fused, a ``multi30k_de_en`` training
+    step on a 2-core CPU is 1.13x faster (docs/benchmarks.md). The default block, at least
+    1,024 rows and about 16M logits (64 MB), keeps the matrix products large: blocks that fit
+    a cache (83 rows of GPT-2's 50,257) made the projection's products thin and its
+    gradient's accumulation a pass over (V, D) per block, slower than unfused.
     Under autocast the matrix products run in its dtype, the softmax in float32.
 
     Args:
@@ -48,7 +50,7 @@ def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, *,
         h, targets = h[keep], targets[keep]
     kind = h.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
-    rows = rows or max(1, 2**22 // weight.size(0))
+    rows = rows or max(1024, 2**24 // weight.size(0))
     total = _LinearCrossEntropy.apply(h, weight, targets, label_smoothing, dtype, rows,
                                       torch.is_grad_enabled())
     return total if reduction == "sum" else total / targets.numel()

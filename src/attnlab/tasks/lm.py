@@ -375,12 +375,13 @@ class LMTask(Task):
 
     def loss_sum(self, model: nn.Module, batch, label_smoothing: float = 0.0) -> Tensor:
         x, y = batch
-        if label_smoothing == 0.0 and torch.is_grad_enabled():
-            # Training: the loss inside the model's forward, where a compiled model fuses it
-            # with the head, so the (B, T, V) logits are never upcast to float32 whole
-            # (GPT-2's V = 50,257). Evaluation sums the loss of each target exactly, below.
-            _, loss = model(x, y)  # mean over the counted targets (every window has some)
-            return loss * self.count(batch)
+        if torch.is_grad_enabled():
+            # Training: the loss from the model's head_loss slot, without the (B, T, V) logits
+            # made whole (GPT-2's V = 50,257): the fused loss training puts there, or, in a
+            # compiled model, the projection and the loss fused by the compiler. Evaluation
+            # sums the loss of each target exactly, below.
+            return model(x, y, label_smoothing=label_smoothing, reduction="sum",
+                         return_logits=False)[1]
         logits, _ = model(x)  # (B, T, V)
         return token_loss(logits, y, self.model_config.pad_id, label_smoothing, "sum")
 

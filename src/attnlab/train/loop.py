@@ -179,7 +179,9 @@ class Trainer:
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)  # process-wide, as torch has it
         seed_everything(self.cfg.seed)  # the same initial weights on every process
-        self.model = use_fused_loss(use_cpu_sdpa(build_model(task.model_config).to(self.device)))
+        self.model = use_cpu_sdpa(build_model(task.model_config).to(self.device))
+        if not self.cfg.compile:  # (a compiled model's projection and loss: fused by inductor)
+            use_fused_loss(self.model)
         if self.info.enabled:  # then each process its own random stream (dropout masks)
             torch.manual_seed(self.cfg.seed + self.info.rank)
         self.backends = sdpa_backends(self.cfg.sdpa_backend)  # before the precision probe
@@ -275,6 +277,7 @@ class Trainer:
             log.warning("torch.compile failed (%s: %s); training continues in eager mode",
                         type(e).__name__, str(e).strip().splitlines()[0][:200] if str(e) else "")
             self.fwd = self.ddp
+            use_fused_loss(self.model)  # eager: as a run that never compiled
             self.optimizer.zero_grad(set_to_none=True)
             self.task.load_state_dict(data)
             set_rng_state(rng)
