@@ -70,6 +70,8 @@ def run_command(func: Callable[[argparse.Namespace], int | None],
     try:
         return int(func(args) or 0)
     except KeyboardInterrupt as e:  # a command may say what it kept and how to go on
+        if e.args and e.args[0] is None:  # another process of the command says it
+            return INTERRUPTED
         said = " ".join(str(e.args[0]).split()) if e.args else "interrupted"
         print(f"attnlab {args.command}: {said}", file=sys.stderr)
         return INTERRUPTED

@@ -240,7 +240,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         outcome = train_run(rc, out, resume=args.resume)
     except KeyboardInterrupt:
-        raise UserInterrupt(interrupted_line(run)) from None
+        from ..train.distributed import env_info
+
+        # under torchrun the first process alone says it (the others exit quietly, 130)
+        raise UserInterrupt(interrupted_line(run) if env_info().is_main else None) from None
     if outcome.is_main:  # under torchrun, the first process alone prints
         _print_results(outcome, out)
         if rc.train.samples and rc.data.family == "decoder" and outcome.tokenizer is not None:
@@ -305,7 +308,8 @@ def _print_samples(outcome) -> None:
 
 
 class UserInterrupt(KeyboardInterrupt):
-    """Ctrl-C during training, with the line that says what was kept and how to resume."""
+    """Ctrl-C during training, with the line that says what was kept and how to resume (None:
+    another process says it)."""
 
 
 def interrupted_line(run) -> str:
