@@ -130,9 +130,20 @@ def test_sample_dtype_runs_and_stays_close_to_fp32(runs, capsys, dtype, monkeypa
     assert ({p.dtype for p in model.parameters()} == {torch.bfloat16} if dtype == "bf16"
             else any(isinstance(m, quant.PackedLinear) for m in model.modules()))
     assert len(out) == len(ref) and out.startswith("the ")
-    # greedy text: the same characters at >= 90% of the positions (tolerances in
-    # test_generate.py bound the logits themselves)
-    assert sum(a == b for a, b in zip(out, ref)) >= 0.9 * len(ref)
+    # greedy: given the fp32 text so far, the converted model picks fp32's next character at
+    # >= 90% of the positions (a free-running comparison goes apart for good at the first
+    # near-tie: this tiny model repeats characters); tolerances in test_generate.py bound the
+    # logits themselves
+    from attnlab.runs import load_run
+
+    run = load_run(runs["lm"])
+    text = ref.rstrip("\n")
+    ids = torch.tensor([run.tokenizer.encode(text)])[:, :run.model.config.max_len]
+    with torch.inference_mode():
+        fp32_next = run.model(ids)[0].argmax(-1)[0, :-1]
+        low_next = model(ids)[0].argmax(-1)[0, :-1]
+    assert torch.equal(fp32_next[3:], ids[0, 4:])  # the fp32 text is fp32's greedy choice
+    assert (low_next[3:] == fp32_next[3:]).float().mean() >= 0.9, (out, ref)
 
 
 @pytest.mark.parametrize("argv, message", [

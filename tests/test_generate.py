@@ -27,7 +27,7 @@ from attnlab.decoding import (
     to_inference_dtype,
     window_keep,
 )
-from attnlab.decoding.quant import check_inference_dtype
+from attnlab.decoding.quant import check_inference_dtype, reduce_range
 from attnlab.decoding.translate import translate
 
 PROMPTS = [[3, 4, 5], [7, 8, 9, 10, 11, 12, 13], [20], [1, 2, 3, 4]]
@@ -555,15 +555,16 @@ def test_text_stream_shows_what_a_decode_of_all_the_tokens_shows():
 
 # --- reduced-precision inference (attnlab.decoding.quant) -------------------------------------
 
-def fake_int8_linear(x, weight, bias):
+def fake_int8_linear(x, weight, bias, top=255):
     """Dynamic int8 linear written out: weights symmetric per output row (max|w| -> 127),
-    the input asymmetric uint8 over its min..max (0 included), products summed in float."""
+    the input asymmetric over 0..top (uint8: 255; 7 bits: 127) spanning its min..max (0
+    included), products summed in float."""
     w_scale = weight.abs().amax(dim=1, keepdim=True) / 127  # (out, 1)
     w_q = torch.clamp(torch.round(weight / w_scale), -127, 127)
     lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
-    x_scale = (hi - lo) / 255
+    x_scale = (hi - lo) / top
     zero = round(-lo / x_scale)
-    x_q = torch.clamp(torch.round(x / x_scale) + zero, 0, 255)
+    x_q = torch.clamp(torch.round(x / x_scale) + zero, 0, top)
     return F.linear((x_q - zero) * x_scale, w_q * w_scale, bias)
 
 
@@ -580,8 +581,10 @@ def test_packed_linear_equals_written_out_fp16_and_int8():
     half = F.linear(x, lin.weight.detach().half().float(), lin.bias.detach())
     torch.testing.assert_close(PackedLinear(lin, "fp16")(x), half, atol=1e-4, rtol=1e-4)
     assert (half - exact).abs().max() > 1e-6  # the rounding is real, and visible
-    # int8: FBGEMM's integer kernel against the same quantization done in float.
-    ref = fake_int8_linear(x, lin.weight.detach(), lin.bias.detach())
+    # int8: FBGEMM's integer kernel against the same quantization done in float (7-bit
+    # activations on CPUs without AVX-512 VNNI: attnlab.decoding.quant.reduce_range)
+    ref = fake_int8_linear(x, lin.weight.detach(), lin.bias.detach(),
+                           top=127 if reduce_range() else 255)
     got = PackedLinear(lin, "int8")(x)
     torch.testing.assert_close(got, ref, atol=2e-3, rtol=1e-3)
     assert (ref - exact).abs().max() > 1e-3
