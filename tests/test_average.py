@@ -73,12 +73,17 @@ def test_an_averaged_run_evaluates_but_is_not_resumed(tmp_path, capsys):
     run = lm_run(tmp_path)
     assert main(["average", str(run.path), "--last", "3", "--out", str(tmp_path / "avg")]) == 0
     assert "steps 6, 8, 10" in capsys.readouterr().out
-    assert main(["eval", str(tmp_path / "avg")]) == 0
+    evaluates_but_is_not_resumed(tmp_path / "avg", capsys,
+                                 "average of 3 checkpoints .* cannot be resumed")
+
+
+def evaluates_but_is_not_resumed(path, capsys, refusal: str) -> None:
+    """An averaged run dir evaluates like any other; resuming it is refused with ``refusal``."""
+    assert main(["eval", str(path)]) == 0
     assert "val_loss" in capsys.readouterr().out
-    rc = RunConfig.from_dict(RunDir(tmp_path / "avg").read_config()).replace("train",
-                                                                             max_steps=20)
-    with pytest.raises(RunError, match="average of 3 checkpoints .* cannot be resumed"):
-        train_run(rc, tmp_path / "avg", resume=True)
+    rc = RunConfig.from_dict(RunDir(path).read_config()).replace("train", max_steps=20)
+    with pytest.raises(RunError, match=refusal):
+        train_run(rc, path, resume=True)
 
 
 def test_averaging_refusals_name_what_is_allowed(tmp_path, capsys):
@@ -146,12 +151,8 @@ def test_training_keeps_the_moving_average_resumes_it_exactly_and_writes_it_as_a
     for k, v in a["weights"].items():
         assert torch.equal(got[k], v) and not torch.equal(got[k], last[k]), k
     assert got.keys() == last.keys() and set(a["weights"]) == set(names)
-    assert main(["eval", str(tmp_path / "ema")]) == 0
-    assert "val_loss" in capsys.readouterr().out
-    rc = RunConfig.from_dict(RunDir(tmp_path / "ema").read_config()).replace("train",
-                                                                             max_steps=20)
-    with pytest.raises(RunError, match="moving average of the weights of .* cannot be resumed"):
-        train_run(rc, tmp_path / "ema", resume=True)
+    evaluates_but_is_not_resumed(tmp_path / "ema", capsys,
+                                 "moving average of the weights of .* cannot be resumed")
 
 
 def test_a_moving_average_switched_on_at_resume_starts_from_the_resumed_weights(tmp_path):
