@@ -43,8 +43,8 @@ class WeightEMA:
         """Fold in the model's current weights (call after the optimizer step)."""
         self.updates += 1
         d = min(self.decay, (1 + self.updates) / (10 + self.updates))
-        for name, p in self.params.items():
-            self.shadow[name].lerp_(p.detach().float(), 1 - d)
+        torch._foreach_lerp_(list(self.shadow.values()),  # one call for all the tensors
+                             [p.detach().float() for p in self.params.values()], 1 - d)
 
     def state_dict(self) -> dict[str, Any]:
         """For the training state: ``{"updates": n, "weights": {name: tensor}}``."""
