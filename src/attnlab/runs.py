@@ -225,16 +225,14 @@ class RunDir:
         if not doc_path.is_file() or not tensor_path.is_file():
             meta = self.checkpoint_meta(which)
             averaged = meta.get("averaged_steps")
-            if "ema_decay" in meta:
-                raise RunError(f"{self.path} holds the moving average of the weights of "
-                               f"{meta.get('averaged_from', 'a run')}, not a training state: it "
-                               f"cannot be resumed; train from it with --init-from {self.path}, "
-                               "or resume the run it came from")
-            if averaged:
-                raise RunError(f"{self.path} holds the average of {len(averaged)} checkpoints "
-                               f"(steps {', '.join(map(str, averaged))}), not a training state: "
-                               "it cannot be resumed; train from it with "
-                               f"--init-from {self.path}, or resume the run it came from")
+            held = (f"the moving average of the weights of {meta.get('averaged_from', 'a run')}"
+                    if "ema_decay" in meta else
+                    f"the average of {len(averaged)} checkpoints (steps "
+                    f"{', '.join(map(str, averaged))})" if averaged else None)
+            if held:
+                raise RunError(f"{self.path} holds {held}, not a training state: it cannot be "
+                               f"resumed; train from it with --init-from {self.path}, or resume "
+                               "the run it came from")
             raise RunError(f"checkpoint {folder} has no training state ({STATE_JSON} and "
                            f"{STATE_TENSORS}); it holds weights only and cannot be resumed")
         try:
