@@ -1,6 +1,6 @@
 """A shipped recipe trained from local data, timed, then scored: what its recipe card says.
 
-    .venv/bin/python benchmarks/recipes.py multi30k_de_en --average 5 --beam 4
+    .venv/bin/python benchmarks/recipes.py multi30k_de_en --ema 0.998 --beam 4
     .venv/bin/python benchmarks/recipes.py shakespeare_char
 
 Prints the machine (lscpu), date, commit and command, then one table: the wall time of
