@@ -141,10 +141,11 @@ def test_accumulated_micro_batches_equal_one_big_batch_with_uneven_padding(tmp_p
     assert not all(torch.allclose(a, b, rtol=1e-3) for a, b in zip(wrong, g_b))
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 @pytest.mark.parametrize("make", [lm_dict, translation_dict, classify_dict],
                          ids=["lm", "translation", "classification"])
-def test_resume_gives_the_same_losses_and_weights(tmp_path, make):
-    d = make(tmp_path, grad_accum=2, decay_steps=6)
+def test_resume_gives_the_same_losses_and_weights(tmp_path, make, optimizer):
+    d = make(tmp_path, grad_accum=2, decay_steps=6, optimizer=optimizer)
     whole = train_run(RunConfig.from_dict(d), tmp_path / "whole")
     half = {**d, "train": {**d["train"], "max_steps": 3}}
     train_run(RunConfig.from_dict(half), tmp_path / "split")
@@ -332,6 +333,16 @@ def test_resume_refuses_another_best_metric(tmp_path):
     train_run(RunConfig.from_dict(d), tmp_path / "run")
     other = {**d, "train": {**d["train"], "max_steps": 6, "best_metric": "ppl"}}
     with pytest.raises(RunError, match="best checkpoint by 'val_loss'.*best_metric='ppl'"):
+        train_run(RunConfig.from_dict(other), tmp_path / "run", resume=True)
+
+
+@pytest.mark.parametrize("first, then", [("adamw", "muon"), ("muon", "adamw")])
+def test_a_resume_under_the_other_optimizer_is_refused(tmp_path, first, then):
+    d = lm_dict(tmp_path, max_steps=3, optimizer=first)
+    train_run(RunConfig.from_dict(d), tmp_path / "run")
+    other = {**d, "train": {**d["train"], "max_steps": 6, "optimizer": then}}
+    with pytest.raises(RunError, match=f"train.optimizer='{first}'.*resume with "
+                                       f"train.optimizer='{first}'"):
         train_run(RunConfig.from_dict(other), tmp_path / "run", resume=True)
 
 

@@ -25,6 +25,7 @@ TokenizerKind = Literal["char", "bpe", "gpt2"]
 PreTokenizer = Literal["byte_level", "whitespace"]
 HoldoutUnit = Literal["sentence", "row"]
 Schedule = Literal["cosine", "inverse_sqrt", "constant"]
+OptimizerKind = Literal["adamw", "muon"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 SdpaBackend = Literal["auto", "default", "math", "flash", "efficient"]
 
@@ -159,6 +160,10 @@ class TrainConfig:
     block_size: int = 0  # LM context; 0 = model.max_len
     max_tokens: int = 4096  # translation: padded tokens per micro-batch (replaces batch_size)
     grad_accum: int = 1  # micro-batches per optimizer step
+    # muon: Muon (momentum orthogonalised by Newton-Schulz) for the matrices inside the layers,
+    # AdamW for the rest (embeddings, head, norms, biases); both at lr, Muon's step scaled to
+    # AdamW's size (attnlab.train.optim.MuonAdamW)
+    optimizer: OptimizerKind = "adamw"
     lr: float = 1e-3  # peak learning rate (after warmup)
     min_lr: float = 1e-4  # cosine: the final learning rate
     beta1: float = 0.9
@@ -198,6 +203,7 @@ class TrainConfig:
         check_types(self)
         check_literal(self, "precision", Precision)
         check_literal(self, "schedule", Schedule)
+        check_literal(self, "optimizer", OptimizerKind)
         check_literal(self, "sdpa_backend", SdpaBackend)
         dev = self.device
         check(dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:")

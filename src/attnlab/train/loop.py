@@ -32,7 +32,7 @@ from ..tasks import Task
 from .average import WeightEMA
 from .distributed import DistInfo, all_gather_objects, all_reduce_sum, any_process, shard, wrap_ddp
 from .monitor import Monitor
-from .optim import build_optimizer, lr_at, set_lr
+from .optim import build_optimizer, lr_at, optimizer_kind, set_lr
 from .precision import autocast, fastest, probe_key, resolve_precision, sdpa_backends
 from .stop import StopSignals
 
@@ -337,6 +337,13 @@ class Trainer:
                            f"train.best_metric={best['metric']!r}, or train into a new --out "
                            "(--init-from the run)")
         self.run.load_weights(self.model, "last")
+        saved = optimizer_kind(state["optimizer"]) if isinstance(state, dict) and isinstance(
+            state.get("optimizer"), dict) else self.cfg.optimizer
+        if saved != self.cfg.optimizer:
+            raise RunError(f"{self.run.path} was trained with train.optimizer={saved!r}; its "
+                           f"optimizer state cannot go on under train.optimizer="
+                           f"{self.cfg.optimizer!r}: resume with train.optimizer={saved!r}, or "
+                           "train into a new --out (--init-from the run)")
         try:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scaler.load_state_dict(state["scaler"])

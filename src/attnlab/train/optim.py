@@ -1,4 +1,5 @@
-"""AdamW with decay / no-decay parameter groups, and the learning-rate schedules.
+"""AdamW (or Muon with AdamW) with decay / no-decay parameter groups, and the learning-rate
+schedules.
 
 Weight decay applies to matrices only (as in GPT-2 / nanoGPT); fine-tuning may lower the rate
 layer by layer (:func:`param_groups`). A schedule is a pure function of the step, so its whole
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import torch
 from torch import nn
 
+from ..errors import ConfigError
 from ..run_config import TrainConfig
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -60,13 +63,130 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
             for (depth, decayed), params in sorted(groups.items())]
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.AdamW:
-    """AdamW over :func:`param_groups` with the fused kernel (CUDA and CPU: one kernel for all
-    parameters, the fastest where there is one), falling back to the multi-tensor (foreach)
-    kernel on devices without a fused one (MPS)."""
+def in_layer_matrix(name: str, p: nn.Parameter) -> bool:
+    """Whether parameter ``name`` is a matrix inside a stack of layers (attention and
+    feed-forward projections): what Muon optimises. Embeddings, output heads, poolers, norms
+    and biases are not."""
+    return p.dim() == 2 and _LAYER.search(name) is not None
+
+
+def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """The nearest semi-orthogonal matrix to ``g``, approximately: Muon's Newton-Schulz
+    iteration (the quintic ``a x + b (x x^T) x + c (x x^T)^2 x`` with the reference's
+    coefficients, which pushes every singular value into about [0.7, 1.2] in five steps).
+    In bf16 on a GPU (as the reference); in fp32 elsewhere, where bf16 matrix products may
+    have no hardware (a CPU without bf16 units runs them many times slower)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g.to(torch.bfloat16 if g.is_cuda else torch.float32)
+    x = x / (x.norm() + eps)  # spectral norm <= Frobenius norm = 1: inside the iteration's range
+    tall = x.size(0) > x.size(1)
+    if tall:  # iterate on the wide side: x x^T is the smaller square
+        x = x.mT
+    for _ in range(steps):
+        s = x @ x.mT
+        x = a * x + (b * s + c * s @ s) @ x
+    return (x.mT if tall else x).to(g.dtype)
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon (Jordan et al. 2024) for matrices: SGD with Nesterov momentum whose update is
+    made orthogonal (:func:`orthogonalize`), with decoupled weight decay. The step is scaled by
+    ``0.2 * sqrt(max(rows, cols))``, the RMS of an AdamW step (Liu et al. 2025), so AdamW's
+    learning rate and weight decay serve it too. The same update as ``torch.optim.Muon`` with
+    ``adjust_lr_fn="match_rms_adamw"`` (tests/test_muon.py), which iterates in bf16 on every
+    device."""
+
+    def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1,
+                 momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5) -> None:
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "momentum": momentum,
+                                  "nesterov": nesterov, "ns_steps": ns_steps})
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.dim() != 2:
+                    raise ValueError(f"Muon optimises matrices; got a parameter of shape "
+                                     f"{tuple(p.shape)} (a bug: give it to AdamW)")
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            lr, mu = group["lr"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
+                buf.lerp_(p.grad, 1 - mu)
+                update = p.grad.lerp(buf, mu) if group["nesterov"] else buf
+                p.mul_(1 - lr * group["weight_decay"])
+                p.add_(orthogonalize(update, group["ns_steps"]),
+                       alpha=-lr * 0.2 * max(p.shape) ** 0.5)
+
+
+class MuonAdamW:
+    """Muon for the matrices inside the layers (:func:`in_layer_matrix`), AdamW for the rest.
+
+    :class:`Muon` replaces each matrix's update by its momentum made orthogonal; embeddings
+    and heads stay with AdamW, as in Muon's reference and in modded-nanogpt. The two halves
+    show one list of parameter groups, so the learning-rate schedule, the gradient scaler and
+    checkpoints see one optimizer. Muon runs with its reference momentum (0.95, Nesterov) and
+    its step scaled to an AdamW step's RMS, so one ``lr`` and ``weight_decay`` serve both.
+    """
+
+    def __init__(self, model: nn.Module, groups: list[dict], cfg: TrainConfig,
+                 impl: dict[str, bool]) -> None:
+        muon_ids = {id(p) for name, p in model.named_parameters() if in_layer_matrix(name, p)}
+        muon, adamw = [], []
+        for group in groups:
+            params = group["params"]
+            for half, keep in ((muon, True), (adamw, False)):
+                chosen = [p for p in params if (id(p) in muon_ids) is keep]
+                if chosen:
+                    half.append({**group, "params": chosen})
+        if not muon:
+            raise ConfigError("train.optimizer='muon' found no matrix inside the model's layers "
+                              "to optimise; allowed: train.optimizer='adamw' for this model")
+        self.muon = Muon(muon, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.adamw = torch.optim.AdamW(adamw, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                                       eps=cfg.eps, **impl)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """Both halves' groups (read afresh: loading a state dict replaces them)."""
+        return self.muon.param_groups + self.adamw.param_groups
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.muon.step()
+        self.adamw.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.muon.zero_grad(set_to_none)
+        self.adamw.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.muon.load_state_dict(state["muon"])
+        self.adamw.load_state_dict(state["adamw"])
+
+
+def optimizer_kind(state: dict[str, Any]) -> str:
+    """Which ``train.optimizer`` wrote optimizer state ``state`` (a checkpoint's)."""
+    return "muon" if "muon" in state else "adamw"
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig,
+                    device_type: str) -> torch.optim.AdamW | MuonAdamW:
+    """``train.optimizer``: AdamW over :func:`param_groups`, or :class:`MuonAdamW` over the
+    same groups. AdamW uses the fused kernel (CUDA and CPU: one kernel for all parameters, the
+    fastest where there is one), falling back to the multi-tensor (foreach) kernel on devices
+    without a fused one (MPS)."""
     impl = {"fused": True} if device_type in ("cuda", "cpu") else {"foreach": True}
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay, cfg.layer_decay),
-                             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **impl)
+    groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
+    if cfg.optimizer == "muon":
+        return MuonAdamW(model, groups, cfg, impl)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                             **impl)
 
 
 def cosine_lr(step: int, lr: float, min_lr: float, warmup: int, decay_steps: int) -> float:
