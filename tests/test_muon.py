@@ -11,7 +11,7 @@ import torch
 from attnlab import ModelConfig, build_model
 from attnlab.config import ConfigError
 from attnlab.train import TrainConfig, build_optimizer
-from attnlab.train.optim import Muon, MuonAdamW, in_layer_matrix, set_lr
+from attnlab.train.optim import Muon, MuonAdamW, in_layer_matrix, orthogonalize, set_lr
 
 
 def model(family: str = "decoder", seed: int = 0):
@@ -123,6 +123,19 @@ def test_muon_takes_the_steps_of_torch_optim_muon():
             # the same step, within torch's bf16 rounding (2-4%); a step without the
             # momentum of the steps before, or scaled otherwise, is 10% or more off
             assert torch.linalg.norm(a - b) < 0.06 * torch.linalg.norm(b)
+
+
+def test_training_in_bf16_iterates_in_bf16():
+    m = model()
+    assert build_optimizer(m, TrainConfig(optimizer="muon"), "cpu").muon.ns_dtype == torch.float32
+    opt = build_optimizer(m, TrainConfig(optimizer="muon"), "cpu", "bf16")
+    assert opt.muon.ns_dtype == torch.bfloat16
+    g = torch.randn(24, 8, dtype=torch.float64)
+    want = torch.from_numpy(newton_schulz(g.numpy()))
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 0.06)):
+        got = orthogonalize(g, dtype=dtype)
+        assert got.dtype == torch.float64  # back in the gradient's dtype
+        assert torch.linalg.norm(got - want) < tol * torch.linalg.norm(want)
 
 
 def test_muon_lowers_the_loss_of_a_tiny_language_model():

@@ -187,7 +187,7 @@ class Trainer:
         self.backends = sdpa_backends(self.cfg.sdpa_backend)  # before the precision probe
         self.precision = resolve_precision(self.cfg.precision, self.device,
                                            self._measure_precision, precision)
-        self.optimizer = build_optimizer(self.model, self.cfg, self.device.type)
+        self.optimizer = build_optimizer(self.model, self.cfg, self.device.type, self.precision)
         self.ema = WeightEMA(self.model, self.cfg.ema_decay) if self.cfg.ema_decay else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.ddp = wrap_ddp(self.model, self.info, self.device)

@@ -70,14 +70,14 @@ def in_layer_matrix(name: str, p: nn.Parameter) -> bool:
     return p.dim() == 2 and _LAYER.search(name) is not None
 
 
-def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The nearest semi-orthogonal matrix to ``g``, approximately: Muon's Newton-Schulz
     iteration (the quintic ``a x + b (x x^T) x + c (x x^T)^2 x`` with the reference's
-    coefficients, which pushes every singular value into about [0.7, 1.2] in five steps).
-    In bf16 on a GPU (as the reference); in fp32 elsewhere, where bf16 matrix products may
-    have no hardware (a CPU without bf16 units runs them many times slower)."""
+    coefficients, which pushes every singular value into about [0.7, 1.2] in five steps),
+    computed in ``dtype``."""
     a, b, c = 3.4445, -4.7750, 2.0315
-    x = g.to(torch.bfloat16 if g.is_cuda else torch.float32)
+    x = g.to(dtype)
     x = x / (x.norm() + eps)  # spectral norm <= Frobenius norm = 1: inside the iteration's range
     tall = x.size(0) > x.size(1)
     if tall:  # iterate on the wide side: x x^T is the smaller square
@@ -93,13 +93,16 @@ class Muon(torch.optim.Optimizer):
     made orthogonal (:func:`orthogonalize`), with decoupled weight decay. The step is scaled by
     ``0.2 * sqrt(max(rows, cols))``, the RMS of an AdamW step (Liu et al. 2025), so AdamW's
     learning rate and weight decay serve it too. The same update as ``torch.optim.Muon`` with
-    ``adjust_lr_fn="match_rms_adamw"`` (tests/test_muon.py), which iterates in bf16 on every
-    device."""
+    ``adjust_lr_fn="match_rms_adamw"`` (tests/test_muon.py), which iterates in bf16 always;
+    here ``ns_dtype`` chooses (the trainer: bf16 when it trains in bf16, else fp32, as a CPU
+    without bf16 units runs bf16 products many times slower)."""
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1,
-                 momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5) -> None:
+                 momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
+                 ns_dtype: torch.dtype = torch.float32) -> None:
         super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "momentum": momentum,
                                   "nesterov": nesterov, "ns_steps": ns_steps})
+        self.ns_dtype = ns_dtype
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dim() != 2:
@@ -117,7 +120,7 @@ class Muon(torch.optim.Optimizer):
                 buf.lerp_(p.grad, 1 - mu)
                 update = p.grad.lerp(buf, mu) if group["nesterov"] else buf
                 p.mul_(1 - lr * group["weight_decay"])
-                p.add_(orthogonalize(update, group["ns_steps"]),
+                p.add_(orthogonalize(update, group["ns_steps"], dtype=self.ns_dtype),
                        alpha=-lr * 0.2 * max(p.shape) ** 0.5)
 
 
@@ -132,7 +135,7 @@ class MuonAdamW:
     """
 
     def __init__(self, model: nn.Module, groups: list[dict], cfg: TrainConfig,
-                 impl: dict[str, bool]) -> None:
+                 impl: dict[str, bool], ns_dtype: torch.dtype = torch.float32) -> None:
         muon_ids = {id(p) for name, p in model.named_parameters() if in_layer_matrix(name, p)}
         muon, adamw = [], []
         for group in groups:
@@ -144,7 +147,7 @@ class MuonAdamW:
         if not muon:
             raise ConfigError("train.optimizer='muon' found no matrix inside the model's layers "
                               "to optimise; allowed: train.optimizer='adamw' for this model")
-        self.muon = Muon(muon, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.muon = Muon(muon, lr=cfg.lr, weight_decay=cfg.weight_decay, ns_dtype=ns_dtype)
         self.adamw = torch.optim.AdamW(adamw, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                        eps=cfg.eps, **impl)
 
@@ -175,16 +178,18 @@ def optimizer_kind(state: dict[str, Any]) -> str:
     return "muon" if "muon" in state else "adamw"
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig,
-                    device_type: str) -> torch.optim.AdamW | MuonAdamW:
+def build_optimizer(model: nn.Module, cfg: TrainConfig, device_type: str,
+                    precision: str = "fp32") -> torch.optim.AdamW | MuonAdamW:
     """``train.optimizer``: AdamW over :func:`param_groups`, or :class:`MuonAdamW` over the
-    same groups. AdamW uses the fused kernel (CUDA and CPU: one kernel for all parameters, the
+    same groups (its Newton-Schulz iteration in bf16 when ``precision`` is bf16, else in
+    fp32). AdamW uses the fused kernel (CUDA and CPU: one kernel for all parameters, the
     fastest where there is one), falling back to the multi-tensor (foreach) kernel on devices
     without a fused one (MPS)."""
     impl = {"fused": True} if device_type in ("cuda", "cpu") else {"foreach": True}
     groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
     if cfg.optimizer == "muon":
-        return MuonAdamW(model, groups, cfg, impl)
+        return MuonAdamW(model, groups, cfg, impl, torch.bfloat16 if precision == "bf16"
+                         else torch.float32)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                              **impl)
 
