@@ -1,6 +1,7 @@
-"""train.optimizer = "muon": which parameters Muon takes, one step against a NumPy reference
-of the algorithm (Jordan et al. 2024; the AdamW-matched step size of Liu et al. 2025), the
-AdamW half against torch.optim.AdamW, checkpoints and resume. CPU, tiny models."""
+"""train.optimizer = "muon": which parameters Muon takes, its step against a NumPy reference
+of the algorithm (Jordan et al. 2024; the AdamW-matched step size of Liu et al. 2025) and
+against torch.optim.Muon, the AdamW half against torch.optim.AdamW (resume:
+tests/test_train_loop.py). CPU, tiny models."""
 
 from __future__ import annotations
 

@@ -337,9 +337,9 @@ class Trainer:
                            f"train.best_metric={best['metric']!r}, or train into a new --out "
                            "(--init-from the run)")
         self.run.load_weights(self.model, "last")
-        saved = optimizer_kind(state["optimizer"]) if isinstance(state, dict) and isinstance(
-            state.get("optimizer"), dict) else self.cfg.optimizer
-        if saved != self.cfg.optimizer:
+        opt_state = state.get("optimizer") if isinstance(state, dict) else None
+        saved = optimizer_kind(opt_state) if isinstance(opt_state, dict) else self.cfg.optimizer
+        if saved != self.cfg.optimizer:  # (a malformed state is refused below)
             raise RunError(f"{self.run.path} was trained with train.optimizer={saved!r}; its "
                            f"optimizer state cannot go on under train.optimizer="
                            f"{self.cfg.optimizer!r}: resume with train.optimizer={saved!r}, or "

@@ -163,7 +163,6 @@ class MuonAdamW:
         """Both halves' groups (read afresh: loading a state dict replaces them)."""
         return self.muon.param_groups + self.adamw.param_groups
 
-    @torch.no_grad()
     def step(self) -> None:
         self.muon.step()
         self.adamw.step()
