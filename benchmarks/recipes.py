@@ -11,7 +11,8 @@ with `--average N`, the same scores of the mean of the last N evaluation checkpo
 (`attnlab average`); with `--ema D`, trained with `train.ema_decay = D`, the same scores of
 its moving average (`attnlab average --ema`). Then the wall time of each command, and of the
 recipe end to end: training, then (with `--average` or `--ema`) averaging, then the last
-weights' best-scored evaluation (with `--beam`, the beam's). Data: the local copies under
+evaluation of the weights it ends on (with `--beam`, the beam's; with `--stride N`, a language
+model's loss in windows every N tokens, `attnlab eval --stride`). Data: the local copies under
 `--data-dir` (default ../shared/data).
 `--tiny` trains a few steps of a small model (for the tests).
 """
@@ -70,14 +71,20 @@ def timed(walls: dict[str, float], label: str, *args: str) -> str:
     return out
 
 
-def scores(run: Path, beam: int, walls: dict[str, float]) -> dict[str, float]:
+def scores(run: Path, beam: int, walls: dict[str, float], stride: int = 0) -> dict[str, float]:
     """``attnlab eval`` of ``run`` (greedy, and with ``beam`` when it is > 1 and the run
-    translates): the metrics as a dict, the beam's BLEU as ``bleu_beam``."""
+    translates; with ``--stride`` when ``stride`` is given and the run is a language model):
+    the metrics as a dict, the beam's BLEU as ``bleu_beam``, the strided loss as
+    ``val_loss_stride``."""
     out = json.loads(timed(walls, f"attnlab eval {run.name}", "eval", str(run), "--json"))
     if beam > 1 and "bleu" in out:
         out["bleu_beam"] = json.loads(timed(walls, f"attnlab eval {run.name} --beam {beam}",
                                             "eval", str(run), "--json", "--beam",
                                             str(beam)))["bleu"]
+    if stride and "ppl" in out:
+        out["val_loss_stride"] = json.loads(timed(
+            walls, f"attnlab eval {run.name} --stride {stride}", "eval", str(run), "--json",
+            "--stride", str(stride)))["val_loss"]
     return {k: v for k, v in out.items() if isinstance(v, float)}
 
 
@@ -91,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ema", type=float, default=0.0, metavar="D",
                    help="train with train.ema_decay=D and also score the moving average")
     p.add_argument("--beam", type=int, default=1, help="translation: also score this beam")
+    p.add_argument("--stride", type=int, default=0, metavar="N",
+                   help="language model: also score windows every N tokens (eval --stride)")
     p.add_argument("--out", type=Path, default=None, help="run dir (default: a temporary one)")
     p.add_argument("--tiny", action="store_true", help="a few steps of a tiny model")
     args = p.parse_args(argv)
@@ -106,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         timed(walls, f"attnlab train {args.recipe}", "train", args.recipe, "--out", str(run),
               *(f"--set={s}" for s in sets))
         path = [f"attnlab train {args.recipe}"]  # what the recipe runs end to end
-        rows = [("trained (best/)", scores(run, args.beam, walls))]
+        rows = [("trained (best/)", scores(run, args.beam, walls, args.stride))]
         averages = ([(f"average of the last {args.average}", "--last", str(args.average),
                       "avg")] if args.average else []) + \
             ([(f"moving average ({args.ema})", "--ema", "", "ema")] if args.ema else [])
@@ -114,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             words = f"attnlab average {run.name} {flag} {value}".strip()
             timed(walls, words, "average", str(run), flag, *([value] if value else []),
                   "--out", f"{run}-{suffix}")
-            rows.append((name, scores(Path(f"{run}-{suffix}"), args.beam, walls)))
+            rows.append((name, scores(Path(f"{run}-{suffix}"), args.beam, walls, args.stride)))
             path[1:] = [words]
         path.append(list(walls)[-1])  # the evaluation of the weights it ends on
     keys = sorted({k for _, r in rows for k in r})

@@ -291,6 +291,20 @@ def test_recipes_script_trains_averages_and_scores_a_translation_recipe(tmp_path
         "`attnlab average run --ema`", "`attnlab eval run-ema --beam 2`"))) <= 1.5, out
 
 
+def test_recipes_script_scores_a_language_model_with_a_stride_too(tmp_path, capsys):
+    (tmp_path / "tinyshakespeare").mkdir()
+    (tmp_path / "tinyshakespeare" / "input.txt").write_text(TEXT * 40)
+    script("recipes").main(["shakespeare_char_small", "--tiny", "--data-dir", str(tmp_path),
+                            "--stride", "4"])
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("| weights"))
+    assert "val_loss_stride" in header and "val_loss" in header
+    row = dict(zip(header.strip("| ").split(" | ")[1:], table_rows(out, "trained")[0][1:]))
+    assert float(row["val_loss_stride"]) > 0 and row["val_loss_stride"] != row["val_loss"]
+    assert re.search(r"end to end \(`attnlab train shakespeare_char_small`, then `attnlab eval "
+                     r"run --stride 4`\): \d+ s wall", out), out
+
+
 def test_step_speed_times_both_arms_alternately(capsys):
     """Two pairs of tiny `copy` runs, arm B with torch's dropout: A B then B A, each a time per
     step, and the ratios' median."""

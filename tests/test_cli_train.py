@@ -11,7 +11,7 @@ import torch
 
 import _runs
 from attnlab.cli import main
-from attnlab.runs import RunDir, read_metrics
+from attnlab.runs import RunDir, load_run, read_metrics
 
 TEXT = "".join(f"to be or not to be, line {i}; that is the question.\n" for i in range(80))
 MODEL = ["--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.n_layers=1",
@@ -143,6 +143,10 @@ def test_synthetic_task_needs_no_files(tmp_path, capsys):
             "--set", "data.val_size=8", "--out", str(tmp_path / "rev")]
     assert main(args) == 0
     assert "accuracy" in capsys.readouterr().out
+    assert main(["eval", str(tmp_path / "rev"), "--stride", "4"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "--stride is for language-model runs (perplexity); a synthetic run is "
+        "scored without it (leave --stride out)")
 
 
 def test_resume_continues_the_logged_losses(text, tmp_path, capsys):
@@ -191,7 +195,7 @@ def digest(folder):
     "fetch_unknown", "fetch_offline", "eval_missing_run", "bad_recipe_name", "eval_unknown_chars",
     "eval_wrong_data_count", "resume_with_init_from", "resume_with_set_init_from",
     "resume_below_checkpoint", "resume_at_checkpoint", "resume_other_family", "eval_bad_device",
-    "fetch_from_a_file",
+    "fetch_from_a_file", "eval_stride_past_the_block", "eval_negative_stride",
 ])
 def test_bad_input_is_one_line_exit_2_and_leaves_checkpoints_alone(case, lm_run, text, tmp_path,
                                                                    capsys, monkeypatch):
@@ -247,6 +251,10 @@ def test_bad_input_is_one_line_exit_2_and_leaves_checkpoints_alone(case, lm_run,
                                 f"run dir {run} holds a decoder-only run (data.name='text'), "
                                 "which cannot be resumed with an encoder-only recipe"),
         "eval_bad_device": (["eval", run, "--device", "cuda:99"], "--device 'cuda:99' but"),
+        "eval_stride_past_the_block": (["eval", run, "--stride", "17"],
+                                       "stride 17: allowed a whole number from 1 to the run's "
+                                       "block of 16 tokens"),
+        "eval_negative_stride": (["eval", run, "--stride", "-1"], "stride -1: allowed"),
         "fetch_from_a_file": (["data", "fetch", "shakespeare", "--from", str(text), "--cache",
                                str(tmp_path / "cache")],
                               f"{text} is a file, not a folder: --from takes the folder "
@@ -344,6 +352,37 @@ def test_eval_of_an_imported_lm_asks_for_data(tmp_path, capsys):
     other.write_text(_runs.TEXT * 4)
     assert main(["eval", str(run), "--data", str(other)]) == 0
     assert "ppl:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("stride", [32, 7, 1])
+def test_a_strided_eval_scores_each_target_once_from_its_first_window(tmp_path, capsys, stride):
+    """``eval --stride N``: windows of the block every N tokens and one ending at the last
+    token, each target scored once by the first window that holds it; checked against a loop
+    that scores each target on its own, in that window."""
+    tok = _runs.char_tokenizer()  # (no pad id: every character is a target)
+    run = _runs.write_run(tmp_path / "run", _runs.tiny_lm(vocab_size=tok.vocab_size, max_len=32,
+                                                          pad_id=None), tok, {"name": "text"})
+    text = tmp_path / "val.txt"
+    text.write_text(_runs.TEXT * 5)  # 225 characters: 224 targets
+    assert main(["eval", str(run), "--data", str(text), "--stride", str(stride), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    loaded = load_run(run)
+    ids = torch.tensor(loaded.tokenizer.encode(text.read_text()))
+    block, n = 32, len(ids)
+    starts = [*range(0, n - block, stride), n - 1 - block]
+    losses = []
+    for j in range(n - 1):  # target j: the token j + 1
+        w = min(s for s in starts if s <= j < s + block)  # the first window holding it
+        if stride < block and w >= stride:
+            assert j - w >= block - stride  # at least block - stride tokens before it
+        with torch.no_grad():
+            logits, _ = loaded.model(ids[None, w:w + block])
+        losses.append(torch.nn.functional.cross_entropy(logits[0, j - w], ids[j + 1]).item())
+    assert got["stride"] == stride and got["window"] == block
+    assert got["val_loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+    if stride == block:  # non-overlapping windows: the evaluation without --stride
+        assert main(["eval", str(run), "--data", str(text), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["val_loss"] == got["val_loss"]
 
 
 @pytest.mark.parametrize("failure", ["offline", "bad_checksum"])

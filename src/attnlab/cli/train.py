@@ -86,6 +86,11 @@ def _register_eval(subparsers: argparse._SubParsersAction) -> None:
                    "translation's BLEU, the synthetic tasks' accuracy; default 1 = greedy)")
     p.add_argument("--length-penalty", type=float, default=0.6,
                    help="GNMT length-penalty alpha for --beam > 1 (default 0.6)")
+    p.add_argument("--stride", type=int, default=0, metavar="N",
+                   help="language models: score the split in windows of the block that start N "
+                   "tokens apart, each target once, so that each has at least block - N tokens "
+                   "before it (sliding-window perplexity; default: the block, non-overlapping "
+                   "windows, as training evaluates)")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.add_argument("--progress", action="store_true",
                    help="show a progress bar of the batches evaluated on stderr (default: "
@@ -400,7 +405,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with eval_progress(show, f"eval {args.split if not args.data else 'data'}") as progress:
         result = evaluate_run(args.run_dir, args.split, args.data, args.checkpoint,
                               args.device, beam=args.beam, length_penalty=args.length_penalty,
-                              progress=progress)
+                              stride=args.stride, progress=progress)
     if args.json:
         print(json.dumps(result))
         return 0

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..config import ConfigError
 from ..data import DataError, DataFileNotFoundError, default_cache_dir, embedded_corpus, read_text
 from ..data.shards import TOKENIZER, TokenShards, read_manifest
-from ..errors import VocabularyError
+from ..errors import UsageError, VocabularyError
 from ..files import atomic_write_bytes
 from ..metrics import perplexity
 from ..models import token_loss
@@ -136,6 +136,20 @@ class LMTask(Task):
         if self.block > self.model_config.max_len:
             raise ConfigError(f"train.block_size={self.block} is longer than model.max_len="
                               f"{self.model_config.max_len}; allowed: <= model.max_len")
+        self.stride = self.block  # the whole split's windows start this far apart
+
+    def set_stride(self, stride: int) -> None:
+        """Evaluate the whole split in windows that start ``stride`` tokens apart (1 to the
+        block; the block, the default: non-overlapping windows). Each target is still scored
+        once, by the first window that holds it, so every target after the first window is
+        predicted from at least ``block - stride`` tokens before it: the sliding-window
+        perplexity of Hugging Face's "Perplexity of fixed-length models", which comes closer
+        to the loss of the text as one stream than windows that start from nothing."""
+        if isinstance(stride, bool) or not isinstance(stride, int) \
+                or not 1 <= stride <= self.block:
+            raise UsageError(f"stride {stride!r}: allowed a whole number from 1 to the run's "
+                             f"block of {self.block} tokens")
+        self.stride = stride
 
     @property
     def corpora(self) -> list[Corpus]:
@@ -388,19 +402,23 @@ class LMTask(Task):
     # ---- evaluation --------------------------------------------------------------------------
     def _batches(self, data: Tokens, max_batches: int) -> Iterator[tuple[Tensor, Tensor]]:
         """``max_batches`` batches of random windows (the same ones every time), or every
-        target of ``data`` when ``max_batches`` is 0: its non-overlapping windows, and one more
-        ending at the last token for the targets they leave over (the earlier ones ignored
-        there). Read a batch at a time."""
+        target of ``data`` when ``max_batches`` is 0: windows every :attr:`stride` tokens
+        (non-overlapping by default), each scoring only the targets the one before left over,
+        and one more ending at the last token for the targets they leave over (the earlier
+        ones ignored there). Read a batch at a time."""
         bs = self.eval_batch_size()
         if max_batches:
             gen = torch.Generator().manual_seed(self.rc.train.seed + 7919)
             starts = torch.randint(len(data) - self.block, (max_batches * bs,),
                                    generator=gen).tolist()
         else:
-            starts = list(range(0, len(data) - self.block, self.block))
+            starts = list(range(0, len(data) - self.block, self.stride))
+        seen = 0 if max_batches else self.block - self.stride  # targets the window before scored
         for i in range(0, len(starts), bs):
-            yield self._windows(data, starts[i:i + bs])
-        left = 0 if max_batches else len(data) - 1 - len(starts) * self.block  # (whole split)
+            x, y = self._windows(data, starts[i:i + bs])
+            y[int(i == 0):, :seen] = IGNORE_INDEX  # (B, T): all but the first window
+            yield x, y
+        left = 0 if max_batches else len(data) - 1 - starts[-1] - self.block  # (whole split)
         if left:  # targets after the last window: one more window, ending at the last token
             x, y = self._windows(data, [len(data) - 1 - self.block])
             y[:, :self.block - left] = IGNORE_INDEX  # scored by the windows before

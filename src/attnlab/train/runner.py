@@ -320,7 +320,7 @@ def _eval_overrides(rc: RunConfig, split: str, data: list[str]) -> RunConfig:
 
 def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None = None,
                  checkpoint: str = "best", device: str = "auto", beam: int = 1,
-                 length_penalty: float = 0.6,
+                 length_penalty: float = 0.6, stride: int = 0,
                  progress: Progress | None = None) -> dict[str, Any]:
     """Metrics of a trained run on ``split``: loss + perplexity / BLEU / accuracy+F1.
 
@@ -336,6 +336,9 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
         device: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
         beam: translation only: 1 decodes greedily, more is beam search of that width.
         length_penalty: beam search's length penalty.
+        stride: language models only: windows of the block every ``stride`` tokens, each
+            target scored once (:meth:`attnlab.tasks.LMTask.set_stride`); 0, the default:
+            non-overlapping windows, as training evaluates.
         progress: told as batches are done (see :meth:`attnlab.tasks.Task.evaluate`).
 
     Returns:
@@ -353,6 +356,13 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
     def amp():  # as Trainer.amp: autocast and the attention kernels training evaluated with
         return autocast(precision, dev, backends)
 
+    window = {}
+    if stride:
+        if not hasattr(task, "set_stride"):
+            raise UsageError(f"--stride is for language-model runs (perplexity); a {task.kind} "
+                             "run is scored without it (leave --stride out)")
+        task.set_stride(stride)
+        window = {"window": task.block, "stride": stride}
     decoding = {}
     if hasattr(task, "beam"):
         task.beam, task.length_penalty = beam, length_penalty
@@ -361,7 +371,7 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
     metrics = task.evaluate(run.model, split, dev, amp, 0, progress)
     where = {"data": " ".join(data)} if data else {"split": split}
     return {**where, "checkpoint": str(run.checkpoint), "precision": precision, **decoding,
-            **metrics}
+            **window, **metrics}
 
 
 def _eval_config(rd: RunDir, split: str, checkpoint: str, beam: int) -> RunConfig:
