@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab import ModelConfig, build_model
+from attnlab import ModelConfig, attention_maps, build_model
 from attnlab.cli import main
 from attnlab.runs import RunDir
 from attnlab.tokenizers import BPETokenizer, CharTokenizer
@@ -200,7 +200,7 @@ def test_viz_labels_each_head_with_its_own_weights_in_any_order(runs, tmp_path):
     run = load_run(runs["decoder"])
     ids = run.tokenizer.encode("the lazy fox")
     with torch.no_grad():
-        true = run.model.attention_maps(torch.tensor([ids]))["decoder"]
+        true = attention_maps(run.model, torch.tensor([ids]))["decoder"]
     for layer, weights in zip(view["layer_ids"], view["weights"]):
         for slot, head in enumerate(view["head_ids"]):
             got = torch.tensor(weights[slot], dtype=torch.float32) / 10_000  # stored w * 1e4

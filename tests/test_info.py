@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnlab import ModelConfig, build_model
+from attnlab import ModelConfig, attention_maps, build_model
 from attnlab.info import estimate, report
 
 
@@ -22,7 +22,7 @@ def test_forward_flops_match_torch_flop_counter(family, ffn, dec):
     # attention_maps(layers=True) runs every layer on the written-out attention path, whose
     # matmuls the counter sees (it does not count the fused SDPA kernel on CPU).
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model.attention_maps(x) if family == "decoder" else model.attention_maps(x, x)
+        attention_maps(model, x) if family == "decoder" else attention_maps(model, x, x)
     measured = counter.get_total_flops() / (b * t)
     est = estimate(cfg, model.num_parameters(), b, t)
     assert est.flops_per_token_forward == pytest.approx(measured, rel=0.02)
@@ -36,7 +36,7 @@ def test_masked_lm_flops_count_its_head_at_the_masked_tokens_only():
     b, t = 2, 20
     x = torch.randint(1, 997, (b, t))
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model.attention_maps(x)  # every layer written out, and the head at every token
+        attention_maps(model, x)  # every layer written out, and the head at every token
     every_token = counter.get_total_flops() / (b * t)
     skipped = 2 * 32 * 997 * (1 - 0.15)  # training computes the head at the masked 15% only
     est = estimate(cfg, model.num_parameters(), b, t)

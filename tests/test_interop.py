@@ -108,7 +108,7 @@ def test_transformer_matches_torch(norm_first: bool, activation: str, bias: bool
         want_mem = seq(ref.encoder(seq(src), src_key_padding_mask=~src_valid))
         got = stacks(src, tgt, src_valid=src_valid, tgt_valid=tgt_valid, memory_valid=src_valid,
                      tgt_is_causal=causal)
-        got_mem, _ = stacks.encoder(src, src_valid[:, None, None, :])
+        got_mem = stacks.encoder(src, src_valid[:, None, None, :])
     torch.testing.assert_close(got_mem[src_valid], want_mem[src_valid], atol=1e-5, rtol=0)
     torch.testing.assert_close(got[tgt_valid], want[tgt_valid], atol=1e-5, rtol=0)
 

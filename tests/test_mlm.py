@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from attnlab.cli import main
 from attnlab.config import ConfigError, ModelConfig
+from attnlab.interpret import attention_maps
 from attnlab.models import MaskedLM, build_model
 from attnlab.runs import load_run, read_metrics
 from attnlab.tasks import MaskedLMTask, build_task
@@ -90,7 +91,7 @@ def test_masked_lm_logits_and_loss_at_the_targets_equal_the_full_pass():
     torch.testing.assert_close(loss, F.cross_entropy(full[picked], targets[picked]))
     hidden = model.hidden_states(ids)  # the head is the tied embedding matrix and a bias
     torch.testing.assert_close(full, hidden @ model.emb.tok.weight.T + model.head.bias)
-    maps = model.attention_maps(ids, layers=[1])
+    maps = attention_maps(model, ids, layers=[1])
     assert maps["encoder"][1].shape == (3, 2, 10, 10)
     torch.testing.assert_close(maps.logits, full)
     with pytest.raises(ValueError, match="MaskedLM needs family='encoder', head='mlm'"):

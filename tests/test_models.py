@@ -7,7 +7,14 @@ import pytest
 import torch
 
 import attnlab.nn as attention_module
-from attnlab import DecoderLM, EncoderClassifier, ModelConfig, Transformer, build_model
+from attnlab import (
+    DecoderLM,
+    EncoderClassifier,
+    ModelConfig,
+    Transformer,
+    attention_maps,
+    build_model,
+)
 from attnlab.speed import linear_cross_entropy, use_fused_loss
 
 V = 23
@@ -290,7 +297,7 @@ def test_attention_capture_chosen_layers_only_and_outputs_unchanged(monkeypatch)
     x = ids(2, 8)
     logits, _ = model(x)
     calls = _count_reference_calls(monkeypatch)
-    maps = model.attention_maps(x, layers=[1], heads=[0, 3])
+    maps = attention_maps(model, x, layers=[1], heads=[0, 3])
     assert len(calls) == 1  # layers 0 and 2 stayed on the fused path
     assert set(maps["decoder"]) == {1} and maps["decoder"][1].shape == (2, 2, 8, 8)
     torch.testing.assert_close(maps.logits, logits, atol=1e-5, rtol=1e-5)
@@ -298,9 +305,9 @@ def test_attention_capture_chosen_layers_only_and_outputs_unchanged(monkeypatch)
     assert torch.all(w.triu(1) == 0)  # causal
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 8))
     with pytest.raises(ValueError, match="layer index 5 is out of range"):
-        model.attention_maps(x, layers=[5])
+        attention_maps(model, x, layers=[5])
     with pytest.raises(ValueError, match=r"head index 7 is out of range: there are 4 heads"):
-        model.attention_maps(x, heads=[7])
+        attention_maps(model, x, heads=[7])
 
 
 @pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder"])
@@ -323,7 +330,7 @@ def test_attention_capture_encoder_decoder_on_padded_batch(monkeypatch):
     tgt = ids(2, 4)
     logits, _ = model(src, tgt)
     calls = _count_reference_calls(monkeypatch)
-    maps = model.attention_maps(src, tgt, layers=[0])
+    maps = attention_maps(model, src, tgt, layers=[0])
     assert len(calls) == 3  # encoder self, decoder self, cross of layer 0 only
     assert maps["encoder"][0].shape == (2, 4, 7, 7)
     assert maps["decoder"][0].shape == (2, 4, 4, 4)
@@ -336,7 +343,7 @@ def test_attention_capture_encoder_decoder_on_padded_batch(monkeypatch):
 def test_encoder_capture():
     model = EncoderClassifier(cfg("encoder")).eval()
     x = ids(2, 6)
-    maps = model.attention_maps(x, layers=True)
+    maps = attention_maps(model, x, layers=True)
     assert set(maps["encoder"]) == {0, 1}
     torch.testing.assert_close(maps.logits, model(x)[0], atol=1e-5, rtol=1e-5)
 
@@ -506,10 +513,10 @@ def test_a_padded_row_given_its_mask_equals_the_row_alone(pos, family, side):
     with torch.no_grad():
         if family == "decoder":
             alone, got = model(ids)[0], model(padded, mask=mask)[0][:, real]
-            maps = model.attention_maps(padded, mask=mask)
+            maps = attention_maps(model, padded, mask=mask)
             torch.testing.assert_close(maps.logits[:, real], alone, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(maps["decoder"][0][:, :, real, real],
-                                       model.attention_maps(ids)["decoder"][0],
+                                       attention_maps(model, ids)["decoder"][0],
                                        atol=1e-5, rtol=1e-5)
         else:
             src = torch.randint(3, 30, (1, 6))

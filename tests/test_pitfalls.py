@@ -6,6 +6,7 @@ input and the heads-not-dividing error in test_nn.)
 """
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -25,7 +26,11 @@ def test_decoder_is_causal_and_cross_attention_queries_come_from_the_target():
     cfg = ModelConfig(family="encoder_decoder", d_model=16, n_heads=4, d_ff=32, dropout=0.0)
     layer = DecoderLayer(cfg).eval()
     tgt, memory = torch.randn(2, 3, 16), torch.randn(2, 7, 16)  # T != S
-    out, w_self, w_cross = layer(tgt, memory, need_weights=True)
+    w = {}  # the two attention patterns, read at their hook sites
+    layer.self_attn.hooks["pattern"] = partial(w.__setitem__, "self")
+    layer.cross_attn.hooks["pattern"] = partial(w.__setitem__, "cross")
+    out = layer(tgt, memory)
+    w_self, w_cross = w["self"], w["cross"]
     assert out.shape == (2, 3, 16)  # one output per target position
     assert w_cross.shape == (2, 4, 3, 7)  # target queries over source keys
     assert torch.all(w_self.triu(1) == 0)  # no peeking at later target positions
@@ -77,7 +82,7 @@ def test_blocks_return_the_residual_stream(norm):
         layer.self_attn.out_proj.weight.zero_(), layer.self_attn.out_proj.bias.zero_()
         layer.ffn.w2.weight.zero_(), layer.ffn.w2.bias.zero_()
     x = torch.randn(2, 4, 8)
-    out, _, _ = layer(x)
+    out = layer(x)
     expected = x if norm == "pre" else layer.norm2(layer.norm1(x))
     torch.testing.assert_close(out, expected)
 

@@ -20,7 +20,7 @@ from typing import Any
 __version__ = "0.2.0"
 
 _EXPORTS = {
-    "AttentionMaps": ".models",
+    "AttentionMaps": ".interpret",
     "ConfigError": ".errors",
     "InputError": ".errors",
     "DecoderLM": ".models",
@@ -28,6 +28,7 @@ _EXPORTS = {
     "MaskedLM": ".models",
     "ModelConfig": ".config",
     "Transformer": ".models",
+    "attention_maps": ".interpret",
     "build_model": ".models",
     "generate_text": ".decoding",
     "load_run": ".runs",

@@ -19,7 +19,7 @@ from .errors import ConfigError
 Family = Literal["encoder_decoder", "encoder", "decoder"]
 NormPlacement = Literal["post", "pre"]
 NormType = Literal["layernorm", "rmsnorm"]
-FFNKind = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
+FFNKind = Literal["relu", "gelu", "gelu_tanh", "swiglu", "none"]
 PosKind = Literal["sinusoidal", "learned", "rope"]
 Pooling = Literal["cls", "mean", "max", "pooler"]
 EncoderHead = Literal["classify", "mlm"]
@@ -107,7 +107,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     final_norm: bool | None = None  # None = True for pre-norm (needed there), False for post-norm
     embed_norm: bool = False  # LayerNorm after the embeddings (BERT)
-    ffn: FFNKind = "relu"
+    ffn: FFNKind = "relu"  # "none": attention-only blocks (no feed-forward sub-layer)
     pos: PosKind = "sinusoidal"
     rope_base: float = 10000.0
     max_len: int = 512

@@ -23,7 +23,7 @@ class Costs:
 
 def _layer_flops(cfg: ModelConfig, ctx: int, cross_ctx: int | None = None) -> float:
     inner = cfg.n_heads * cfg.head_dim
-    ffn_mats = 3 if cfg.ffn == "swiglu" else 2
+    ffn_mats = {"swiglu": 3, "none": 0}.get(cfg.ffn, 2)
     flops = 2 * 4 * cfg.d_model * inner + 2 * 2 * ctx * inner + 2 * ffn_mats * cfg.d_model * \
         cfg.d_ff
     if cross_ctx is not None:  # cross-attention: q and out projections per target token,

@@ -3,8 +3,9 @@
 Attention (paper 3.2) and its masks, the KV cache, multi-head attention; the feed-forward
 network (3.3); norms and the residual connection around each sub-layer (3.1); token
 embeddings (3.4) and positional encodings (3.5); the encoder and decoder layers and stacks
-(3.1); then what every model needs around them: initialisation, the loss, captured attention
-maps. The families (:mod:`attnlab.models`) are built from these and read top to bottom.
+(3.1); then what every model needs around them: initialisation, the loss, its hook sites by
+name (read and changed through :mod:`attnlab.interpret`). The families
+(:mod:`attnlab.models`) are built from these and read top to bottom.
 
 Shapes: B batch, T query (target) length, S key (source) length, D d_model, H heads,
 Dh head dim, V vocab, L layers.
@@ -26,8 +27,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -68,6 +69,27 @@ def dropout(x: Tensor, p: float) -> Tensor:
     thresholds = torch.tensor([2 * k - 32768] * 3 + [k], dtype=torch.int16)
     keep = (bits >= thresholds).view(-1)[:n].view(x.shape)
     return x * keep.to(x.dtype).mul_(32768 / (32768 - k))  # 1 / (1 - p as rounded)
+
+
+# ---- hook sites: where a forward pass can be read or changed --------------------------------
+Hook = Callable[[Tensor], "Tensor | None"]  # a site's tensor -> the one to use (None: the same)
+
+
+class Sites(nn.Module):
+    """A module with named hook sites, listed in ``sites`` in the order the forward meets
+    them. ``x = self.site("resid_pre", x)`` is ``x`` unless ``hooks`` has a function for that
+    site, which then reads or replaces it (:mod:`attnlab.interpret` sets and clears them);
+    with no hook set nothing else runs, so the forward is the plain one."""
+
+    def __init__(self, *sites: str):
+        super().__init__()
+        self.sites, self.hooks = sites, {}  # hooks: {site: Hook}
+
+    def site(self, name: str, x: Tensor) -> Tensor:
+        if self.hooks and name in self.hooks:
+            out = self.hooks[name](x)
+            return x if out is None else out
+        return x
 
 
 # ---- masks ----------------------------------------------------------------------------------
@@ -146,13 +168,15 @@ class AttentionOutput(NamedTuple):
 
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                         dropout_p: float = 0.0, is_causal: bool = False,
-                        generator: torch.Generator | None = None) -> AttentionOutput:
+                        generator: torch.Generator | None = None,
+                        pattern: Hook | None = None) -> AttentionOutput:
     """softmax(Q K^T / sqrt(d_k)) V, written out (paper eq. 1). Returns the weights too.
 
     Args:
         q: (B, H, T, Dh); k, v: (B, H, S, Dh) (v may have another last dim).
         mask: bool, True = may attend, broadcastable to (B, H, T, S).
         is_causal: add the causal mask (aligned to the end: KV-cache friendly).
+        pattern: a function of the weights that returns the ones to use (a hook site).
     """
     t, s = q.size(-2), k.size(-2)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, T, S)
@@ -165,6 +189,8 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = N
     weights = torch.softmax(upcast(scores), dim=-1).to(q.dtype)
     if mask is not None:  # a fully masked row is NaN after softmax: make it zeros
         weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    if pattern is not None:
+        weights = pattern(weights)
     attn = weights
     if dropout_p > 0.0:
         keep = torch.rand(attn.shape, device=attn.device, generator=generator) >= dropout_p
@@ -279,8 +305,12 @@ class KVCache:
 
 
 # ---- multi-head attention (paper 3.2.2) -----------------------------------------------------
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(Sites):
     """Multi-head attention, for self- and cross-attention.
+
+    Hook sites: ``q``, ``k``, ``v`` (B, H, T or S, Dh; after the rotation of rope),
+    ``pattern`` (B, H, T, S: asking for it takes the written-out path) and ``z``
+    (B, H, T, Dh: each head's output before the output projection).
 
     Args:
         d_model: model width D.
@@ -297,7 +327,7 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, head_dim: int | None = None,
                  dropout: float = 0.0, bias: bool = True, rope: RotaryEmbedding | None = None):
-        super().__init__()
+        super().__init__("q", "k", "v", "pattern", "z")
         if head_dim is None:
             if d_model % n_heads != 0:
                 raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}: choose "
@@ -358,12 +388,14 @@ class MultiHeadAttention(nn.Module):
             q, k, v = (self._heads(z) for z in self.project(x, context))
             if cache is not None:
                 cache.cross[layer] = (k, v)
+        q, k, v = self.site("q", q), self.site("k", k), self.site("v", v)
         p = self.dropout if self.training else 0.0
-        if need_weights:
-            out, weights = reference_attention(q, k, v, mask, p, is_causal)
+        if need_weights or "pattern" in self.hooks:
+            out, weights = reference_attention(q, k, v, mask, p, is_causal,
+                                               pattern=partial(self.site, "pattern"))
         else:
             out, weights = fused_attention(q, k, v, mask, p, is_causal, sdpa=self.sdpa), None
-        out = out.transpose(1, 2).reshape(b, t, self.inner)  # (B, T, H*Dh)
+        out = self.site("z", out).transpose(1, 2).reshape(b, t, self.inner)  # (B, T, H*Dh)
         return AttentionOutput(self.out_proj(out), weights)  # (B, T, D)
 
 
@@ -449,14 +481,17 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return LayerNorm(cfg.d_model, cfg.norm_eps, cfg.bias)
 
 
-class ResidualBlock(nn.Module):
+class ResidualBlock(Sites):
     """What the encoder and decoder layers share: each sub-layer sits in a residual
     connection with a norm, after the sum ("post", the paper: ``LayerNorm(x + Dropout(y))``)
     or before the sub-layer ("pre", GPT-2 and most modern models: ``x + Dropout(y)`` with y
-    computed from ``LayerNorm(x)``)."""
+    computed from ``LayerNorm(x)``). Hook sites, each (B, T, D): the residual stream
+    ``resid_pre``, ``resid_mid`` (after self-attention), ``resid_cross`` (after
+    cross-attention), ``resid_post``, and the sub-layers' outputs ``attn_out``,
+    ``cross_out``, ``ffn_out``."""
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
+    def __init__(self, cfg: ModelConfig, *sites: str):
+        super().__init__(*(s for s in sites if s != "ffn_out" or cfg.ffn != "none"))
         self.pre_norm, self.p_drop = cfg.norm == "pre", cfg.dropout
 
     def normed(self, x: Tensor, norm: nn.Module) -> Tensor:
@@ -468,6 +503,13 @@ class ResidualBlock(nn.Module):
         if self.training and self.p_drop > 0:
             y = dropout(y, self.p_drop)
         return x + y if self.pre_norm else norm(x + y)
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        """The feed-forward sub-layer in its residual connection (none: ``ffn="none"``)."""
+        if self.ffn is None:
+            return x
+        return self.residual(x, self.site("ffn_out", self.ffn(self.normed(x, self.norm2))),
+                             self.norm2)
 
 
 # ---- embeddings and positions (paper 3.4, 3.5) ----------------------------------------------
@@ -593,16 +635,17 @@ class RotaryEmbedding(nn.Module):
         return (upcast(x) * cos + upcast(rotated) * sin).to(x.dtype)
 
 
-class Embeddings(nn.Module):
+class Embeddings(Sites):
     """Token embedding (times sqrt(D), paper 3.4) plus absolute positions (3.5; rope: none
-    here, they rotate queries and keys inside attention), then optionally a norm (BERT)."""
+    here, they rotate queries and keys inside attention), then optionally a norm (BERT).
+    Hook sites: ``embed`` (B, T, D) and ``pos_embed`` ((T, D) or (B, T, D); not for rope)."""
 
     def __init__(self, vocab_size: int, cfg: ModelConfig):
-        super().__init__()
+        kind = {"sinusoidal": SinusoidalPositions, "learned": LearnedPositions}.get(cfg.pos)
+        super().__init__(*(("embed", "pos_embed") if kind else ("embed",)))
         self.tok = nn.Embedding(vocab_size, cfg.d_model)
         self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
         self.max_len = cfg.max_len
-        kind = {"sinusoidal": SinusoidalPositions, "learned": LearnedPositions}.get(cfg.pos)
         self.pos = kind(cfg.d_model, cfg.max_len) if kind else None
         self.norm = make_norm(cfg) if cfg.embed_norm else None
         self.p_drop = cfg.dropout
@@ -612,8 +655,9 @@ class Embeddings(nn.Module):
         x = self.tok(ids)  # (B, T, D)
         if self.scale != 1.0:
             x = x * self.scale
-        if self.pos is not None:
-            x = x + self.pos(positions)  # out of place: never touches the caller's tensors
+        x = self.site("embed", x)
+        if self.pos is not None:  # out of place: never touches the caller's tensors
+            x = x + self.site("pos_embed", self.pos(positions))
         if self.norm is not None:
             x = self.norm(x)
         if self.training and self.p_drop > 0:
@@ -635,25 +679,30 @@ def attention_of(cfg: ModelConfig, rope: bool) -> MultiHeadAttention:
                               cfg.bias, rotary)
 
 
+def feed_forward_of(cfg: ModelConfig) -> tuple[FeedForward | None, nn.Module | None]:
+    """The feed-forward sub-layer of ``cfg`` and its norm; none for attention-only blocks."""
+    if cfg.ffn == "none":
+        return None, None
+    return FeedForward(cfg.d_model, cfg.d_ff, cfg.ffn, cfg.dropout, cfg.bias), make_norm(cfg)
+
+
 class EncoderLayer(ResidualBlock):
     """Self-attention then feed-forward, each in a residual connection with a norm."""
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg)
+        super().__init__(cfg, "resid_pre", "attn_out", "resid_mid", "ffn_out", "resid_post")
         self.self_attn = attention_of(cfg, rope=cfg.pos == "rope")
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.ffn, cfg.dropout, cfg.bias)
-        self.norm1, self.norm2 = make_norm(cfg), make_norm(cfg)
+        self.norm1 = make_norm(cfg)
+        self.ffn, self.norm2 = feed_forward_of(cfg)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Residual stream x (B, S, D) -> (B, S, D), and the attention weights (B, H, S, S) if
-        ``need_weights`` (the written-out path) else None. ``mask``: bool, True = may attend,
+    def forward(self, x: Tensor, mask: Tensor | None = None, *,
+                positions: Tensor | None = None) -> Tensor:
+        """Residual stream x (B, S, D) -> (B, S, D). ``mask``: bool, True = may attend,
         broadcastable to (B, H, S, S); ``positions`` (S,) or (B, S), for rope."""
-        attn = self.self_attn(self.normed(x, self.norm1), mask=mask, positions=positions,
-                              need_weights=need_weights)
-        x = self.residual(x, attn.output, self.norm1)
-        x = self.residual(x, self.ffn(self.normed(x, self.norm2)), self.norm2)
-        return x, attn.weights
+        x = self.site("resid_pre", x)
+        attn = self.self_attn(self.normed(x, self.norm1), mask=mask, positions=positions).output
+        x = self.site("resid_mid", self.residual(x, self.site("attn_out", attn), self.norm1))
+        return self.site("resid_post", self.feed_forward(x))
 
 
 class DecoderLayer(ResidualBlock):
@@ -664,18 +713,18 @@ class DecoderLayer(ResidualBlock):
     """
 
     def __init__(self, cfg: ModelConfig, cross: bool = True):
-        super().__init__(cfg)
+        super().__init__(cfg, "resid_pre", "attn_out", "resid_mid",
+                         *(("cross_out", "resid_cross") if cross else ()), "ffn_out", "resid_post")
         self.self_attn = attention_of(cfg, rope=cfg.pos == "rope")
         self.norm1 = make_norm(cfg)
         self.cross_attn = attention_of(cfg, rope=False) if cross else None
         self.norm_cross = make_norm(cfg) if cross else None
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.ffn, cfg.dropout, cfg.bias)
-        self.norm2 = make_norm(cfg)
+        self.ffn, self.norm2 = feed_forward_of(cfg)
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, is_causal: bool = True,
-                positions: Tensor | None = None, cache: KVCache | None = None, layer: int = 0,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
+                positions: Tensor | None = None, cache: KVCache | None = None,
+                layer: int = 0) -> Tensor:
         """One decoder layer.
 
         Args:
@@ -688,76 +737,69 @@ class DecoderLayer(ResidualBlock):
             positions: (T,) or (B, T) absolute positions, for rope.
             cache: keys/values of earlier steps; this layer's are at index ``layer``.
             layer: this layer's index in the stack (its place in the cache).
-            need_weights: return the attention weights (the written-out path).
 
         Returns:
-            x (B, T, D), self-attention weights (B, H, T, T_total) and cross-attention
-            weights (B, H, T, S), each None unless ``need_weights``.
+            x (B, T, D).
         """
+        x = self.site("resid_pre", x)
         attn = self.self_attn(self.normed(x, self.norm1), mask=self_mask, is_causal=is_causal,
-                              positions=positions, cache=cache, layer=layer,
-                              need_weights=need_weights)
-        x = self.residual(x, attn.output, self.norm1)
-        w_cross = None
+                              positions=positions, cache=cache, layer=layer).output
+        x = self.site("resid_mid", self.residual(x, self.site("attn_out", attn), self.norm1))
         if self.cross_attn is not None:
             if memory is None:
                 raise ValueError("this decoder layer has cross-attention: pass the encoder memory")
             cross = self.cross_attn(self.normed(x, self.norm_cross), memory, mask=memory_mask,
-                                    cache=cache, layer=layer, need_weights=need_weights)
-            x = self.residual(x, cross.output, self.norm_cross)
-            w_cross = cross.weights
-        x = self.residual(x, self.ffn(self.normed(x, self.norm2)), self.norm2)
-        return x, attn.weights, w_cross
+                                    cache=cache, layer=layer).output
+            cross = self.site("cross_out", cross)
+            x = self.site("resid_cross", self.residual(x, cross, self.norm_cross))
+        return self.site("resid_post", self.feed_forward(x))
 
 
 # ---- the stacks (paper 3.1) -----------------------------------------------------------------
-class Encoder(nn.Module):
+class Stack(Sites):
+    """What both stacks share: the final norm (pre-norm), hook site ``final_norm``."""
+
+    def __init__(self, cfg: ModelConfig, layers: list[nn.Module]):
+        super().__init__(*(("final_norm",) if cfg.final_norm else ()))
+        self.layers = nn.ModuleList(layers)
+        self.norm = make_norm(cfg) if cfg.final_norm else None
+
+    def final(self, x: Tensor) -> Tensor:
+        return x if self.norm is None else self.site("final_norm", self.norm(x))
+
+
+class Encoder(Stack):
     """A stack of :class:`EncoderLayer` and, for pre-norm, a final norm."""
 
     def __init__(self, cfg: ModelConfig, n_layers: int | None = None):
-        super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(n_layers or cfg.n_layers))
-        self.norm = make_norm(cfg) if cfg.final_norm else None
+        super().__init__(cfg, [EncoderLayer(cfg) for _ in range(n_layers or cfg.n_layers)])
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None,
-                capture: Collection[int] = ()) -> tuple[Tensor, dict[int, Tensor]]:
-        """x (B, S, D); mask bool (B, 1, 1, S) or broadcastable -> (B, S, D) and the weights
-        (B, H, S, S) of the layers in ``capture``, by layer."""
-        maps = {}
-        for i, layer in enumerate(self.layers):
-            x, w = layer(x, mask, positions=positions, need_weights=i in capture)
-            if w is not None:
-                maps[i] = w
-        return (x if self.norm is None else self.norm(x)), maps
+    def forward(self, x: Tensor, mask: Tensor | None = None, *,
+                positions: Tensor | None = None) -> Tensor:
+        """x (B, S, D); mask bool (B, 1, 1, S) or broadcastable -> (B, S, D)."""
+        for layer in self.layers:
+            x = layer(x, mask, positions=positions)
+        return self.final(x)
 
 
-class Decoder(nn.Module):
+class Decoder(Stack):
     """A stack of :class:`DecoderLayer` (with cross-attention iff ``cross``) and a final norm."""
 
     def __init__(self, cfg: ModelConfig, n_layers: int, cross: bool = True):
-        super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(cfg, cross) for _ in range(n_layers))
-        self.norm = make_norm(cfg) if cfg.final_norm else None
+        super().__init__(cfg, [DecoderLayer(cfg, cross) for _ in range(n_layers)])
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, positions: Tensor | None = None,
-                cache: KVCache | None = None, capture: Collection[int] = (), is_causal: bool = True,
-                ) -> tuple[Tensor, dict[int, Tensor], dict[int, Tensor]]:
-        """x (B, T, D), memory (B, S, D) -> (B, T, D), {layer: self weights}, {layer: cross}.
+                cache: KVCache | None = None, is_causal: bool = True) -> Tensor:
+        """x (B, T, D), memory (B, S, D) -> (B, T, D).
 
         The layers write this step's keys/values into ``cache``; the caller advances it.
         ``is_causal=False`` lets every target position attend to every other (a plain
         ``nn.TransformerDecoder`` without ``tgt_mask``); language models keep the default."""
-        self_maps, cross_maps = {}, {}
         for i, layer in enumerate(self.layers):
-            x, ws, wc = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask,
-                              is_causal=is_causal, positions=positions, cache=cache, layer=i,
-                              need_weights=i in capture)
-            if ws is not None:
-                self_maps[i] = ws
-            if wc is not None:
-                cross_maps[i] = wc
-        return (x if self.norm is None else self.norm(x)), self_maps, cross_maps
+            x = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask,
+                      is_causal=is_causal, positions=positions, cache=cache, layer=i)
+        return self.final(x)
 
     def new_cache(self, batch: int, max_len: int, device, dtype) -> KVCache:
         attn = self.layers[0].self_attn
@@ -765,7 +807,7 @@ class Decoder(nn.Module):
                        device, dtype)
 
 
-# ---- around the stacks: init, loss, captured attention --------------------------------------
+# ---- around the stacks: init, loss, the hook sites by name --------------------------------------
 def init_weights(model: nn.Module, cfg: ModelConfig, n_layers: int) -> None:
     """GPT-2 style init: N(0, init_std) weights, zero biases, the projections that write into
     the residual stream (attention ``out_proj``, FFN ``w2``) scaled by 1/sqrt(2L) unless
@@ -837,48 +879,19 @@ def count_parameters(model: nn.Module, by_component: bool = False) -> int | dict
     return {k: out[k] for k in [*(k for k in out if k not in last), *last]}
 
 
-def resolve_layers(layers: Collection[int] | bool | None, n_layers: int, top: int = 0,
-                   what: str = "layer") -> set[int]:
-    """``True`` (all), ``None``/``False`` (none) or indices as a checked set; indices are
-    checked against ``top`` if deeper (of two stacks), and this stack keeps those it has.
-    (``what``: "head" when these index heads.)"""
-    if layers is None or layers is False:
-        return set()
-    if layers is True:
-        return set(range(n_layers))
-    chosen, top = set(), max(top, n_layers)
-    for i in layers:
-        if not -top <= i < top:
-            raise ValueError(f"{what} index {i} is out of range: there are {top} {what}s "
-                             f"(0..{top - 1})")
-        chosen |= {i % n_layers} if -n_layers <= i < n_layers else set()
-    return chosen
-
-
-@dataclass
-class AttentionMaps:
-    """Attention weights captured in one forward pass, by stack and layer.
-
-    ``maps[stack][layer]`` is (B, H, T, S) for the stacks "encoder", "decoder" (self-attention)
-    and "cross" (decoder queries over encoder memory). Only the layers asked for are present.
-    """
-
-    maps: dict[str, dict[int, Tensor]] = field(default_factory=dict)
-    logits: Tensor | None = None
-
-    def __getitem__(self, stack: str) -> dict[int, Tensor]:
-        return self.maps[stack]
-
-    def stacked(self, stack: str) -> Tensor:
-        """(L, B, H, T, S) tensor of the captured layers of one stack, in layer order."""
-        layers = self.maps[stack]
-        return torch.stack([layers[i] for i in sorted(layers)])
-
-    def keep_heads(self, heads: Collection[int] | None, n_heads: int) -> AttentionMaps:
-        """Keep only the heads ``heads`` (all when None) of every map, in place; returns self."""
-        if heads is not None:
-            idx = sorted(resolve_layers(heads, n_heads, what="head"))
-            for stack in self.maps.values():
-                for i, w in stack.items():
-                    stack[i] = w[:, idx]  # (B, len(heads), T, S)
-        return self
+def stack_sites(prefix: str, emb: Embeddings, stack: Stack) -> dict[str, tuple[Sites, str]]:
+    """The hook sites of one stack by name, in the order a forward meets them: ``embed``,
+    ``pos_embed``, ``blocks.{i}.resid_pre``, ``blocks.{i}.attn.q`` ... ``.attn.z``,
+    ``blocks.{i}.attn_out``, ..., ``blocks.{i}.cross.pattern``, ..., ``final_norm``, each
+    after ``prefix`` ("encoder." and "decoder." in the encoder-decoder) -> (module, site)."""
+    out = {prefix + s: (emb, s) for s in emb.sites}
+    for i, layer in enumerate(stack.layers):
+        at = f"{prefix}blocks.{i}."
+        parts = {"attn_out": ("attn", layer.self_attn),
+                 "cross_out": ("cross", getattr(layer, "cross_attn", None))}
+        for s in layer.sites:
+            if s in parts:  # the attention's own sites come before its output
+                name, attn = parts[s]
+                out |= {f"{at}{name}.{a}": (attn, a) for a in attn.sites}
+            out[at + s] = (layer, s)
+    return out | {prefix + s: (stack, s) for s in stack.sites}

@@ -224,6 +224,7 @@ def _collect_views(run, args) -> list:
     source and target tokens labelled."""
     import torch
 
+    from ..interpret import attention_maps
     from ..viz import AttentionView
 
     model, cfg, tok = run.model, run.model.config, run.tokenizer
@@ -236,19 +237,19 @@ def _collect_views(run, args) -> list:
     with torch.no_grad():
         if cfg.family == "decoder":
             ids = _encode(run, args.text)
-            maps = model.attention_maps(torch.tensor([ids]), layers=layers, heads=heads)
+            maps = attention_maps(model, torch.tensor([ids]), layers=layers, heads=heads)
             toks = tok.token_strings(ids)
             kinds = [("decoder self-attention", "decoder", toks, toks, None, None)]
         elif cfg.family == "encoder":
             ids = _encode(run, args.text)
-            maps = model.attention_maps(torch.tensor([ids]), layers=layers, heads=heads)
+            maps = attention_maps(model, torch.tensor([ids]), layers=layers, heads=heads)
             toks = tok.token_strings(ids)
             kinds = [("encoder self-attention", "encoder", toks, toks, None, None)]
         else:
             src = _encode(run, args.text)
             tgt = _target_ids(run, src, args.target)
-            maps = model.attention_maps(torch.tensor([src]), torch.tensor([tgt[:-1]]),
-                                        layers=layers, heads=heads)
+            maps = attention_maps(model, torch.tensor([src]), torch.tensor([tgt[:-1]]),
+                                  layers=layers, heads=heads)
             s, t = tok.token_strings(src), tok.token_strings(tgt[:-1])
             kinds = [("encoder self-attention (source)", "encoder", s, s, "source", "source"),
                      ("decoder self-attention (target)", "decoder", t, t, "target", "target"),

@@ -153,10 +153,9 @@ class TransformerStacks(nn.Module):
         ``src_valid``/``tgt_valid``/``memory_valid`` (B, S|T|S) bool, True at real positions,
         are ``~src_key_padding_mask`` etc. of torch.
         """
-        memory, _ = self.encoder(src, key_mask(src_valid))
-        h, _, _ = self.decoder(tgt, memory, self_mask=key_mask(tgt_valid),
-                               memory_mask=key_mask(memory_valid), is_causal=tgt_is_causal)
-        return h
+        memory = self.encoder(src, key_mask(src_valid))
+        return self.decoder(tgt, memory, self_mask=key_mask(tgt_valid),
+                            memory_mask=key_mask(memory_valid), is_causal=tgt_is_causal)
 
 
 def _ffn_state(layer: nn.Module, prefix: str) -> dict[str, Tensor]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import ModelConfig
-from ..nn import AttentionMaps, count_parameters, token_loss
+from ..nn import count_parameters, token_loss
 from .decoder import DecoderLM
 from .encoder import EncoderClassifier, MaskedLM
 from .encoder_decoder import Transformer
@@ -18,5 +18,5 @@ def build_model(config: ModelConfig) -> nn.Module:
     return (DecoderLM if config.family == "decoder" else Transformer)(config)
 
 
-__all__ = ["AttentionMaps", "DecoderLM", "EncoderClassifier", "MaskedLM",
+__all__ = ["DecoderLM", "EncoderClassifier", "MaskedLM",
            "Transformer", "build_model", "count_parameters", "token_loss"]

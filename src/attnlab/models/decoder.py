@@ -5,18 +5,16 @@ Shapes: B batch, T new tokens, S keys (cached + new), D d_model, H heads, V voca
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..nn import (
     IGNORE_INDEX,
-    AttentionMaps,
     Decoder,
     Embeddings,
     KVCache,
+    Sites,
     check_ids,
     check_positions,
     count_parameters,
@@ -24,7 +22,7 @@ from ..nn import (
     init_weights,
     key_mask,
     projected_loss,
-    resolve_layers,
+    stack_sites,
     token_loss,
     token_positions,
 )
@@ -49,21 +47,19 @@ class DecoderLM(nn.Module):
             self.head.weight = self.emb.tok.weight  # (V, D), shared
 
     def hidden(self, ids: Tensor, *, mask: Tensor | None = None,
-               positions: Tensor | None = None, cache: KVCache | None = None,
-               capture: Collection[int] = ()) -> tuple[Tensor, dict[int, Tensor]]:
-        """Final hidden states (B, T, D) of ``ids`` and the self-attention weights of the
-        layers in ``capture``; with a ``cache``, this step's keys/values are added to it."""
+               positions: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+        """Final hidden states (B, T, D) of ``ids``; with a ``cache``, this step's keys/values
+        are added to it."""
         check_ids(ids)
         if positions is None:  # a left-padded prompt counts from its real tokens
             positions = token_positions(ids, self.config.max_len, valid=mask, cache=cache)
         else:
             check_positions(positions, ids.size(1), self.config.max_len)
         x = self.emb(ids, positions)  # (B, T, D)
-        x, maps, _ = self.decoder(x, self_mask=key_mask(mask), positions=positions, cache=cache,
-                                  capture=capture)  # (B, T, D), {layer: (B, H, T, S)}
+        x = self.decoder(x, self_mask=key_mask(mask), positions=positions, cache=cache)
         if cache is not None:
             cache.advance(ids.size(1))
-        return x, maps
+        return x  # (B, T, D)
 
     def forward(self, ids: Tensor, targets: Tensor | None = None, *, mask: Tensor | None = None,
                 positions: Tensor | None = None, cache: KVCache | None = None,
@@ -92,7 +88,7 @@ class DecoderLM(nn.Module):
         Returns:
             logits (B, T, V) ((B, 1, V) with ``last_only``) and the loss (scalar) or None.
         """
-        h, _ = self.hidden(ids, mask=mask, positions=positions, cache=cache)  # (B, T, D)
+        h = self.hidden(ids, mask=mask, positions=positions, cache=cache)  # (B, T, D)
         if targets is not None and not return_logits:  # the loss only (training)
             ignored = targets.masked_fill(~counted(targets, self.config.pad_id), IGNORE_INDEX)
             return None, self.head_loss(h.flatten(0, 1), self.head.weight, ignored.flatten(),
@@ -104,16 +100,10 @@ class DecoderLM(nn.Module):
                                                        label_smoothing, reduction)
         return logits, loss
 
-    def attention_maps(self, ids: Tensor, *, layers: Collection[int] | bool = True,
-                       heads: Collection[int] | None = None, mask: Tensor | None = None,
-                       ) -> AttentionMaps:
-        """One forward pass that returns the self-attention weights of the chosen layers
-        (``maps["decoder"][layer]``, (B, H, T, T)) and the logits; the other layers stay on
-        the fused path."""
-        chosen = resolve_layers(layers, self.config.n_layers)
-        h, maps = self.hidden(ids, mask=mask, capture=chosen)
-        out = AttentionMaps({"decoder": maps}, self.head(h))
-        return out.keep_heads(heads, self.config.n_heads)
+    def hook_sites(self) -> dict[str, tuple[Sites, str]]:
+        """Every hook site by name: ``embed``, ``blocks.{i}.attn.pattern``, ... (see
+        :func:`~attnlab.nn.stack_sites`; read and changed through :mod:`attnlab.interpret`)."""
+        return stack_sites("", self.emb, self.decoder)
 
     def new_cache(self, batch: int, max_len: int | None = None,
                   dtype: torch.dtype | None = None) -> KVCache:

@@ -5,24 +5,22 @@ Shapes: B batch, S length, D d_model, H heads, C classes, V vocab, N masked posi
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..nn import (
-    AttentionMaps,
     Embeddings,
     Encoder,
+    Sites,
     check_ids,
     count_parameters,
     counted,
     dropout,
     init_weights,
     key_mask,
-    resolve_layers,
+    stack_sites,
     token_loss,
     token_positions,
     upcast,
@@ -46,30 +44,22 @@ class EncoderStack(nn.Module):
             mask = ids != self.config.pad_id  # (B, S)
         return mask
 
-    def encode(self, ids: Tensor, *, valid: Tensor | None,
-               capture: Collection[int] = ()) -> tuple[Tensor, dict[int, Tensor]]:
-        """Hidden states (B, S, D) and the weights (B, H, S, S) of the layers in ``capture``;
-        ``valid`` (B, S): True at real tokens."""
+    def encode(self, ids: Tensor, *, valid: Tensor | None) -> Tensor:
+        """Hidden states (B, S, D); ``valid`` (B, S): True at real tokens."""
         check_ids(ids)
         positions = token_positions(ids, self.config.max_len)  # (S,)
         x = self.emb(ids, positions)  # (B, S, D)
-        return self.encoder(x, key_mask(valid), positions=positions, capture=capture)
+        return self.encoder(x, key_mask(valid), positions=positions)
 
     def hidden_states(self, ids: Tensor, mask: Tensor | None = None) -> Tensor:
         """Per-token final hidden states (B, S, D). ``mask`` (B, S): True at real tokens;
         by default every token that is not ``pad_id``."""
-        return self.encode(ids, valid=self._valid(ids, mask))[0]
+        return self.encode(ids, valid=self._valid(ids, mask))
 
-    def attention_maps(self, ids: Tensor, *, layers: Collection[int] | bool = True,
-                       heads: Collection[int] | None = None,
-                       mask: Tensor | None = None) -> AttentionMaps:
-        """Self-attention weights of the chosen layers (``maps["encoder"][l]``: (B, H, S, S))
-        and the model's logits, from one forward pass."""
-        mask = self._valid(ids, mask)
-        h, maps = self.encode(ids, valid=mask,
-                              capture=resolve_layers(layers, self.config.n_layers))
-        out = AttentionMaps({"encoder": maps}, self._logits(h, mask))
-        return out.keep_heads(heads, self.config.n_heads)
+    def hook_sites(self) -> dict[str, tuple[Sites, str]]:
+        """Every hook site by name: ``embed``, ``blocks.{i}.attn.pattern``, ... (see
+        :func:`~attnlab.nn.stack_sites`; read and changed through :mod:`attnlab.interpret`)."""
+        return stack_sites("", self.emb, self.encoder)
 
     num_parameters = count_parameters  # (by_component=False): the total, or a dict by part
 
@@ -129,7 +119,7 @@ class EncoderClassifier(EncoderStack):
             logits (B, C) and the loss (scalar) or None.
         """
         mask = self._valid(ids, mask)
-        h, _ = self.encode(ids, valid=mask)  # (B, S, D)
+        h = self.encode(ids, valid=mask)  # (B, S, D)
         logits = self._logits(h, mask)  # (B, C)
         loss = None if labels is None else F.cross_entropy(upcast(logits), labels)
         return logits, loss

@@ -6,18 +6,16 @@ Shapes: B batch, S source length, T target length (new tokens), T_total target k
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..nn import (
-    AttentionMaps,
     Decoder,
     Embeddings,
     Encoder,
     KVCache,
+    Sites,
     check_ids,
     check_positions,
     count_parameters,
@@ -25,7 +23,7 @@ from ..nn import (
     init_weights,
     key_mask,
     projected_loss,
-    resolve_layers,
+    stack_sites,
     token_loss,
     token_positions,
 )
@@ -61,20 +59,16 @@ class Transformer(nn.Module):
         return src_mask
 
     # ---- the two halves ---------------------------------------------------------------------
-    def encode(self, src: Tensor, src_mask: Tensor | None = None, *,
-               capture: Collection[int] = ()) -> Tensor:
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """Source ids (B, S) -> memory (B, S, D). ``src_mask`` (B, S): True at real tokens."""
-        memory, _ = self.encode_with_maps(src, valid=self.src_valid(src, src_mask),
-                                          capture=capture)
-        return memory
+        return self.source_memory(src, valid=self.src_valid(src, src_mask))
 
-    def encode_with_maps(self, src: Tensor, *, valid: Tensor | None,
-                         capture: Collection[int] = ()) -> tuple[Tensor, dict[int, Tensor]]:
-        """Memory (B, S, D) and the encoder weights (B, H, S, S) of the layers in ``capture``."""
+    def source_memory(self, src: Tensor, *, valid: Tensor | None) -> Tensor:
+        """Memory (B, S, D) of ``src``; ``valid`` (B, S): True at real tokens (or None)."""
         check_ids(src)
         positions = token_positions(src, self.config.max_len)  # (S,)
         x = self.src_emb(src, positions)  # (B, S, D)
-        return self.encoder(x, key_mask(valid), positions=positions, capture=capture)
+        return self.encoder(x, key_mask(valid), positions=positions)
 
     def decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None = None, *,
                tgt_mask: Tensor | None = None, cache: KVCache | None = None,
@@ -95,28 +89,26 @@ class Transformer(nn.Module):
         Returns:
             logits (B, T, V), or (B, 1, V) with ``last_only``.
         """
-        h, _, _ = self.decode_with_maps(tgt, memory, src_valid=src_mask, tgt_valid=tgt_mask,
-                                        cache=cache, positions=positions)
+        h = self.hidden(tgt, memory, src_valid=src_mask, tgt_valid=tgt_mask, cache=cache,
+                        positions=positions)
         return self.head(h[:, -1:] if last_only else h)  # (B, T, V) or (B, 1, V)
 
-    def decode_with_maps(self, tgt: Tensor, memory: Tensor, *, src_valid: Tensor | None,
-                         tgt_valid: Tensor | None = None, cache: KVCache | None = None,
-                         positions: Tensor | None = None, capture: Collection[int] = (),
-                         ) -> tuple[Tensor, dict[int, Tensor], dict[int, Tensor]]:
-        """Decoder hidden states (B, T, D) and the self- and cross-attention weights of the
-        layers in ``capture``; with a ``cache``, this step's keys/values are added to it."""
+    def hidden(self, tgt: Tensor, memory: Tensor, *, src_valid: Tensor | None,
+               tgt_valid: Tensor | None = None, cache: KVCache | None = None,
+               positions: Tensor | None = None) -> Tensor:
+        """Decoder hidden states (B, T, D); with a ``cache``, this step's keys/values are
+        added to it."""
         check_ids(tgt)
         if positions is None:  # left-padded targets count from their real tokens
             positions = token_positions(tgt, self.config.max_len, valid=tgt_valid, cache=cache)
         else:
             check_positions(positions, tgt.size(1), self.config.max_len)
         y = self.tgt_emb(tgt, positions)  # (B, T, D)
-        out = self.decoder(y, memory, self_mask=key_mask(tgt_valid),
-                           memory_mask=key_mask(src_valid), positions=positions, cache=cache,
-                           capture=capture)  # (B, T, D), {l: (B, H, T, T_total)}, {l: cross}
+        h = self.decoder(y, memory, self_mask=key_mask(tgt_valid),
+                         memory_mask=key_mask(src_valid), positions=positions, cache=cache)
         if cache is not None:
             cache.advance(tgt.size(1))
-        return out
+        return h  # (B, T, D)
 
     def forward(self, src: Tensor, tgt: Tensor, targets: Tensor | None = None, *,
                 src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
@@ -145,8 +137,8 @@ class Transformer(nn.Module):
             None and the loss with ``return_logits=False``.
         """
         src_valid = self.src_valid(src, src_mask)
-        memory, _ = self.encode_with_maps(src, valid=src_valid)  # (B, S, D)
-        h, _, _ = self.decode_with_maps(tgt, memory, src_valid=src_valid, tgt_valid=tgt_mask)
+        memory = self.source_memory(src, valid=src_valid)  # (B, S, D)
+        h = self.hidden(tgt, memory, src_valid=src_valid, tgt_valid=tgt_mask)  # (B, T, D)
         if targets is None:
             return self.head(h), None  # (B, T, V)
         picked = counted(targets, self.config.pad_id)  # (B, T)
@@ -157,23 +149,12 @@ class Transformer(nn.Module):
         return logits, token_loss(logits, targets[picked], label_smoothing=label_smoothing,
                                   reduction=reduction)
 
-    def attention_maps(self, src: Tensor, tgt: Tensor, *, layers: Collection[int] | bool = True,
-                       heads: Collection[int] | None = None, src_mask: Tensor | None = None,
-                       ) -> AttentionMaps:
-        """Encoder self-attention (``maps["encoder"]``, (B, H, S, S)), decoder self-attention
-        (``maps["decoder"]``, (B, H, T, T)) and cross-attention (``maps["cross"]``,
-        (B, H, T, S)) of the chosen layers, from one forward pass."""
-        cfg = self.config
-        src_valid = self.src_valid(src, src_mask)
-        top = max(cfg.n_layers, cfg.n_decoder_layers)  # an index one stack lacks: the other's only
-        memory, enc_maps = self.encode_with_maps(
-            src, valid=src_valid, capture=resolve_layers(layers, cfg.n_layers, top))
-        h, self_maps, cross_maps = self.decode_with_maps(
-            tgt, memory, src_valid=src_valid,
-            capture=resolve_layers(layers, cfg.n_decoder_layers, top))
-        out = AttentionMaps({"encoder": enc_maps, "decoder": self_maps, "cross": cross_maps},
-                            self.head(h))
-        return out.keep_heads(heads, cfg.n_heads)
+    def hook_sites(self) -> dict[str, tuple[Sites, str]]:
+        """Every hook site by name: ``encoder.embed``, ``encoder.blocks.{i}.resid_post``,
+        ``decoder.blocks.{i}.cross.pattern``, ... (see :func:`~attnlab.nn.stack_sites`; read
+        and changed through :mod:`attnlab.interpret`)."""
+        return (stack_sites("encoder.", self.src_emb, self.encoder)
+                | stack_sites("decoder.", self.tgt_emb, self.decoder))
 
     def new_cache(self, batch: int, max_len: int | None = None,
                   dtype: torch.dtype | None = None) -> KVCache:
