@@ -12,10 +12,10 @@ import logging
 import os
 import sys
 
-from . import inspect, interop, train, use
+from . import inspect, interop, interpret, train, use
 from .common import Parser, run_command
 
-COMMAND_MODULES = (train, use, inspect, interop)
+COMMAND_MODULES = (train, use, inspect, interpret, interop)
 # third-party loggers that flood debug output (matplotlib alone logs ~270 font lines)
 NOISY_LOGGERS = ("matplotlib", "PIL", "urllib3", "fsspec", "filelock", "h5py", "torch._dynamo",
                  "torch._inductor", "asyncio", "torch.onnx", "onnxscript", "onnx_ir")

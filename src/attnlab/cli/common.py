@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, RunError, UsageError
 
 log = logging.getLogger("attnlab")
 
@@ -87,3 +89,74 @@ def run_command(func: Callable[[argparse.Namespace], int | None],
         if getattr(args, "verbose", False):
             log.exception("details")
         return BAD_INPUT
+
+
+# ---- runs read with a text (viz attention, interpret) --------------------------------------
+def load_text_run(run_dir: str, checkpoint: str):
+    """A run whose commands read ``--text`` (``viz attention``, ``interpret``); it needs a
+    tokenizer to turn ``--text`` into ids."""
+    from ..runs import RunDir, load_run
+
+    run = load_run(run_dir, checkpoint)
+    if run.tokenizer is None:
+        raise RunError(f"{run_dir} has no {RunDir(run_dir).tokenizer_file.name}: cannot turn "
+                       "--text into tokens")
+    return run
+
+
+def encode_text(run, text: str, target: bool = False) -> list[int]:
+    """``text`` as the model read its inputs in training: an encoder's text as the classifier
+    reads it, a translation source with the run's ``data.src_add_special``, a decoder's text
+    bare; a translation ``target`` as <bos> ... <eos>."""
+    from ..decoding.classify import encoder_input
+
+    flag = "--target" if target else "--text"
+    if not text or (run.model.config.family != "decoder" and not text.strip()):
+        raise UsageError(f"{flag} is empty: give the text whose attention to show")
+    cfg, tok = run.model.config, run.tokenizer
+    if target:
+        ids = tok.encode(text.strip(), add_special=True)
+    elif cfg.family == "encoder":
+        ids = encoder_input(tok, cfg, text)
+    elif cfg.family == "encoder_decoder":
+        ids = tok.encode(text.strip(), add_special=bool(run.data.get("src_add_special", False)))
+    else:
+        ids = tok.encode(text)
+    limit = run.model.config.max_len
+    read = len(ids) - 1 if target else len(ids)  # the decoder reads <bos> ... (not <eos>)
+    if read > limit:
+        raise UsageError(f"{flag} is {read} tokens long as the model reads it, but it attends "
+                         f"to at most {limit} (max_len); shorten it")
+    return ids
+
+
+def target_ids(run, src: list[int], target: str | None) -> list[int]:
+    """The target ids whose attention is drawn: ``target`` as given, else the model's greedy
+    translation of ``src``, both as ``<bos> ... <eos>``."""
+    tok = run.tokenizer
+    if target is not None:
+        return encode_text(run, target, target=True)
+    from ..decoding import translate
+    from ..decoding.translate import decode_limit
+
+    # what `attnlab translate` gives (greedy, its length limit); the decoder reads <bos> + the
+    # output, at most max_len positions
+    limit = min(decode_limit(run.model, len(src)), max(1, run.model.config.max_len - 1))
+    out = translate(run.model, [src], beam=1, max_len=limit, bos_id=tok.bos_id,
+                    eos_id=tok.eos_id, pad_id=tok.pad_id)[0]
+    return [tok.bos_id, *out, tok.eos_id]
+
+
+def check_out_path(path: str, flag: str, example: str) -> None:
+    """Refuse, before anything is computed or written, an output path that cannot be written:
+    a folder, a path under a file, or a place this user cannot write to."""
+    out = Path(path)
+    if out.is_dir():
+        raise UsageError(f"{flag} {path} is a folder: give a file path, e.g. {out / example}")
+    parent = next(p for p in out.parents if p.exists())
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: {parent} is a file, not a folder; choose a "
+                         "path in a folder (missing folders are created)")
+    if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and
+                                                     not os.access(out, os.W_OK)):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)

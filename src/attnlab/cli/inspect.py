@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
-import os
 import tomllib
 from pathlib import Path
 
 from ..config import ModelConfig
-from ..errors import ConfigError, RunError, UsageError
+from ..errors import ConfigError, UsageError
+from .common import check_out_path, encode_text, load_text_run, target_ids
 
 log = logging.getLogger("attnlab")
 
@@ -172,43 +171,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 # ---- viz ------------------------------------------------------------------------------------
-def _load(run_dir: str, checkpoint: str):
-    """The run for ``viz attention``; it needs a tokenizer to turn ``--text`` into ids."""
-    from ..runs import RunDir, load_run
-
-    run = load_run(run_dir, checkpoint)
-    if run.tokenizer is None:
-        raise RunError(f"{run_dir} has no {RunDir(run_dir).tokenizer_file.name}: cannot turn "
-                       "--text into tokens")
-    return run
-
-
-def _encode(run, text: str, target: bool = False) -> list[int]:
-    """``text`` as the model read its inputs in training: an encoder's text as the classifier
-    reads it, a translation source with the run's ``data.src_add_special``, a decoder's text
-    bare; a translation ``target`` as <bos> ... <eos>."""
-    from ..decoding.classify import encoder_input
-
-    flag = "--target" if target else "--text"
-    if not text or (run.model.config.family != "decoder" and not text.strip()):
-        raise UsageError(f"{flag} is empty: give the text whose attention to show")
-    cfg, tok = run.model.config, run.tokenizer
-    if target:
-        ids = tok.encode(text.strip(), add_special=True)
-    elif cfg.family == "encoder":
-        ids = encoder_input(tok, cfg, text)
-    elif cfg.family == "encoder_decoder":
-        ids = tok.encode(text.strip(), add_special=bool(run.data.get("src_add_special", False)))
-    else:
-        ids = tok.encode(text)
-    limit = run.model.config.max_len
-    read = len(ids) - 1 if target else len(ids)  # the decoder reads <bos> ... (not <eos>)
-    if read > limit:
-        raise UsageError(f"{flag} is {read} tokens long as the model reads it, but it attends "
-                         f"to at most {limit} (max_len); shorten it")
-    return ids
-
-
 def _check_index(values: list[int] | None, n: int, what: str) -> list[int] | None:
     """``values`` (``--layer`` or ``--head``), each checked to be in ``0..n-1``."""
     for v in values or []:
@@ -218,7 +180,7 @@ def _check_index(values: list[int] | None, n: int, what: str) -> list[int] | Non
     return values
 
 
-def _collect_views(run, args) -> list:
+def collect_views(run, args) -> list:
     """One :class:`attnlab.viz.AttentionView` (weights (L, H, T, S)) per attention kind:
     encoder self, decoder self and cross-attention for an encoder-decoder run, with the
     source and target tokens labelled."""
@@ -236,18 +198,18 @@ def _collect_views(run, args) -> list:
     layers = True if layers is None else layers
     with torch.no_grad():
         if cfg.family == "decoder":
-            ids = _encode(run, args.text)
+            ids = encode_text(run, args.text)
             maps = attention_maps(model, torch.tensor([ids]), layers=layers, heads=heads)
             toks = tok.token_strings(ids)
             kinds = [("decoder self-attention", "decoder", toks, toks, None, None)]
         elif cfg.family == "encoder":
-            ids = _encode(run, args.text)
+            ids = encode_text(run, args.text)
             maps = attention_maps(model, torch.tensor([ids]), layers=layers, heads=heads)
             toks = tok.token_strings(ids)
             kinds = [("encoder self-attention", "encoder", toks, toks, None, None)]
         else:
-            src = _encode(run, args.text)
-            tgt = _target_ids(run, src, args.target)
+            src = encode_text(run, args.text)
+            tgt = target_ids(run, src, args.target)
             maps = attention_maps(model, torch.tensor([src]), torch.tensor([tgt[:-1]]),
                                   layers=layers, heads=heads)
             s, t = tok.token_strings(src), tok.token_strings(tgt[:-1])
@@ -262,38 +224,6 @@ def _collect_views(run, args) -> list:
     return views
 
 
-def _target_ids(run, src: list[int], target: str | None) -> list[int]:
-    """The target ids whose attention is drawn: ``target`` as given, else the model's greedy
-    translation of ``src``, both as ``<bos> ... <eos>``."""
-    tok = run.tokenizer
-    if target is not None:
-        return _encode(run, target, target=True)
-    from ..decoding import translate
-    from ..decoding.translate import decode_limit
-
-    # what `attnlab translate` gives (greedy, its length limit); the decoder reads <bos> + the
-    # output, at most max_len positions
-    limit = min(decode_limit(run.model, len(src)), max(1, run.model.config.max_len - 1))
-    out = translate(run.model, [src], beam=1, max_len=limit, bos_id=tok.bos_id,
-                    eos_id=tok.eos_id, pad_id=tok.pad_id)[0]
-    return [tok.bos_id, *out, tok.eos_id]
-
-
-def _check_out_path(path: str, flag: str, example: str) -> None:
-    """Refuse, before anything is computed or written, an output path that cannot be written:
-    a folder, a path under a file, or a place this user cannot write to."""
-    out = Path(path)
-    if out.is_dir():
-        raise UsageError(f"{flag} {path} is a folder: give a file path, e.g. {out / example}")
-    parent = next(p for p in out.parents if p.exists())
-    if not parent.is_dir():
-        raise UsageError(f"{flag} {path}: {parent} is a file, not a folder; choose a "
-                         "path in a folder (missing folders are created)")
-    if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and
-                                                     not os.access(out, os.W_OK)):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
-
-
 def cmd_viz_attention(args: argparse.Namespace) -> int:
     """Draw a run's attention on ``--text``: heatmaps (``--out``) and/or the HTML explorer
     (``--html``); every output path is checked before anything is computed."""
@@ -304,18 +234,18 @@ def cmd_viz_attention(args: argparse.Namespace) -> int:
     from ..viz._common import check_image_path
 
     if args.out:
-        _check_out_path(args.out, "--out", "attention.png")
+        check_out_path(args.out, "--out", "attention.png")
         check_image_path(args.out, "--out")
     if args.html:
-        _check_out_path(args.html, "--html", "attention.html")
+        check_out_path(args.html, "--html", "attention.html")
         if args.out and Path(args.out).resolve() == Path(args.html).resolve():
             raise UsageError(f"--out and --html are both {args.out}: give two files (the "
                              "heatmaps would overwrite the page)")
-    run = _load(args.run_dir, args.checkpoint)
+    run = load_text_run(args.run_dir, args.checkpoint)
     if args.target is not None and run.model.config.family != "encoder_decoder":
         raise UsageError(f"--target is for encoder-decoder runs; {args.run_dir} is a "
                          f"{run.model.config.family} run: drop --target")
-    views = _collect_views(run, args)
+    views = collect_views(run, args)
     if args.html:  # first: a page over the size limit fails before any file is written
         print(viz.write_attention_html(args.html, views, title=f"attnlab: {args.run_dir}"))
     if args.out:
@@ -335,7 +265,7 @@ def cmd_viz_positions(args: argparse.Namespace) -> int:
     from .. import viz
     from ..viz._common import check_image_path
 
-    _check_out_path(args.out, "--out", "positions.png")
+    check_out_path(args.out, "--out", "positions.png")
     check_image_path(args.out, "--out")
     if args.run_dir:
         from ..runs import load_run

@@ -1,10 +1,14 @@
 """Interactive attention explorer: one self-contained HTML file, bertviz-style, offline.
 
-A head view (one line per head and token pair), a matrix beside it, and a model view (every
-layer and head as a small map). The page (template ``explorer.html``) has inline CSS and JS
-only and a Content-Security-Policy that forbids any network access. Tokens are data, never
-markup: the embedded JSON escapes ``<``, ``>`` and ``&`` so no token can close its
-``<script>`` block, and the page inserts tokens with ``textContent``.
+A head view (one line per head and token pair), a matrix beside it, a model view (every
+layer and head as a small map), and, when analyses are given, an analysis view: a logit-lens
+table (:class:`LensView`), layers x heads grids (:class:`HeadGrid`: head scores, ablation or
+patching effects; a cell opens that head in the attention views) and layers x positions
+heatmaps (:class:`PositionGrid`: activation patching). The page (template
+``explorer.html``) has inline CSS and JS only and a Content-Security-Policy that forbids any
+network access. Tokens are data, never markup: the embedded JSON escapes ``<``, ``>`` and
+``&`` so no token can close its ``<script>`` block, and the page inserts tokens
+with ``textContent``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import check_attention, check_tokens
+from ._common import check_attention, check_finite, check_labels, check_tokens, to_numpy
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +67,76 @@ class AttentionView:
 
 
 _VIEW_FIELDS = tuple(f.name for f in fields(AttentionView))
+
+
+@dataclass
+class LensView:
+    """A logit lens: what each layer's residual stream predicts at each position.
+
+    Args:
+        name: label in the analysis selector.
+        tokens: the T input tokens (the columns).
+        layers: the R row names (e.g. "embed", "0", ..., "final").
+        top_tokens: (R, T, k) token strings, each cell's k most likely next tokens.
+        top_probs: (R, T, k) their probabilities.
+        targets: the T real next tokens (None where there is none, e.g. the last position;
+            default: none at all).
+        target_prob: (R, T) the real next token's probability (NaN where there is none).
+        target_rank: (R, T) its rank, 0 = the top token (NaN or -1 where there is none).
+    """
+
+    name: str
+    tokens: Sequence[str]
+    layers: Sequence[str]
+    top_tokens: Sequence[Sequence[Sequence[str]]]
+    top_probs: Any
+    targets: Sequence[str | None] | None = None
+    target_prob: Any = None
+    target_rank: Any = None
+
+
+@dataclass
+class HeadGrid:
+    """A layers x heads grid of numbers: head scores, ablation or patching effects.
+
+    Args:
+        name: label in the analysis selector.
+        values: (L, H) array; signed values get a diverging colour scale; NaN: no value.
+        layer_ids: the model layer of each row (default ``0..L-1``).
+        head_ids: the model head of each column (default ``0..H-1``).
+        view: the name of the attention view a cell opens (default: the first that has the
+            cell's layer and head).
+        note: one line under the title saying what the numbers are.
+    """
+
+    name: str
+    values: Any
+    layer_ids: Sequence[int] | None = None
+    head_ids: Sequence[int] | None = None
+    view: str | None = None
+    note: str = ""
+
+
+@dataclass
+class PositionGrid:
+    """A layers x positions heatmap (e.g. patching the residual stream), tokens as columns.
+
+    Args:
+        name: label in the analysis selector.
+        values: (L, T) array; signed values get a diverging colour scale; NaN: no value.
+        tokens: the T tokens (column labels).
+        layer_ids: the label of each row (default ``0..L-1``).
+        note: one line under the title saying what the numbers are.
+    """
+
+    name: str
+    values: Any
+    tokens: Sequence[str]
+    layer_ids: Sequence[Any] | None = None
+    note: str = ""
+
+
+ANALYSES = (LensView, HeadGrid, PositionGrid)
 
 
 def _as_view(item: Any, index: int) -> AttentionView:
@@ -118,6 +192,100 @@ def _view_payload(view: AttentionView, index: int) -> dict[str, Any]:
     }
 
 
+def _numbers(values: Any, shape: tuple[int | None, ...], where: str,
+             missing: bool = False) -> np.ndarray:
+    """``values`` as a float array of ``shape`` (None: any length), finite; with ``missing``,
+    NaN marks a cell without a value (shown blank)."""
+    arr = to_numpy(values, where)
+    if arr.ndim != len(shape) or arr.size == 0 or any(
+            want is not None and got != want for got, want in zip(arr.shape, shape)):
+        dims = ", ".join("n" if n is None else str(n) for n in shape)
+        raise ValueError(f"{where} must have shape ({dims}) and not be empty, got shape "
+                         f"{tuple(arr.shape)}")
+    check_finite(np.where(np.isnan(arr), 0.0, arr) if missing else arr, where)
+    return arr
+
+
+def _plain(arr: np.ndarray, digits: int = 5) -> list:
+    """``arr`` as nested lists of rounded floats, ``None`` for NaN (JSON has no NaN)."""
+    return np.where(np.isnan(arr), None, np.round(arr, digits)).tolist()
+
+
+def _lens_payload(lens: LensView, where: str) -> dict[str, Any]:
+    """Validate a :class:`LensView` into the page's JSON: rows are layers, columns positions."""
+    tokens = check_tokens(lens.tokens, f"{where}.tokens")
+    layers = check_tokens(lens.layers, f"{where}.layers")
+    probs = _numbers(lens.top_probs, (len(layers), len(tokens), None), f"{where}.top_probs")
+    k = probs.shape[2]
+    top = [[check_tokens(cell, f"{where}.top_tokens") for cell in row]
+           for row in (lens.top_tokens if isinstance(lens.top_tokens, Sequence) else [])]
+    if len(top) != len(layers) or any(len(r) != len(tokens) or any(len(c) != k for c in r)
+                                      for r in top):
+        raise ValueError(f"{where}.top_tokens must be (R, T, k) = ({len(layers)}, "
+                         f"{len(tokens)}, {k}) token strings, as top_probs")
+    targets = [None] * len(tokens) if lens.targets is None else list(lens.targets)
+    if len(targets) != len(tokens):
+        raise ValueError(f"{where}.targets must have one entry per token ({len(tokens)}), "
+                         f"got {len(targets)}")
+    out = {"kind": "lens", "name": lens.name, "tokens": tokens, "layers": layers,
+           "top_tokens": top, "top_probs": _plain(probs, 4),
+           "targets": [None if t is None else str(t) for t in targets]}
+    for key in ("target_prob", "target_rank"):
+        value = getattr(lens, key)
+        arr = (np.full((len(layers), len(tokens)), np.nan) if value is None else
+               _numbers(value, (len(layers), len(tokens)), f"{where}.{key}", missing=True))
+        if key == "target_rank":
+            arr = np.where(arr < 0, np.nan, arr)
+        out[key] = _plain(arr, 4)
+    return out
+
+
+def _grid_payload(grid: HeadGrid | PositionGrid, where: str,
+                  view_names: list[str]) -> dict[str, Any]:
+    """Validate a :class:`HeadGrid` or :class:`PositionGrid` into the page's JSON."""
+    if isinstance(grid, PositionGrid):
+        tokens = check_tokens(grid.tokens, f"{where}.tokens")
+        arr = _numbers(grid.values, (None, len(tokens)), f"{where}.values", missing=True)
+        labels = check_labels(grid.layer_ids, arr.shape[0], f"{where}.layer_ids")
+        extra = {"kind": "positions", "tokens": tokens, "layer_ids": labels}
+    else:
+        arr = _numbers(grid.values, (None, None), f"{where}.values", missing=True)
+        extra = {"kind": "heads",
+                 "layer_ids": _indices(grid.layer_ids, arr.shape[0], f"{where}.layer_ids",
+                                       "values[l]"),
+                 "head_ids": _indices(grid.head_ids, arr.shape[1], f"{where}.head_ids",
+                                      "values[:, h]"), "view": None}
+        if grid.view is not None:
+            if grid.view not in view_names:
+                raise ValueError(f"{where}.view {grid.view!r} is not one of the attention "
+                                 f"views: {', '.join(map(repr, view_names))}")
+            extra["view"] = view_names.index(grid.view)
+    if not isinstance(grid.note, str):
+        raise ValueError(f"{where}.note must be a string, got {grid.note!r}")
+    return {"name": grid.name, "note": grid.note, "values": _plain(arr),
+            "signed": bool((arr < 0).any()), **extra}
+
+
+def _analysis_payload(item: Any, index: int, view_names: list[str]) -> dict[str, Any]:
+    """One analysis (a :class:`LensView`, :class:`HeadGrid` or :class:`PositionGrid`) checked
+    and turned into the JSON the page reads."""
+    where = f"analyses[{index}]"
+    if not isinstance(item, ANALYSES):
+        raise ValueError(f"{where} must be a LensView, HeadGrid or PositionGrid; got "
+                         f"{type(item).__name__}")
+    if not isinstance(item.name, str) or not item.name.strip():
+        raise ValueError(f"{where}.name must be a non-empty string, got {item.name!r}")
+    if isinstance(item, LensView):
+        return _lens_payload(item, where)
+    return _grid_payload(item, where, view_names)
+
+
+def _analysis_size(item: Any) -> int:
+    """About how many numbers an analysis puts in the page (for the size check)."""
+    values = item.top_probs if isinstance(item, LensView) else getattr(item, "values", None)
+    return 3 * _size(values, "an analysis's values") if values is not None else 0
+
+
 def _size(weights: Any, where: str) -> int:
     """How many numbers ``weights`` holds (before converting them: the page-size check)."""
     try:
@@ -170,13 +338,17 @@ def _template() -> tuple[str, str]:
     return text, csp
 
 
-def attention_html(views: Sequence[Any], title: str = "attention explorer") -> str:
+def attention_html(views: Sequence[Any], title: str = "attention explorer",
+                   analyses: Sequence[Any] = ()) -> str:
     """Render attention views as one self-contained, offline HTML page.
 
     Args:
         views: a list of :class:`AttentionView` (or dicts with the same keys). One view for
             a decoder-only model; encoder self, decoder self and cross for encoder-decoder.
         title: page title.
+        analyses: :class:`LensView`, :class:`HeadGrid` and :class:`PositionGrid` items, shown
+            in an "analysis" tab beside the attention views (a head grid's cell opens that
+            head there).
 
     Returns:
         The page.
@@ -189,17 +361,23 @@ def attention_html(views: Sequence[Any], title: str = "attention explorer") -> s
     view, view_name, layer, layer_id, heads (shown head indices), head_ids, query, key (the
     focused token or null), pinned, lines, weights (per shown head, the focused token's row or
     column), cell ([query, key] under the pointer in the matrix), cell_weights, scale, theme,
-    zoom, matrix (the canvas geometry: left, top, cell), thumbs}``. Each drawn ``<line>`` and
-    each shaded token also carries a ``data-weight`` attribute.
+    zoom, matrix (the canvas geometry: left, top, cell), thumbs, analysis (its index or
+    null), analysis_name, cells (analysis cells drawn)}``. Each drawn ``<line>`` and each
+    shaded token also carries a ``data-weight`` attribute; each analysis cell ``data-value``.
     """
     if isinstance(views, (AttentionView, Mapping)) or not isinstance(views, Sequence) or not views:
         raise ValueError("views must be a non-empty list of AttentionView (or dicts)")
     parsed = [_as_view(v, i) for i, v in enumerate(views)]
+    if isinstance(analyses, ANALYSES) or not isinstance(analyses, Sequence):
+        raise ValueError("analyses must be a list of LensView, HeadGrid or PositionGrid")
     n_weights = sum(_size(v.weights, f"views[{i}].weights") for i, v in enumerate(parsed))
+    n_weights += sum(_analysis_size(a) for a in analyses if isinstance(a, ANALYSES))
     if n_weights * BYTES_PER_WEIGHT > MAX_PAGE_BYTES:
         raise ValueError(_too_big(n_weights * BYTES_PER_WEIGHT, parsed))
     payloads = [_view_payload(v, i) for i, v in enumerate(parsed)]
-    payload = {"version": 2, "scale": SCALE, "views": payloads}
+    names = [v.name for v in parsed]
+    extra = [_analysis_payload(a, i, names) for i, a in enumerate(analyses)]
+    payload = {"version": 3, "scale": SCALE, "views": payloads, "analyses": extra}
     template, csp = _template()
     values = {
         "TITLE": html.escape(str(title)),
@@ -218,15 +396,18 @@ def _too_big(n_bytes: int, views: list[AttentionView]) -> str:
     return (
         f"the attention page would be about {n_bytes / 1e6:.0f} MB, over the "
         f"{MAX_PAGE_BYTES / 1e6:.0f} MB limit (weights (L, H, T, S): {shapes}); choose fewer "
-        "layers/heads (e.g. weights[[0, -1]] with matching layer_ids) or a shorter sequence"
+        "layers/heads (e.g. weights[[0, -1]] with matching layer_ids), a shorter sequence "
+        "or fewer analyses"
     )
 
 
 def write_attention_html(
-    path: str | Path, views: Sequence[Any], title: str = "attention explorer"
+    path: str | Path, views: Sequence[Any], title: str = "attention explorer",
+    analyses: Sequence[Any] = (),
 ) -> Path:
-    """Write :func:`attention_html` to ``path`` (UTF-8), creating parent folders; returns it."""
-    page = attention_html(views, title)
+    """Write :func:`attention_html` to ``path`` (UTF-8), creating parent folders; returns it.
+    The page is made (and checked) before anything is written."""
+    page = attention_html(views, title, analyses)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")

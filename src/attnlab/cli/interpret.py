@@ -1,0 +1,452 @@
+"""``attnlab interpret``: why a run predicts what it does (logit lens, direct logit
+attribution, ablation, activation patching, attention rollout, head scores).
+
+Each sub-command prints a table, or with ``--json`` the numbers as JSON (stdout only); with
+``--html FILE`` it also writes the explorer page with the analysis beside the attention views.
+Bad input is one line and exit code 2, before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from typing import Any
+
+from ..errors import UsageError
+from .common import check_out_path, encode_text, load_text_run, target_ids
+from .inspect import collect_views
+
+LM_HEAD = {"decoder", "encoder_decoder"}  # families whose model predicts tokens (+ masked LM)
+FORMAT = "{:>8.4f}"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``interpret lens | attribute | ablate | patch | rollout | heads``."""
+    p = sub.add_parser("interpret", help="why a run predicts what it does: logit lens, "
+                       "attribution, ablation, patching, rollout, head scores",
+                       description="Look inside a trained run: each analysis prints a table "
+                       "(--json: the numbers), --html writes the explorer page with it.")
+    ps = p.add_subparsers(dest="action", metavar="ANALYSIS", required=True)
+    a = _sub(ps, "lens", "what each layer predicts at each position (logit lens)")
+    a.add_argument("--text", required=True, help="the input (the source, for translation)")
+    a.add_argument("--k", type=int, default=5, help="top tokens kept per cell (default 5)")
+    a = _sub(ps, "attribute", "each head's and feed-forward block's direct push towards a token")
+    a.add_argument("--text", required=True, help="the input (the source, for translation)")
+    a.add_argument("--token", required=True, help="the token whose logit is explained (one "
+                   "token)")
+    a.add_argument("--other", default=None, help="explain token minus this token's logit")
+    a.add_argument("--position", type=int, default=-1, help="the position read (default -1)")
+    a = _sub(ps, "ablate", "the loss change when each head or feed-forward block is removed")
+    a.add_argument("--text", default=None, help="the text whose loss is measured")
+    a.add_argument("--file", default=None, help="a UTF-8 text file whose loss is measured")
+    a.add_argument("--split", default=None, choices=("val",), help="language models: the "
+                   "run's own val split, as `attnlab eval` reads it")
+    a.add_argument("--batches", type=int, default=1, help="--split: batches (default 1)")
+    a.add_argument("--kind", default="zero", choices=("zero", "mean"),
+                   help="replace the output by 0 (zero) or its mean over the batch (mean)")
+    a = _sub(ps, "patch", "activation patching: which layer/position and head carries the "
+                          "answer from --clean into --corrupted")
+    a.add_argument("--clean", required=True, help="the text the model gets right")
+    a.add_argument("--corrupted", required=True, help="the same length, changed")
+    a.add_argument("--answer", required=True, help="the right next token (one token)")
+    a.add_argument("--wrong", required=True, help="the wrong next token (one token)")
+    a = _sub(ps, "rollout", "attention rollout: attention through all layers, residuals "
+                            "included")
+    a.add_argument("--text", required=True, help="the input (the source, for translation)")
+    a = _sub(ps, "heads", "head scores: previous-token, induction, duplicate-token, "
+                          "first-token")
+    a.add_argument("--text", default=None, help="--html: the text whose attention the page "
+                   "shows beside the scores")
+
+
+def _sub(ps: argparse._SubParsersAction, name: str, text: str) -> argparse.ArgumentParser:
+    """One analysis sub-command with the options all of them take."""
+    a = ps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+    a.add_argument("run_dir")
+    a.add_argument("--target", default=None,
+                   help="encoder-decoder: the target text (default: the model's greedy output)")
+    a.add_argument("--json", action="store_true", help="print the numbers as JSON (stdout)")
+    a.add_argument("--html", default=None, help="also write the explorer page here")
+    a.add_argument("--layer", type=int, action="append", default=None,
+                   help="layer index (repeatable; default all)")
+    a.add_argument("--head", type=int, action="append", default=None,
+                   help="head index (repeatable; default all)")
+    a.add_argument("--checkpoint", default="best", help="best, last or a .safetensors path")
+    a.set_defaults(func=cmd_interpret, text=None)
+    return a
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+def _load(args: argparse.Namespace):
+    """The run, once the output path and the family checks pass."""
+    if args.html:
+        check_out_path(args.html, "--html", f"{args.action}.html")
+    run = load_text_run(args.run_dir, args.checkpoint)
+    cfg = run.model.config
+    if args.target is not None and cfg.family != "encoder_decoder":
+        raise UsageError(f"--target is for encoder-decoder runs; {args.run_dir} is a "
+                         f"{cfg.family} run: drop --target")
+    lm = cfg.family in LM_HEAD or cfg.head == "mlm"
+    if args.action in ("lens", "attribute", "patch") and not lm:
+        raise UsageError(f"interpret {args.action} needs an LM head (a model that predicts "
+                         f"tokens); {args.run_dir} is an encoder classifier")
+    depth = max(cfg.n_layers, cfg.n_decoder_layers or 0)
+    for values, n, what in ((args.layer, depth, "layer"), (args.head, cfg.n_heads, "head")):
+        for v in values or []:
+            if not 0 <= v < n:
+                raise UsageError(f"--{what} {v} is out of range: the model has {n} {what}s "
+                                 f"(0..{n - 1})")
+    return run
+
+
+def one_token(run, text: str, flag: str) -> int:
+    """The id of ``text``, which must be exactly one token of the run's vocabulary."""
+    tok = run.tokenizer
+    if not text:
+        raise UsageError(f"{flag} is empty: give one token")
+    ids = tok.encode(text)
+    if len(ids) != 1:
+        raise UsageError(f"{flag} {text!r} is not one token: it encodes to {len(ids)} tokens "
+                         f"{tok.token_strings(ids)}; give a single token")
+    return ids[0]
+
+
+def _inputs(run, args: argparse.Namespace, text: str) -> tuple[Any, Any]:
+    """(ids (1, T), src (1, S) or None) for ``text``: an encoder-decoder reads it as the
+    source and ``--target`` (default its greedy output) as the ids."""
+    import torch
+
+    ids = encode_text(run, text)
+    if run.model.config.family != "encoder_decoder":
+        return torch.tensor([ids]), None
+    tgt = target_ids(run, ids, args.target)
+    return torch.tensor([tgt]), torch.tensor([ids])
+
+
+def _strings(run, ids) -> list[str]:
+    """The token strings of a (1, T) or (T,) id tensor."""
+    return run.tokenizer.token_strings([int(i) for i in ids.flatten().tolist()])
+
+
+# ---- the analyses ---------------------------------------------------------------------------
+def cmd_interpret(args: argparse.Namespace) -> int:
+    """Run one analysis, print it (a table, or ``--json``) and write ``--html`` (the page is
+    made before anything is printed or written: bad input leaves nothing)."""
+    run = _load(args)
+    import torch
+
+    if args.action == "heads" and args.html and args.text is None:
+        raise UsageError("interpret heads --html needs --text: the text whose attention the "
+                         "page shows beside the head scores")
+    with torch.no_grad():
+        result, text_table, analyses, text = ANALYSIS[args.action](run, args)
+    page = None
+    if args.html:
+        from ..viz.explorer import write_attention_html
+
+        views = collect_views(run, argparse.Namespace(text=text, target=args.target,
+                                                      layer=args.layer, head=args.head))
+        page = write_attention_html(args.html, views, title=f"attnlab: {args.run_dir}",
+                                    analyses=analyses)
+    print(json.dumps(plain(result), allow_nan=False) if args.json else text_table)
+    if page is not None and not args.json:
+        print(page)
+    return 0
+
+
+def plain(value: Any) -> Any:
+    """A result as JSON values: dataclasses and dicts as objects, tensors and arrays as
+    (nested) lists, NaN as null."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if hasattr(value, "tolist"):  # a tensor or an array (or one of their numbers)
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _label(site: str) -> str:
+    """A lens row's short name: ``embed`` for the first block's input, else the block."""
+    if site.endswith("blocks.0.resid_pre"):
+        return "embed"
+    return "layer " + site.split("blocks.")[-1].split(".")[0]
+
+
+def _short(token: str, width: int = 8) -> str:
+    """A token for a table cell: repr'd (spaces and newlines show), at most ``width``."""
+    shown = repr(token)[1:-1]
+    return shown if len(shown) <= width else shown[:width - 1] + "~"
+
+
+def lens(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
+    """``interpret lens``: every layer's top next token at every position."""
+    from ..interpret.lens import logit_lens
+    from ..viz.explorer import LensView
+
+    ids, src = _inputs(run, args, args.text)
+    if args.k < 1 or args.k > run.model.config.vocab_size:
+        raise UsageError(f"--k {args.k} is out of range: 1..{run.model.config.vocab_size} "
+                         "(the vocabulary size)")
+    result = logit_lens(run.model, ids, k=args.k, src=src)
+    tokens, rows = _strings(run, ids), [_label(n) for n in result.layers]
+    top = [[_strings(run, result.top_ids[r, 0, t]) for t in range(len(tokens))]
+           for r in range(len(rows))]
+    targets = None if result.targets is None else [
+        None if i < 0 else run.tokenizer.token_strings([i])[0]
+        for i in result.targets[0].tolist()]
+    view = LensView("logit lens", tokens, rows, top, result.top_probs[:, 0], targets,
+                    _or_none(result.target_prob), _or_none(result.target_rank))
+    width = 7 + 9 * len(tokens)
+    lines = [f"logit lens of {args.run_dir}: the top next token of each layer (rows) at each "
+             "position (columns); loss: of the real next tokens", "-" * width,
+             f"{'':8}{'loss':>7} " + " ".join(f"{_short(t):>8}" for t in tokens)]
+    for r, name in enumerate(rows):
+        loss = "" if result.loss is None else f"{float(result.loss[r]):7.3f}"
+        lines.append(f"{name:8}{loss:>7} " + " ".join(f"{_short(c[0]):>8}" for c in top[r]))
+    if targets is not None:
+        lines.append(f"{'real':8}{'':7} " + " ".join(
+            f"{_short(t) if t is not None else '':>8}" for t in targets))
+    return _without(result, "logits"), "\n".join(lines), [view], args.text
+
+
+def _or_none(x):
+    """A (R, B, T) tensor's first row of the batch, or None."""
+    return None if x is None else x[:, 0]
+
+
+def _without(result: Any, *names: str) -> dict[str, Any]:
+    """A result dataclass as a dict of its fields, leaving out ``names`` (too big to print)."""
+    return {f.name: getattr(result, f.name) for f in dataclasses.fields(result)
+            if f.name not in names}
+
+
+def attribute(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
+    """``interpret attribute``: each component's direct share of ``--token``'s logit."""
+    from ..interpret.lens import direct_logit_attribution
+    from ..viz.explorer import HeadGrid
+
+    token = one_token(run, args.token, "--token")
+    other = None if args.other is None else one_token(run, args.other, "--other")
+    ids, src = _inputs(run, args, args.text)
+    n = ids.size(1)
+    if not -n <= args.position < n:
+        raise UsageError(f"--position {args.position} is out of range: the input is {n} "
+                         f"tokens ({-n}..{n - 1})")
+    result = direct_logit_attribution(run.model, ids, token=token, other=other,
+                                      position=args.position, src=src)
+    what = f"logit({args.token!r})" + ("" if other is None else f" - logit({args.other!r})")
+    grids = [HeadGrid(f"direct attribution: {what}", result.heads[..., 0],
+                      note="each head's direct share of the logit (difference)")]
+    if result.cross_heads is not None:
+        grids.append(HeadGrid(f"direct attribution (cross-attention): {what}",
+                              result.cross_heads[..., 0], view=_cross_view(run)))
+    lines = [f"direct logit attribution of {what} at position {args.position}: "
+             f"{float(result.logit[0]):.4f} = the shares below",
+             f"embeddings {float(result.embed[0]):.4f}, biases {float(result.bias[0]):.4f}",
+             grid_table("heads", result.heads[..., 0]),
+             grid_table("feed-forward", result.ffn[:, 0][:, None], cols=["ffn"])]
+    if result.cross_heads is not None:
+        lines.insert(3, grid_table("cross-attention heads", result.cross_heads[..., 0]))
+    return result, "\n".join(lines), grids, args.text
+
+
+def _cross_view(run) -> str | None:
+    """The name of the cross-attention view of ``viz attention`` (encoder-decoder runs)."""
+    return "cross-attention (target x source)" if (
+        run.model.config.family == "encoder_decoder") else None
+
+
+def grid_table(title: str, grid: Any, cols: list[str] | None = None) -> str:
+    """A (L, C) grid as text: a title line, then one row per layer (NaN: blank)."""
+    rows = grid.tolist()
+    cols = cols or [f"head {h}" for h in range(len(rows[0]) if rows else 0)]
+    lines = [title, f"{'':8}" + "".join(f"{c:>9}" for c in cols)]
+    for layer, row in enumerate(rows):
+        lines.append(f"layer {layer:<2}" + "".join(
+            f"{'':>9}" if math.isnan(v) else f"{v:9.4f}" for v in row))
+    return "\n".join(lines)
+
+
+def ablate_batch(run, args: argparse.Namespace) -> tuple[Any, str]:
+    """The batch ``interpret ablate`` measures: ``--text``, ``--file`` or ``--split val``
+    (a language model's, as ``attnlab eval`` reads it), and the text the page shows."""
+
+    from ..interpret.ablation import Batch, lm_batch, seq2seq_batch
+
+    given = [f for f in ("text", "file", "split") if getattr(args, f) is not None]
+    if len(given) != 1:
+        raise UsageError("give one of --text TEXT, --file FILE or --split val (the text "
+                         "whose loss each ablation changes)")
+    cfg = run.model.config
+    if args.split:
+        batch = split_batch(run, args.run_dir, args.batches)
+        return batch, run.tokenizer.decode(batch.inputs[0][0].tolist())  # the page's text
+    text = args.text if args.text is not None else _read(args.file)
+    if cfg.family == "encoder" and cfg.head == "mlm":
+        raise UsageError("interpret ablate --text of a masked LM: its loss needs masked "
+                         "positions; use attnlab.interpret.ablate from Python")
+    ids, src = _inputs(run, args, text)
+    if cfg.family == "decoder":
+        if ids.size(1) < 2:
+            raise UsageError("--text is one token: the loss needs at least two")
+        return lm_batch(ids), text
+    if cfg.family == "encoder_decoder":
+        return seq2seq_batch(src, ids), text
+    label = run.model(ids)[0].argmax(-1)  # (1,): the classifier's own answer
+    return Batch((ids,), label), text
+
+
+def _read(path: str) -> str:
+    """A UTF-8 text file (``--file``), which must hold text."""
+    from pathlib import Path
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"--file {path} is not UTF-8 text") from None
+    if not text.strip():
+        raise UsageError(f"--file {path} is empty")
+    return text
+
+
+def split_batch(run, run_dir: str, batches: int):
+    """``batches`` batches of the run's val split as ``attnlab eval --batches`` samples it
+    (the run's task and tokenizer, windows of its block), as one LM batch."""
+    import torch
+
+    from ..interpret.ablation import lm_batch
+    from ..run_config import RunConfig
+    from ..runs import RunDir
+    from ..tasks import LMTask, build_task
+
+    if batches < 1:
+        raise UsageError(f"--batches {batches} must be >= 1")
+    family = run.model.config.family
+    if family != "decoder":
+        raise UsageError(f"--split is for language-model runs; {run_dir} is a {family} "
+                         "run: give --text or --file")
+    rc = RunConfig.from_dict(RunDir(run_dir).read_config())
+    task = build_task(rc, run.tokenizer)
+    if not isinstance(task, LMTask):
+        raise UsageError(f"--split is for language-model runs; {run_dir} is a {task.kind} "
+                         "run: give --text or --file")
+    data = task.split("val")
+    n = batches * task.eval_batch_size()
+    if len(data) <= task.block + 1:
+        raise UsageError(f"the val split of {run_dir} is {len(data)} tokens, shorter than one "
+                         f"window of {task.block + 1}")
+    gen = torch.Generator().manual_seed(rc.train.seed + 7919)  # as evaluation samples
+    starts = torch.randint(len(data) - task.block, (n,), generator=gen).tolist()
+    return lm_batch(data.windows(starts, task.block + 1))
+
+
+def ablate(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
+    """``interpret ablate``: the loss change when each head or feed-forward block goes."""
+    from ..interpret.ablation import ablate as run_ablate
+    from ..viz.explorer import HeadGrid
+
+    batch, text = ablate_batch(run, args)
+    result = run_ablate(run.model, batch, kind=args.kind, layers=args.layer, heads=args.head)
+    views = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
+             "cross": "cross-attention (target x source)"}
+    if run.model.config.family == "encoder_decoder":
+        views = {k: v.replace("self-attention", "self-attention (" + (
+            "source" if k == "encoder" else "target") + ")") for k, v in views.items()}
+    grids, lines = [], [f"{args.kind} ablation of {args.run_dir}: loss "
+                        f"{result.base_loss:.4f}; each number is the loss with that part "
+                        "ablated minus it (> 0: it mattered)"]
+    for stack, grid in result.grids.items():
+        grids.append(HeadGrid(f"{args.kind} ablation: {stack} heads", grid,
+                              view=views[stack],
+                              note="loss change when the head is ablated (> 0: it helped)"))
+        lines.append(grid_table(f"{stack} heads", grid))
+        ffn = result.ffns.get(stack)
+        if ffn is not None and ffn.numel():
+            lines.append(grid_table(f"{stack} feed-forward", ffn[:, None], cols=["ffn"]))
+    return result, "\n".join(lines), grids, text
+
+
+def patch(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
+    """``interpret patch``: which layer/position and which head carries the answer."""
+    from ..interpret.patching import patch as run_patch
+    from ..viz.explorer import HeadGrid, PositionGrid
+
+    if run.model.config.family == "encoder_decoder":
+        raise UsageError("interpret patch takes decoder-only runs (and masked LMs); for an "
+                         "encoder-decoder use attnlab.interpret.patch(..., src=) from Python")
+    answer = one_token(run, args.answer, "--answer")
+    wrong = one_token(run, args.wrong, "--wrong")
+    clean, _ = _inputs(run, args, args.clean)
+    corrupted, _ = _inputs(run, args, args.corrupted)
+    if clean.shape != corrupted.shape:
+        raise UsageError(f"--clean is {clean.size(1)} tokens and --corrupted is "
+                         f"{corrupted.size(1)}: give two texts of the same token length")
+    result = run_patch(run.model, clean, corrupted, answer=answer, wrong=wrong)
+    tokens = _strings(run, clean)
+    metric = f"logit({args.answer!r}) - logit({args.wrong!r})"
+    note = f"{metric} of the corrupted run with this activation from the clean run " \
+           f"(clean {result.clean:.3f}, corrupted {result.corrupted:.3f})"
+    grids = [PositionGrid("patching: residual stream (layer x position)", result.resid,
+                          tokens, note=note)]
+    grids += [HeadGrid(f"patching: {stack} heads", grid, note=note)
+              for stack, grid in result.grids.items()]
+    lines = [f"activation patching of {args.run_dir}: {metric} at the last position is "
+             f"{result.clean:.4f} clean, {result.corrupted:.4f} corrupted; each number: the "
+             "corrupted run with one activation from the clean run",
+             grid_table("residual stream (blocks.{l}.resid_pre) by position", result.resid,
+                        cols=[_short(t) for t in tokens])]
+    lines += [grid_table(f"{stack} heads (attn.z, every position)", grid)
+              for stack, grid in result.grids.items()]
+    return result, "\n".join(lines), grids, args.clean
+
+
+def rollout(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
+    """``interpret rollout``: attention through all layers, per stack, as a T x S table."""
+    from ..interpret.rollout import attention_rollout
+    from ..viz.explorer import PositionGrid
+
+    ids, src = _inputs(run, args, args.text)
+    inputs = (ids,) if src is None else (src, ids[:, :-1])
+    result = attention_rollout(run.model, *inputs)
+    source = _strings(run, ids if src is None else src)
+    target = _strings(run, ids if src is None else ids[:, :-1])
+    grids, lines = [], [f"attention rollout of {args.run_dir}: how much each query (row) "
+                        "draws on each token (column) through every layer"]
+    for stack, table in result.items():
+        table = table[0] if table.dim() == 3 else table  # (T, S)
+        keys = target if stack == "decoder" else source
+        queries = source if stack == "encoder" else target
+        grids.append(PositionGrid(f"rollout: {stack} (rows: queries)", table, keys,
+                                  layer_ids=[_short(q) for q in queries],
+                                  note="rows: the query tokens; columns: the tokens drawn on"))
+        lines.append(grid_table(stack, table, cols=[_short(k) for k in keys]).replace(
+            "layer ", "query "))
+    return result, "\n".join(lines), grids, args.text
+
+
+def heads(run, args: argparse.Namespace) -> tuple[Any, str, list, str | None]:
+    """``interpret heads``: each head's previous-token, induction, duplicate-token and
+    first-token scores."""
+    from ..interpret.heads import head_scores
+    from ..viz.explorer import HeadGrid
+
+    result = head_scores(run.model)
+    grids, lines = [], [f"head scores of {args.run_dir} on repeated random tokens (0..1: the "
+                        "mean attention on the position the job looks at)"]
+    for stack, scores in result.scores.items():
+        for name, value in scores.items():
+            grids.append(HeadGrid(f"head scores: {stack} {name}", value,
+                                  note=f"{name.replace('_', '-')} score of each {stack} head"))
+            lines.append(grid_table(f"{stack} {name.replace('_', '-')}", value))
+    return result, "\n".join(lines), grids, args.text
+
+
+ANALYSIS = {"lens": lens, "attribute": attribute, "ablate": ablate, "patch": patch,
+            "rollout": rollout, "heads": heads}

@@ -1,0 +1,171 @@
+"""`attnlab interpret` end to end on tiny random run dirs made here: each analysis's table,
+its --json (the library call's numbers), its --html page, and bad input (one line, exit 2,
+nothing written)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from _runs import classifier_run, lm_run, seq2seq_run
+from attnlab.cli import main
+from attnlab.runs import load_run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("interpret")
+    return {"lm": lm_run(base / "lm"), "mt": seq2seq_run(base / "mt"),
+            "cls": classifier_run(base / "cls")}
+
+
+def _json(capsys, argv):
+    assert main(["interpret", *argv, "--json"]) == 0
+    captured = capsys.readouterr()
+    return json.loads(captured.out)
+
+
+def _ids(run, text):
+    return torch.tensor([run.tokenizer.encode(text)])
+
+
+def _page_data(path):
+    page = path.read_text()
+    return json.loads(re.search(r'id="attnlab-data">(.*?)</script>', page, re.S).group(1))
+
+
+def test_lens_json_matches_the_library_and_prints_a_table(runs, capsys, tmp_path):
+    from attnlab.interpret.lens import logit_lens
+
+    got = _json(capsys, ["lens", str(runs["lm"]), "--text", "the fox", "--k", "3"])
+    run = load_run(runs["lm"])
+    want = logit_lens(run.model, _ids(run, "the fox"), k=3)
+    assert got["top_ids"] == want.top_ids.tolist()
+    assert torch.allclose(torch.tensor(got["loss"]), want.loss)
+    assert "logits" not in got  # (R, B, T, V): too big to print
+    html = tmp_path / "lens.html"
+    assert main(["interpret", "lens", str(runs["lm"]), "--text", "the fox",
+                 "--html", str(html)]) == 0
+    out = capsys.readouterr().out
+    assert "embed" in out and "layer 1" in out and "real" in out
+    lens = _page_data(html)["analyses"][0]
+    assert lens["kind"] == "lens" and lens["layers"] == ["embed", "layer 0", "layer 1"]
+    assert len(lens["tokens"]) == 7 and lens["targets"][-1] is None
+
+
+def test_attribute_json_matches_and_shares_sum_to_the_logit(runs, capsys):
+    from attnlab.interpret.lens import direct_logit_attribution
+
+    got = _json(capsys, ["attribute", str(runs["lm"]), "--text", "the qu", "--token", "i",
+                         "--other", "e"])
+    run = load_run(runs["lm"])
+    tok = run.tokenizer
+    want = direct_logit_attribution(run.model, _ids(run, "the qu"), token=tok.encode("i")[0],
+                                    other=tok.encode("e")[0])
+    assert torch.allclose(torch.tensor(got["heads"]), want.heads, atol=1e-6)
+    total = sum(sum(h[0] for h in row) for row in got["heads"]) + sum(
+        f[0] for f in got["ffn"]) + got["embed"][0] + got["bias"][0]
+    assert total == pytest.approx(got["logit"][0], abs=1e-3)
+
+
+def test_ablate_text_file_and_json(runs, capsys, tmp_path):
+    from attnlab.interpret.ablation import ablate, lm_batch
+
+    got = _json(capsys, ["ablate", str(runs["lm"]), "--text", "the lazy dog", "--kind", "mean"])
+    run = load_run(runs["lm"])
+    want = ablate(run.model, lm_batch(_ids(run, "the lazy dog")), kind="mean")
+    assert got["kind"] == "mean" and got["base_loss"] == pytest.approx(want.base_loss)
+    assert torch.allclose(torch.tensor(got["grids"]["decoder"]), want.heads, atol=1e-5)
+    text = tmp_path / "t.txt"
+    text.write_text("the lazy dog", encoding="utf-8")
+    assert _json(capsys, ["ablate", str(runs["lm"]), "--file", str(text), "--kind", "mean"]
+                 )["grids"] == got["grids"]
+
+
+def test_ablate_encoder_decoder_and_classifier_write_pages(runs, capsys, tmp_path):
+    for name, extra in (("mt", ["--target", "the dog"]), ("cls", [])):
+        html = tmp_path / f"{name}.html"
+        assert main(["interpret", "ablate", str(runs[name]), "--text", "the fox", *extra,
+                     "--html", str(html)]) == 0
+        data = _page_data(html)
+        stacks = [a["name"] for a in data["analyses"]]
+        assert all(a["kind"] == "heads" for a in data["analyses"])
+        if name == "mt":
+            assert len(stacks) == 3 and data["analyses"][2]["view"] == 2  # cross -> cross view
+    assert "heads" in capsys.readouterr().out
+
+
+def test_patch_json_matches_and_page_has_both_grids(runs, capsys, tmp_path):
+    from attnlab.interpret.patching import patch
+
+    argv = ["patch", str(runs["lm"]), "--clean", "the fox", "--corrupted", "the dog",
+            "--answer", "o", "--wrong", "e"]
+    got = _json(capsys, argv)
+    run = load_run(runs["lm"])
+    tok = run.tokenizer
+    want = patch(run.model, _ids(run, "the fox"), _ids(run, "the dog"),
+                 answer=tok.encode("o")[0], wrong=tok.encode("e")[0])
+    assert got["clean"] == pytest.approx(want.clean)
+    assert torch.allclose(torch.tensor(got["resid"]), want.resid, atol=1e-5)
+    html = tmp_path / "patch.html"
+    assert main(["interpret", *argv, "--html", str(html)]) == 0
+    kinds = [a["kind"] for a in _page_data(html)["analyses"]]
+    assert kinds == ["positions", "heads"]
+    assert _page_data(html)["analyses"][0]["tokens"] == tok.token_strings(tok.encode("the fox"))
+
+
+def test_rollout_json_matches_the_library(runs, capsys):
+    rollout = pytest.importorskip("attnlab.interpret.rollout")
+    got = _json(capsys, ["rollout", str(runs["lm"]), "--text", "the fox"])
+    run = load_run(runs["lm"])
+    want = rollout.attention_rollout(run.model, _ids(run, "the fox"))
+    assert set(got) == set(want)
+    for stack, table in want.items():
+        assert torch.allclose(torch.tensor(got[stack]), table, atol=1e-6)
+
+
+def test_heads_json_and_page(runs, capsys, tmp_path):
+    pytest.importorskip("attnlab.interpret.heads")
+    got = _json(capsys, ["heads", str(runs["lm"])])
+    assert got
+    html = tmp_path / "heads.html"
+    assert main(["interpret", "heads", str(runs["lm"]), "--text", "the fox the fox",
+                 "--html", str(html)]) == 0
+    assert all(a["kind"] == "heads" for a in _page_data(html)["analyses"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["lens", "{nope}", "--text", "the"], "does not exist"),
+    (["lens", "{cls}", "--text", "the"], "needs an LM head"),
+    (["attribute", "{lm}", "--text", "the", "--token", "ox"],
+     "--token 'ox' is not one token: it encodes to 2 tokens ['o', 'x']"),
+    (["attribute", "{lm}", "--text", "the", "--token", "Z"], "'Z'"),
+    (["attribute", "{lm}", "--text", "the", "--token", "o", "--position", "9"],
+     "--position 9 is out of range"),
+    (["patch", "{lm}", "--clean", "the fox", "--corrupted", "the foxes", "--answer", "o",
+      "--wrong", "e"], "--clean is 7 tokens and --corrupted is 9"),
+    (["patch", "{lm}", "--clean", "the", "--corrupted", "thy", "--answer", "Q",
+      "--wrong", "e"], "'Q'"),
+    (["ablate", "{lm}", "--text", "the fox", "--layer", "5"],
+     "--layer 5 is out of range: the model has 2 layers"),
+    (["ablate", "{lm}", "--text", "the fox", "--head", "4"],
+     "--head 4 is out of range: the model has 4 heads"),
+    (["ablate", "{lm}"], "give one of --text TEXT, --file FILE or --split val"),
+    (["ablate", "{cls}", "--split", "val"], "--split is for language-model runs"),
+    (["lens", "{lm}", "--text", "the", "--target", "x"], "--target is for encoder-decoder"),
+    (["lens", "{lm}", "--text", "the", "--k", "0"], "--k 0 is out of range"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(runs, tmp_path, capsys, argv,
+                                                         message):
+    html = tmp_path / "out" / "page.html"
+    argv = [a.format(**{k: str(v) for k, v in runs.items()}, nope=tmp_path / "nope")
+            for a in argv]
+    code = main(["interpret", *argv, "--html", str(html)])
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    assert message in captured.err and "Traceback" not in captured.err
+    assert len(captured.err.strip().splitlines()) == 1 and captured.out == ""
+    assert not html.exists() and not html.parent.exists()
