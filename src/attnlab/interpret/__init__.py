@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from .ablation import Ablation, Batch, ablate, lm_batch, row_loss, seq2seq_batch
+from .heads import HeadScores, head_scores
 from .hooks import (
     ActivationCache,
     AttentionMaps,
@@ -14,6 +16,13 @@ from .hooks import (
     sites_of,
     zero_heads,
 )
+from .lens import Attribution, LogitLens, direct_logit_attribution, logit_lens
+from .patching import Patching, patch
+from .rollout import attention_rollout
 
 __all__ = ["ActivationCache", "AttentionMaps", "Edit", "attention_maps", "hooks",
            "run_with_cache", "select", "sites_of", "zero_heads"]
+__all__ += ["Attribution", "LogitLens", "direct_logit_attribution", "logit_lens"]
+__all__ += ["Ablation", "Batch", "Patching", "ablate", "lm_batch", "patch", "row_loss",
+            "seq2seq_batch"]
+__all__ += ["HeadScores", "attention_rollout", "head_scores"]
