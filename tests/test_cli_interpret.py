@@ -117,6 +117,24 @@ def test_patch_json_matches_and_page_has_both_grids(runs, capsys, tmp_path):
     assert _page_data(html)["analyses"][0]["tokens"] == tok.token_strings(tok.encode("the fox"))
 
 
+def test_patch_of_a_translation_run_corrupts_the_source(runs, capsys, tmp_path):
+    from attnlab.interpret.patching import patch
+
+    argv = ["patch", str(runs["mt"]), "--clean", "the fox", "--corrupted", "the dog",
+            "--target", "the", "--answer", "o", "--wrong", "e"]
+    got = _json(capsys, argv)
+    run = load_run(runs["mt"])
+    tok = run.tokenizer
+    tgt = torch.tensor([tok.encode("the", add_special=True)[:-1]])  # <bos> the (no <eos>)
+    want = patch(run.model, _ids(run, "the fox"), _ids(run, "the dog"), tgt=tgt,
+                 answer=tok.encode("o")[0], wrong=tok.encode("e")[0])
+    assert got["clean"] == pytest.approx(want.clean)
+    assert torch.allclose(torch.tensor(got["resid"]), want.resid, atol=1e-5)
+    assert set(got["grids"]) == {"encoder", "decoder", "cross"}
+    assert main(["interpret", *argv[:-6], "--answer", "o", "--wrong", "e"]) == 2
+    assert "needs --target" in capsys.readouterr().err
+
+
 def test_rollout_json_matches_the_library(runs, capsys):
     rollout = pytest.importorskip("attnlab.interpret.rollout")
     got = _json(capsys, ["rollout", str(runs["lm"]), "--text", "the fox"])

@@ -235,6 +235,42 @@ def test_patching_encoder_decoder():
     assert result.resid[0, 0] != result.corrupted  # a patch of the first token changes it
 
 
+def test_patching_a_corrupted_source():
+    """tgt= shared: clean and corrupted are sources. Only source token 2 differs, so patching
+    the encoder's residual stream there at layer 0 restores the clean metric, and any other
+    position leaves the corrupted one; a cross head's patch equals the written-out one."""
+    model = model_of(family="encoder_decoder", n_decoder_layers=2)
+    gen = torch.Generator().manual_seed(9)
+    clean = torch.randint(1, 40, (2, 5), generator=gen)
+    corrupted = clean.clone()
+    corrupted[:, 2] = (clean[:, 2] + 7) % 39 + 1
+    tgt = torch.randint(1, 40, (2, 4), generator=gen)
+    result = patch(model, clean, corrupted, tgt=tgt, answer=5, wrong=6, position=2)
+    assert result.resid.shape == (3, 5)  # the encoder's layers x source positions
+    assert set(result.grids) == {"encoder", "decoder", "cross"} and result.main == "cross"
+    assert result.clean != pytest.approx(result.corrupted, abs=1e-3)
+    assert float(result.resid[0, 2]) == pytest.approx(result.clean, abs=1e-5)
+    torch.testing.assert_close(result.resid[0, [0, 1, 3, 4]],
+                               torch.full((4,), result.corrupted), atol=1e-5, rtol=0)
+    with torch.no_grad(), hooks(model, cache="decoder.blocks.1.cross.z") as cache:
+        model(clean, tgt)
+    z = cache["decoder.blocks.1.cross.z"]
+
+    def put(x, name):
+        x = x.clone()
+        x[:, 3] = z[:, 3]
+        return x
+    with torch.no_grad(), hooks(model, {"decoder.blocks.1.cross.z": put}):
+        logits = model(corrupted, tgt)[0][:, 2]
+    want = (logits[:, 5] - logits[:, 6]).mean()
+    assert float(want) == pytest.approx(float(result.heads[1, 3]), abs=1e-5)
+    one_each = patch(model, clean, corrupted, tgt=tgt, answer=5, wrong=6, position=2,
+                     rows_per_forward=2)
+    for stack in result.grids:
+        torch.testing.assert_close(result.grids[stack], one_each.grids[stack], atol=1e-5,
+                                   rtol=0)
+
+
 def test_row_loss_ignores_padding_and_minus_100():
     logits = torch.randn(2, 4, 7)
     targets = torch.tensor([[1, 2, 0, 0], [3, -100, 4, 5]])
@@ -254,7 +290,7 @@ def test_bad_input_is_one_clear_error():
         (lambda: patch(model, ids, ids, answer=40, wrong=2), "answer 40 is not in the vocab"),
         (lambda: patch(model, ids, ids, answer=1, wrong=-1), "wrong -1 is not in the vocab"),
         (lambda: patch(model, ids, ids, answer=1, wrong=2, position=6), "position 6 is out"),
-        (lambda: patch(model, ids, ids, answer=1, wrong=2, src=ids), "src= is for the encod"),
+        (lambda: patch(model, ids, ids, answer=1, wrong=2, src=ids), "src= and tgt= are for"),
         (lambda: patch(model, ids, ids, answer=1, wrong=2, grids=["mlp"]), "grids must be a"),
         (lambda: ablate(model, batch, layers=[3]), "layer 3 is out of range"),
         (lambda: ablate(model, batch, heads=[-1]), "head -1 is out of range"),
@@ -268,5 +304,8 @@ def test_bad_input_is_one_clear_error():
             call()
         assert "\n" not in str(err.value)
     seq2seq = model_of(family="encoder_decoder")
-    with pytest.raises(UsageError, match="needs src="):
-        patch(seq2seq, ids, ids, answer=1, wrong=2)
+    for shared in ({}, {"src": ids, "tgt": ids}):  # one of the two, never none or both
+        with pytest.raises(UsageError, match="needs one of src="):
+            patch(seq2seq, ids, ids, answer=1, wrong=2, **shared)
+    with pytest.raises(UsageError, match="position 6 is out of range"):  # a target position
+        patch(seq2seq, ids, ids, answer=1, wrong=2, tgt=ids, position=6)

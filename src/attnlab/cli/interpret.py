@@ -378,17 +378,10 @@ def patch(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
     from ..interpret.patching import patch as run_patch
     from ..viz.explorer import HeadGrid, PositionGrid
 
-    if run.model.config.family == "encoder_decoder":
-        raise UsageError("interpret patch takes decoder-only runs (and masked LMs); for an "
-                         "encoder-decoder use attnlab.interpret.patch(..., src=) from Python")
     answer = one_token(run, args.answer, "--answer")
     wrong = one_token(run, args.wrong, "--wrong")
-    clean, _ = _inputs(run, args, args.clean)
-    corrupted, _ = _inputs(run, args, args.corrupted)
-    if clean.shape != corrupted.shape:
-        raise UsageError(f"--clean is {clean.size(1)} tokens and --corrupted is "
-                         f"{corrupted.size(1)}: give two texts of the same token length")
-    result = run_patch(run.model, clean, corrupted, answer=answer, wrong=wrong)
+    clean, corrupted, shared = patch_inputs(run, args)
+    result = run_patch(run.model, clean, corrupted, answer=answer, wrong=wrong, **shared)
     tokens = _strings(run, clean)
     metric = f"logit({args.answer!r}) - logit({args.wrong!r})"
     note = f"{metric} of the corrupted run with this activation from the clean run " \
@@ -400,11 +393,33 @@ def patch(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
     lines = [f"activation patching of {args.run_dir}: {metric} at the last position is "
              f"{result.clean:.4f} clean, {result.corrupted:.4f} corrupted; each number: the "
              "corrupted run with one activation from the clean run",
-             grid_table("residual stream (blocks.{l}.resid_pre) by position", result.resid,
-                        cols=[_short(t) for t in tokens])]
+             grid_table(("encoder " if shared else "") + "residual stream (blocks.{l}.resid_pre)"
+                        " by position", result.resid, cols=[_short(t) for t in tokens])]
     lines += [grid_table(f"{stack} heads (attn.z, every position)", grid)
               for stack, grid in result.grids.items()]
     return result, "\n".join(lines), grids, args.clean
+
+
+def patch_inputs(run, args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
+    """(clean, corrupted, the shared input) of ``interpret patch``: two texts of one token
+    length; an encoder-decoder's are sources, and ``--target`` (the translation so far, whose
+    next token is the answer) is the decoder input both runs share."""
+    import torch
+
+    if run.model.config.family != "encoder_decoder":
+        clean, corrupted, shared = _inputs(run, args, args.clean)[0], \
+            _inputs(run, args, args.corrupted)[0], {}
+    else:
+        if args.target is None:
+            raise UsageError("interpret patch of a translation run needs --target: the "
+                             "translation so far, whose next token is --answer or --wrong")
+        clean = torch.tensor([encode_text(run, args.clean)])
+        corrupted = torch.tensor([encode_text(run, args.corrupted)])
+        shared = {"tgt": torch.tensor([target_ids(run, [], args.target)[:-1]])}  # no <eos>
+    if clean.shape != corrupted.shape:
+        raise UsageError(f"--clean is {clean.size(1)} tokens and --corrupted is "
+                         f"{corrupted.size(1)}: give two texts of the same token length")
+    return clean, corrupted, shared
 
 
 def rollout(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:

@@ -18,10 +18,14 @@ Batched as :func:`~attnlab.interpret.ablation.ablate` is: many patches per forwa
 its own copy of the corrupted batch (:func:`~attnlab.interpret.ablation.run_variants`); in a
 decoder LM the logits are made at ``position`` only.
 
-**The encoder-decoder**: ``clean`` and ``corrupted`` are decoder inputs, and the source
-``src`` is the same for both runs (so the encoder, identical in both, is not patched): the
-grids are those of the decoder stack, ``resid`` and ``heads``, and of its cross-attention,
-``grids["cross"]``. A corrupted source is another question, not asked here.
+**The encoder-decoder** asks one of two questions. With ``src=`` (the source both runs
+share), ``clean`` and ``corrupted`` are decoder inputs: the grids are those of the decoder
+stack, ``resid`` and ``heads``, and of its cross-attention, ``grids["cross"]`` (the encoder,
+the same in both runs, is not patched). With ``tgt=`` (the decoder input both runs share),
+``clean`` and ``corrupted`` are *sources*: which activations carry a source word into the
+translation. ``resid`` is then the encoder's residual stream per (layer, source position),
+and every head grid is patched: ``grids["encoder"]``, ``grids["decoder"]`` and
+``grids["cross"]`` (the main one: the cross-attention heads that read the word).
 """
 
 from __future__ import annotations
@@ -110,17 +114,20 @@ def check_prompts(clean: Tensor, corrupted: Tensor, position: int) -> None:
                          f"(-{t}..{t - 1})")
 
 
-def patch_stacks(model: nn.Module, src: Tensor | None) -> dict[str, StackSites]:
-    """The stacks that patching changes: the decoder LM's, or the encoder-decoder's decoder
-    and cross-attention (``src`` required there, refused elsewhere)."""
+def patch_stacks(model: nn.Module, src: Tensor | None,
+                 tgt: Tensor | None) -> dict[str, StackSites]:
+    """The stacks that patching changes: the decoder LM's; the encoder-decoder's decoder and
+    cross-attention (``src`` given), or all three (``tgt`` given: the sources differ). One of
+    ``src`` and ``tgt`` is required there, and both are refused elsewhere."""
     stacks = attention_stacks(model)
     if model.config.family == "encoder_decoder":
-        if src is None:
-            raise UsageError("patching an encoder-decoder needs src=, the source ids (B, S) "
-                             "both runs share")
-        return {k: stacks[k] for k in ("decoder", "cross")}
-    if src is not None:
-        raise UsageError(f"src= is for the encoder-decoder only; this is a "
+        if (src is None) == (tgt is None):
+            raise UsageError("patching an encoder-decoder needs one of src= (the source ids "
+                             "(B, S) both runs share; clean and corrupted are decoder inputs) "
+                             "and tgt= (the decoder input both share; they are sources)")
+        return stacks if tgt is not None else {k: stacks[k] for k in ("decoder", "cross")}
+    if src is not None or tgt is not None:
+        raise UsageError(f"src= and tgt= are for the encoder-decoder only; this is a "
                          f"{type(model).__name__}")
     return stacks
 
@@ -136,12 +143,13 @@ def replace_at(index: tuple, clean: Tensor) -> Callable[[Tensor], Tensor]:
 def patch_variants(stacks: dict[str, StackSites], cache: dict[str, Tensor], t: int,
                    grids: Collection[str]) -> list[tuple[str, int, int, Variant]]:
     """("resid" or a stack, layer, position or head, variant) of each patch of ``grids``,
-    layer by layer."""
+    layer by layer; the residual stream is patched in the first stack (the one whose
+    inputs differ: the encoder's when the sources do)."""
     out = []
     for name, st in stacks.items():
         for layer in range(st.layers):
             start, z = st.resid.format(layer), st.z.format(layer)
-            if name != "cross" and "resid" in grids:  # once, with the self-attention stack
+            if name == next(iter(stacks)) and "resid" in grids:
                 out += [("resid", layer, p, Variant(start, replace_at((slice(None), p),
                                                                       cache[start]), start))
                         for p in range(t)]
@@ -153,7 +161,7 @@ def patch_variants(stacks: dict[str, StackSites], cache: dict[str, Tensor], t: i
 
 def patch(model: nn.Module, clean: Tensor, corrupted: Tensor, *,
           answer: int | Sequence[int] | Tensor, wrong: int | Sequence[int] | Tensor,
-          position: int = -1, src: Tensor | None = None,
+          position: int = -1, src: Tensor | None = None, tgt: Tensor | None = None,
           grids: Collection[str] = GRIDS, rows_per_forward: int | None = None) -> Patching:
     """Activation patching of ``corrupted`` (B, T) with activations of ``clean`` (B, T).
 
@@ -162,6 +170,8 @@ def patch(model: nn.Module, clean: Tensor, corrupted: Tensor, *,
             logit(wrong)`` at ``position`` (default the last), mean over the rows.
         src: the encoder-decoder's source ids (B, S), the same for both runs (see the module
             doc); None for the decoder LM.
+        tgt: the encoder-decoder's decoder input (B, T) shared by both runs, whose
+            ``clean`` and ``corrupted`` are then sources (B, S); ``position`` is in ``tgt``.
         grids: the grids to compute, "resid" and/or "heads" (the others stay NaN).
         rows_per_forward: rows per forward (the corrupted batch repeated that many // B
             times); default about 2,048 tokens.
@@ -169,38 +179,40 @@ def patch(model: nn.Module, clean: Tensor, corrupted: Tensor, *,
     Returns a :class:`Patching`: ``clean``, ``corrupted``, ``resid`` (L, T), ``heads``
     (L, H) and ``grids`` (every head grid by stack), each the patched run's metric.
     """
-    check_prompts(clean, corrupted, position)
+    stacks = patch_stacks(model, src, tgt)
+    check_prompts(clean, corrupted, 0 if tgt is not None else position)
+    if tgt is not None:
+        check_prompts(tgt, tgt, position)
     bad = [g for g in grids if g not in GRIDS]
     if bad or isinstance(grids, str):
         raise UsageError(f"grids must be a collection of {', '.join(map(repr, GRIDS))}; got "
                          f"{grids!r}")
-    stacks = patch_stacks(model, src)
     vocab, rows = output_size(model), clean.size(0)
     tokens = (token_ids(answer, rows, vocab, "answer").to(clean.device),
               token_ids(wrong, rows, vocab, "wrong").to(clean.device))
     was_training = model.training
     model.eval()
     try:
-        return run_patching(model, clean, corrupted, tokens, position, src, stacks,
+        return run_patching(model, clean, corrupted, tokens, position, (src, tgt), stacks,
                             (set(grids), rows_per_forward))
     finally:
         model.train(was_training)
 
 
 def run_patching(model: nn.Module, clean: Tensor, corrupted: Tensor, tokens: tuple,
-                 position: int, src: Tensor | None, stacks: dict[str, StackSites],
-                 how: tuple[set[str], int | None]) -> Patching:
+                 position: int, shared: tuple[Tensor | None, Tensor | None],
+                 stacks: dict[str, StackSites], how: tuple[set[str], int | None]) -> Patching:
     """:func:`patch` once its arguments are checked (the model in eval mode); ``tokens``:
-    (answer, wrong) ids (B,), ``how``: (grids, rows_per_forward)."""
-    (right, other), (grids, rows_per_forward) = tokens, how
+    (answer, wrong) ids (B,), ``shared``: (src, tgt), ``how``: (grids, rows_per_forward)."""
+    (right, other), (grids, rows_per_forward), (src, tgt) = tokens, how, shared
     rows, t = clean.shape
-    pre = () if src is None else (src,)
+    pre, post = (() if src is None else (src,)), (() if tgt is None else (tgt,))
     names = [s.format(i) for st in stacks.values() for s in (st.z, st.resid)
              for i in range(st.layers)]
     with torch.no_grad():
-        clean_out, cache = run_with_cache(model, *pre, clean, names=names)
-        corrupted_logits = logits_of(model(*pre, corrupted))
-    pos = position % t
+        clean_out, cache = run_with_cache(model, *pre, clean, *post, names=names)
+        corrupted_logits = logits_of(model(*pre, corrupted, *post))
+    pos = position % (t if tgt is None else tgt.size(1))
     # a decoder LM makes the logits at the position only (its last site narrowed to it)
     narrow = (lambda h: h[:, pos:pos + 1]) if expands_inside(model) else None
 
@@ -210,14 +222,15 @@ def run_patching(model: nn.Module, clean: Tensor, corrupted: Tensor, tokens: tup
         return (chosen.gather(1, right.repeat(k)[:, None])
                 - chosen.gather(1, other.repeat(k)[:, None])).squeeze(1)  # (K * B,)
     jobs = patch_variants(stacks, cache, t, grids)
-    values = run_variants(model, [*pre, corrupted], [j[3] for j in jobs],
+    values = run_variants(model, [*pre, corrupted, *post], [j[3] for j in jobs],
                           (lambda lg: metric(lg, 0)) if narrow else metric,
                           rows_per_forward=rows_per_forward, narrow=narrow)
     clean_logits = logits_of(clean_out)
     layers = next(iter(stacks.values())).layers
     result = Patching(float(metric(clean_logits).mean()), float(metric(corrupted_logits).mean()),
                       torch.full((layers, t), float("nan")),
-                      main="decoder" if "decoder" in stacks else "encoder")
+                      main="cross" if tgt is not None else
+                      "decoder" if "decoder" in stacks else "encoder")
     for name, st in stacks.items():
         result.grids[name] = torch.full((st.layers, st.heads), float("nan"))
     for (name, layer, i, _), v in zip(jobs, values.tolist()):
