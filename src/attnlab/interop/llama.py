@@ -17,7 +17,14 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..errors import RunError, UsageError
 from ..models import DecoderLM
-from .hf import attnlab_config, check_model_type, import_transformers, load_hf_model, unmet
+from .hf import (
+    attnlab_config,
+    check_model_type,
+    import_transformers,
+    load_hf_model,
+    unmet,
+    with_zero_ffn,
+)
 from .weight_map import load_mapped
 
 
@@ -147,7 +154,7 @@ def llama_problems(cfg: ModelConfig) -> list[str]:
         ("norm_type='rmsnorm'", cfg.norm_type == "rmsnorm", cfg.norm_type),
         ("final_norm=True", cfg.final_norm, cfg.final_norm),
         ("pos='rope'", cfg.pos == "rope", cfg.pos),
-        ("ffn='swiglu'", cfg.ffn == "swiglu", cfg.ffn),
+        ("ffn='swiglu' or 'none'", cfg.ffn in ("swiglu", "none"), cfg.ffn),
         ("scale_embeddings=False", not cfg.scale_embeddings, cfg.scale_embeddings),
         ("embed_norm=False", not cfg.embed_norm, cfg.embed_norm),
         # transformers' LlamaConfig refuses hidden_size % num_attention_heads != 0, even with
@@ -167,6 +174,8 @@ def llama_to_hf(model: DecoderLM) -> Any:
     problems = llama_problems(cfg)
     if problems:
         raise UsageError(f"this model cannot be expressed as Llama: it needs {', '.join(problems)}")
+    model = with_zero_ffn(model, "swiglu")  # attention-only: a feed-forward block of zeros
+    cfg = model.config
     tf = import_transformers()
     hf_config = tf.LlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
