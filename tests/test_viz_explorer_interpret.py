@@ -65,6 +65,10 @@ def test_page_is_offline_and_embeds_the_analyses_safely() -> None:
     assert data[0]["tokens"][3] == EVIL and data[0]["targets"][-1] is None
     assert data[0]["target_prob"][0][-1] is None and data[0]["target_rank"][0][-1] is None
     assert data[1]["signed"] and data[1]["view"] == 0 and data[1]["values"][1][0] == 1.5
+    assert data[1]["limit"] is None  # the scale's end: the largest |value| unless given
+    fixed = attention_html(_views(), analyses=[HeadGrid("scores", np.full((2, 3), 0.002),
+                                                         limit=1.0)])
+    assert _data(fixed)["analyses"][0]["limit"] == 1.0  # scores near 0 stay pale
 
 
 @pytest.mark.parametrize("analysis, match", [
@@ -74,6 +78,7 @@ def test_page_is_offline_and_embeds_the_analyses_safely() -> None:
     (PositionGrid("p", np.ones((2, 3)), ["a", "b"]), r"shape \(n, 2\)"),
     (LensView("l", ["a"], ["r"], [[["x", "y"]]], np.ones((1, 1, 3))), "top_tokens must be"),
     (HeadGrid("", np.ones((1, 1))), "name must be"),
+    (HeadGrid("g", np.ones((1, 1)), limit=0.0), "limit must be a finite number > 0"),
     ("a grid", "must be a LensView, HeadGrid or PositionGrid"),
 ])
 def test_bad_analyses_are_refused(analysis: Any, match: str) -> None:

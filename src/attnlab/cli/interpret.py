@@ -457,7 +457,7 @@ def heads(run, args: argparse.Namespace) -> tuple[Any, str, list, str | None]:
                         "mean attention on the position the job looks at)"]
     for stack, scores in result.scores.items():
         for name, value in scores.items():
-            grids.append(HeadGrid(f"head scores: {stack} {name}", value,
+            grids.append(HeadGrid(f"head scores: {stack} {name}", value, limit=1.0,
                                   note=f"{name.replace('_', '-')} score of each {stack} head"))
             lines.append(grid_table(f"{stack} {name.replace('_', '-')}", value))
     return result, "\n".join(lines), grids, args.text

@@ -18,6 +18,7 @@ import hashlib
 import html
 import json
 import logging
+import math
 import numbers
 import re
 from collections.abc import Mapping, Sequence
@@ -107,6 +108,8 @@ class HeadGrid:
         view: the name of the attention view a cell opens (default: the first that has the
             cell's layer and head).
         note: one line under the title saying what the numbers are.
+        limit: the value at the colour scale's end (head scores, 0..1: 1); default the
+            largest absolute value.
     """
 
     name: str
@@ -115,6 +118,7 @@ class HeadGrid:
     head_ids: Sequence[int] | None = None
     view: str | None = None
     note: str = ""
+    limit: float | None = None
 
 
 @dataclass
@@ -262,8 +266,12 @@ def _grid_payload(grid: HeadGrid | PositionGrid, where: str,
             extra["view"] = view_names.index(grid.view)
     if not isinstance(grid.note, str):
         raise ValueError(f"{where}.note must be a string, got {grid.note!r}")
+    limit = getattr(grid, "limit", None)
+    if limit is not None and not (isinstance(limit, numbers.Real) and math.isfinite(limit)
+                                  and limit > 0):
+        raise ValueError(f"{where}.limit must be a finite number > 0 or None, got {limit!r}")
     return {"name": grid.name, "note": grid.note, "values": _plain(arr),
-            "signed": bool((arr < 0).any()), **extra}
+            "signed": bool((arr < 0).any()), "limit": limit, **extra}
 
 
 def _analysis_payload(item: Any, index: int, view_names: list[str]) -> dict[str, Any]:
