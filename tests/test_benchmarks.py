@@ -361,3 +361,18 @@ def test_recipes_script_knows_where_the_data_of_every_shipped_recipe_is(tmp_path
         else:
             assert data in recipes.DATA and sets, f"{name}: no local files for data {data!r}"
             assert all(s.split("=", 1)[1].startswith(str(tmp_path)) for s in sets), sets
+
+
+def test_interpret_benchmark_quick_prints_every_part(capsys):
+    """benchmarks/interpret.py --quick: a 2-layer GPT-2 in attnlab and TransformerLens, each
+    part's table row, and grids that agree."""
+    pytest.importorskip("transformer_lens", reason="the peer is TransformerLens (a test "
+                        "dependency)")
+    script("interpret").main(["--quick", "--pairs", "1"])
+    out = capsys.readouterr().out
+    for part in ("(a) cache every site", "(b) head ablation", "(c) head patching grid"):
+        assert len(table_rows(out, part)) == 1, out
+    assert "(d) cache one site" in out and "(d) cache every site" in out
+    diffs = [float(line.rsplit(":", 1)[1]) for line in out.splitlines()
+             if "largest |attnlab - TransformerLens|" in line]
+    assert len(diffs) == 2 and max(diffs) < 1e-4
