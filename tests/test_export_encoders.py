@@ -225,7 +225,7 @@ def test_a_decoder_neither_gpt2_nor_llama_names_what_each_needs_and_what_it_has(
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("this decoder cannot be exported")
     assert "as GPT-2 it needs pos='learned' (got 'rope'); as Llama it needs" in msg
-    for needed in ("norm_type='rmsnorm' (got 'layernorm')", "ffn='swiglu' (got 'gelu')"):
+    for needed in ("norm_type='rmsnorm' (got 'layernorm')", "ffn='swiglu' or 'none' (got 'gelu')"):
         assert needed in msg.split("as Llama")[1]
 
 
