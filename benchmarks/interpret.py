@@ -252,6 +252,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, default=None, help="prompt tokens (default 64)")
     ap.add_argument("--mem-tokens", type=int, default=None, help="(d)'s tokens (default 1024)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--only", default="abcd", help="the parts to run, e.g. b or ad (default "
+                    "abcd)")
     args = ap.parse_args(argv)
     pairs = args.pairs or (2 if args.quick else 4)
     tokens = args.tokens or (16 if args.quick else 64)
@@ -270,12 +272,13 @@ def main(argv: list[str] | None = None) -> None:
         save_gpt2(folder, shape, max(1024, mem_tokens, tokens + 1))
         model, bridge, why = load_both(folder)
         ids = torch.randint(0, 50257, (1, tokens + 1), generator=torch.Generator().manual_seed(1))
-        rows = [part_cache(model, ids[:, :-1], pairs)]
+        rows = [part_cache(model, ids[:, :-1], pairs)] if "a" in args.only else []
         if bridge is None:
             print(f"(b), (c) skipped: TransformerLens cannot load the model ({why})")
         else:
-            rows += [part_ablate(model, bridge, ids, pairs), part_patch(model, bridge, ids, pairs)]
-        memory = part_memory(folder, mem_tokens)
+            rows += [part(model, bridge, ids, pairs) for key, part in
+                     (("b", part_ablate), ("c", part_patch)) if key in args.only]
+        memory = part_memory(folder, mem_tokens) if "d" in args.only else []
     print("\n| part | A (median s) | B (median s) | B/A median (range) | aim | met |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:
