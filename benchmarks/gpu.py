@@ -23,7 +23,7 @@ On one device, in one run:
 3. the loader: the same GPT-2-124M-shaped model with GPT-2's vocabulary, its batches read from
    a prepared corpus (``--prepared DIR``, windows through memory maps as ``attnlab train``
    reads them) against random ids made on the device, which cost no loading at all;
-4. ``pytest`` on the device: the whole suite, ``tests/test_cuda.py``'s device tests included
+4. ``pytest`` on the device: the whole suite, ``tests/train/test_cuda.py``'s device tests included
    (flash attention, fp16 with a GradScaler, nccl with one process), in parallel where
    pytest-xdist is installed.
 
@@ -321,7 +321,7 @@ def sampling(args, device: torch.device) -> list[tuple[str, int, float, float, b
 
 
 def run_pytest(device: torch.device, workers: int) -> str:
-    """The whole suite (tests/test_cuda.py's device tests run where CUDA is), in ``workers``
+    """The whole suite (tests/train/test_cuda.py's device tests run where CUDA is), in ``workers``
     processes when pytest-xdist is installed; the summary line and every failure's line."""
     import importlib.util
 

@@ -95,7 +95,7 @@ class Muon(torch.optim.Optimizer):
     made orthogonal (:func:`orthogonalize`), with decoupled weight decay. The step is scaled by
     ``0.2 * sqrt(max(rows, cols))``, the RMS of an AdamW step (Liu et al. 2025), so AdamW's
     learning rate and weight decay serve it too. The same update as ``torch.optim.Muon`` with
-    ``adjust_lr_fn="match_rms_adamw"`` (tests/test_muon.py), which iterates in bf16 always;
+    ``adjust_lr_fn="match_rms_adamw"`` (tests/train/test_muon.py), which iterates in bf16 always;
     here ``ns_dtype`` chooses (the trainer: bf16 when it trains in bf16, else fp32, as a CPU
     without bf16 units runs bf16 products many times slower)."""
 

@@ -28,7 +28,7 @@ PAIRS = [(f"ein {w} hund {i}", f"a {w} dog {i}") for i, w in
 SENTENCES = [(f"a {'good' if i % 2 else 'bad'} movie number {i}", i % 2) for i in range(60)]
 
 TINY = {"d_model": 32, "n_heads": 2, "n_layers": 1, "dropout": 0.1, "norm": "pre"}
-# the training loop on a CPU (tests/test_cuda.py has the device's own tests)
+# the training loop on a CPU (tests/train/test_cuda.py has the device's own tests)
 TRAIN = {"device": "cpu", "precision": "fp32", "progress": False, "tensorboard": False,
          "log_every": 1, "warmup_steps": 2, "lr": 3e-3, "seed": 3}
 

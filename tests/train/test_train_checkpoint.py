@@ -158,7 +158,7 @@ def test_load_run_gives_the_data_section_and_label_names(tmp_path):
     run = load_run(classifier_run(tmp_path / "cls"))
     assert run.data["label_names"] == ["neg", "neutral", "pos"]
     assert run.label_names == ["neg", "neutral", "pos"]
-    # no names: the class ids stand in (names that do not fit n_classes: tests/test_cli_use.py)
+    # no names: the class ids stand in (names that do not fit n_classes: tests/cli/test_cli_use.py)
     (tmp_path / "cls2").mkdir()
     RunDir(tmp_path / "cls2").write_config({**run.config, "data": {}})
     RunDir(tmp_path / "cls2").save_checkpoint("best", run.model)

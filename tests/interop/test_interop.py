@@ -271,7 +271,7 @@ def test_bert_hidden_states_match(tmp_path) -> None:
 
 
 def test_bert_other_heads_are_refused() -> None:
-    """BertForSequenceClassification converts (tests/test_export_encoders.py); other heads
+    """BertForSequenceClassification converts (tests/interop/test_export_encoders.py); other heads
     do not, but their encoder does."""
     model = transformers.BertForMaskedLM(_small_bert_config())
     with pytest.raises(ValueError, match="model.bert"):

@@ -1,7 +1,7 @@
 """The speed layer: attention kernels for bf16/fp16 on a CPU (the core's ``sdpa`` slot), the
 output projection fused with its loss (the ``head_loss`` slot), and that the core imports none
 of it. The probes of the decoding steps are tested with decoding
-(tests/test_generate.py), training's precision probe in tests/test_precision.py."""
+(tests/decoding/test_generate.py), training's precision probe in tests/train/test_precision.py."""
 
 import functools
 

@@ -1,7 +1,7 @@
 """The explorer's analysis views: logit lens, head grids and patching heatmaps.
 
 The page checks need nothing; the browser test drives a headless Chromium as
-tests/test_viz_browser.py does (skipped, with the reason, when chromium is absent) and saves
+tests/viz/test_viz_browser.py does (skipped, with the reason, when chromium is absent) and saves
 a screenshot of each view in /tmp/explorer_shots/.
 """
 

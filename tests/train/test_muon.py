@@ -1,7 +1,7 @@
 """train.optimizer = "muon": which parameters Muon takes, its step against a NumPy reference
 of the algorithm (Jordan et al. 2024; the AdamW-matched step size of Liu et al. 2025) and
 against torch.optim.Muon, the AdamW half against torch.optim.AdamW (resume:
-tests/test_train_loop.py). CPU, tiny models."""
+tests/train/test_train_loop.py). CPU, tiny models."""
 
 from __future__ import annotations
 
