@@ -491,3 +491,28 @@ def test_kill_after_last_before_its_metrics_row_loses_no_row(tmp_path, monkeypat
     again = read_metrics(tmp_path / "killed" / "metrics.csv")
     key = ("step", "train_loss", "val_loss")
     assert [[r[k] for k in key] for r in again] == [[r[k] for k in key] for r in whole]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 trains where CUDA is")
+def test_fp16_without_cuda_is_one_line_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(synth(out, 1, "--set", "train.precision=fp16")) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "train.precision='fp16' needs CUDA" in err[0], err
+    assert "internal error" not in err[0] and not out.exists()
+
+
+def test_every_command_with_a_device_defaults_to_auto():
+    """train, eval, sample, translate, classify, ...: one default, `auto` (CUDA, else MPS,
+    else the CPU)."""
+    from attnlab.cli import build_parser
+
+    parser = build_parser()
+    seen = []
+    for action in parser._subparsers._group_actions:
+        for name, sub in action.choices.items():
+            for a in sub._actions:
+                if "--device" in a.option_strings:
+                    seen.append((name, a.default))
+    assert len(seen) >= 4, seen
+    assert {d for _, d in seen} == {"auto"}, seen

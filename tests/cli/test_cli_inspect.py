@@ -421,3 +421,27 @@ def test_info_memory_is_in_the_runs_precision_and_an_encoder_has_no_kv_cache(run
     assert want.inference_memory_bytes == 2 * n + want.kv_cache_bytes
     assert got["memory, training (bf16 autocast, fp32 weights + AdamW)"] == human_bytes(
         want.train_memory_bytes)
+
+
+def test_viz_of_a_big_grid_says_what_it_draws_and_how_to_draw_less(tmp_path, capsys):
+    """Dozens of heatmaps take seconds to draw: the command says how many and names
+    --layer / --head first (a small grid draws without a word)."""
+    from attnlab.cli.inspect import BIG_GRID
+
+    tok = CharTokenizer.from_text(TEXT)
+    cfg = ModelConfig(family="decoder", vocab_size=tok.vocab_size, d_model=16, n_heads=4,
+                      n_layers=7, max_len=40, dropout=0.0)
+    assert cfg.n_layers * cfg.n_heads > BIG_GRID
+    torch.manual_seed(0)
+    run = RunDir(tmp_path / "big")
+    (tmp_path / "big").mkdir()
+    run.write_config({"model": cfg.to_dict(), "data": {}, "train": {}})
+    run.save_tokenizer(tok)
+    run.save_checkpoint("best", build_model(cfg))
+    assert main(["viz", "attention", str(tmp_path / "big"), "--text", "the fox",
+                 "--out", str(tmp_path / "a.png")]) == 0
+    err = capsys.readouterr().err
+    assert "7 layers x 4 heads = 28 heatmaps" in err and "--layer" in err
+    assert main(["viz", "attention", str(tmp_path / "big"), "--text", "the fox", "--layer", "0",
+                 "--out", str(tmp_path / "b.png")]) == 0
+    assert "heatmaps" not in capsys.readouterr().err

@@ -394,3 +394,24 @@ def test_attention_html_refuses_huge_pages() -> None:
     tokens = [str(i) for i in range(512)]
     with pytest.raises(ValueError, match=r"over the 20 MB limit.*fewer layers/heads"):
         viz.attention_html([viz.AttentionView("big", tokens, tokens, huge)])
+
+
+def test_plot_attention_labels_only_the_outer_panels(tmp_path: Path, monkeypatch) -> None:
+    """The grid's panels share their token axes: only the bottom row and the left column
+    carry ticks (ticks on every panel made a 6 x 12 grid take half a minute to lay out)."""
+    from attnlab.viz import attention
+
+    drawn = {}
+    save = attention.save_figure
+    monkeypatch.setattr(attention, "save_figure",
+                        lambda fig, path: drawn.setdefault("fig", fig) and save(fig, path))
+    viz.plot_attention(_attention((3, 4, 6, 6)), list("abcdef"), list("uvwxyz"),
+                       tmp_path / "g.png")
+    axes = [ax for ax in drawn["fig"].axes if ax.images]  # the panels, not the colorbar
+    assert len(axes) == 12
+    for i, ax in enumerate(axes):
+        layer, head = divmod(i, 4)
+        assert bool(len(ax.get_xticks())) == (layer == 2), (layer, head)
+        assert bool(len(ax.get_yticks())) == (head == 0), (layer, head)
+    assert [t.get_text() for t in axes[8].get_xticklabels()] == list("uvwxyz")
+    assert [t.get_text() for t in axes[0].get_yticklabels()] == list("abcdef")

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_viz_browser import CHROMIUM, EVIL, Chromium
 
 from attnlab.viz import AttentionView
 from attnlab.viz.explorer import HeadGrid, LensView, PositionGrid, attention_html
 from attnlab.viz.explorer import write_attention_html as write_page
-from test_viz_browser import CHROMIUM, EVIL, Chromium
 
 SHOTS = Path("/tmp/explorer_shots")
 TOKENS = ["<bos>", "the", " cat", EVIL, " sat", "."]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import tomllib
 from pathlib import Path
 
@@ -224,6 +225,10 @@ def collect_views(run, args) -> list:
     return views
 
 
+# More heatmaps than this in one grid take seconds to draw; the command says so first.
+BIG_GRID = 24
+
+
 def cmd_viz_attention(args: argparse.Namespace) -> int:
     """Draw a run's attention on ``--text``: heatmaps (``--out``) and/or the HTML explorer
     (``--html``); every output path is checked before anything is computed."""
@@ -253,6 +258,11 @@ def cmd_viz_attention(args: argparse.Namespace) -> int:
         for v in views:
             path = out if len(views) == 1 else out.with_name(
                 f"{out.stem}_{v.name.split()[0].split('-')[0]}{out.suffix}")
+            n_layers, n_heads = v.weights.shape[:2]
+            if n_layers * n_heads > BIG_GRID:  # seconds of drawing: say what is going on
+                print(f"drawing {v.name}: {n_layers} layers x {n_heads} heads = "
+                      f"{n_layers * n_heads} heatmaps (--layer N / --head N draw fewer)",
+                      file=sys.stderr, flush=True)
             viz.plot_attention(v.weights, v.query_tokens, v.key_tokens, path,
                                layer_labels=v.layer_ids, head_labels=v.head_ids, title=v.name)
             print(path)

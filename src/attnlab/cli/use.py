@@ -25,7 +25,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="a training run dir (the --out of `attnlab train`)")
     p.add_argument("--checkpoint", default="best",
                    help="'best' (default; falls back to 'last'), 'last', or a .safetensors file")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+    p.add_argument("--device", default="auto",
+                   help="auto (default: CUDA, else MPS, else cpu), cpu, cuda, ...")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

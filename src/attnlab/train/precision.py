@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError
 from ..speed import probe
 
 CANDIDATES = ("fp32", "bf16")
@@ -104,6 +105,6 @@ def resolve_precision(name: str, device: torch.device,
             return measure()
         return "fp32"
     if name == "fp16" and device.type != "cuda":
-        raise ValueError(f"train.precision='fp16' needs CUDA (loss scaling), not "
+        raise ConfigError(f"train.precision='fp16' needs CUDA (loss scaling), not "
                          f"{device.type}; allowed here: 'bf16', 'fp32' or 'auto'")
     return name
