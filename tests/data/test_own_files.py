@@ -104,6 +104,18 @@ def test_a_quoted_glob_is_expanded_by_attnlab_sorted(tmp_path, monkeypatch):
     assert text_of(out) == CODE
 
 
+def test_a_prepared_dir_inside_a_folder_is_not_read_as_its_text(tmp_path, monkeypatch):
+    folder = project(tmp_path / "mytext")
+    monkeypatch.chdir(folder)
+    first = prepare(["."], "prepared", "char", workers=1)  # an --out inside the folder
+    again = prepare(["."], "prepared2", "char", workers=1)
+    assert names(first, ".") == names(again, ".") == [
+        "README.md", "main.py", "pkg/util.py"]
+    with pytest.raises(DataError, match=r"folder prepared is a prepared data dir \(token ids, "
+                       r"not text\): train on it with --set data.path=prepared"):
+        prepare(["prepared"], "p3", "char", workers=1)
+
+
 def test_include_and_exclude_choose_among_a_folders_files(tmp_path):
     folder = project(tmp_path / "mytext")
     (folder / "tests").mkdir()

@@ -53,8 +53,8 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
                         "finish it")
     if not (path / MANIFEST).is_file():
         raise DataError(f"{path} is not a prepared data dir: it has no {MANIFEST}; make one "
-                        f"with `attnlab data prepare {path} --out DIR` (or, if an `attnlab data "
-                        "prepare --out` of it was interrupted, run that again to finish)")
+                        "with `attnlab data prepare SRC... --out DIR` (translation pairs: "
+                        "`attnlab data prepare SRC --target TGT --out DIR`) and give DIR")
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

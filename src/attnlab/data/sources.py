@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab.data.errors import DataError, DataFileNotFoundError
+from attnlab.data.shards import MANIFEST, PLAN
 
 FORMATS = (".txt", ".jsonl", ".json", ".parquet", ".csv", ".tsv")
 COMPRESSIONS = (".gz", ".zst")
@@ -162,12 +163,22 @@ def _why_none(where: str | Path, found: Found, include: Sequence[str],
 
 
 def _walk(folder: Path) -> list[Path]:
-    """Every file below ``folder``, sorted; hidden files and folders (``.git``) left out."""
+    """Every file below ``folder``, sorted; hidden files and folders (``.git``) and prepared
+    DIRs (an earlier ``--out``: token ids, not text) left out."""
+    if _is_prepared(folder):
+        raise DataError(f"folder {folder} is a prepared data dir (token ids, not text): train "
+                        f"on it with --set data.path={folder}, or name the text files it was "
+                        "made from")
     files = []
     for root, dirs, names in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")
+                         and not _is_prepared(Path(root) / d))
         files += [Path(root) / n for n in sorted(names) if not n.startswith(".")]
     return sorted(f for f in files if f.is_file())
+
+
+def _is_prepared(folder: Path) -> bool:
+    return (folder / MANIFEST).is_file() or (folder / PLAN).is_file()
 
 
 def _matches(path: Path, base: Path | None, patterns: Sequence[str], folders: bool) -> bool:
