@@ -111,6 +111,7 @@ def test_a_prepared_dir_inside_a_folder_is_not_read_as_its_text(tmp_path, monkey
     again = prepare(["."], "prepared2", "char", workers=1)
     assert names(first, ".") == names(again, ".") == [
         "README.md", "main.py", "pkg/util.py"]
+    assert names(prepare(["*"], "p4", "char", workers=1), ".") == names(first, ".")
     with pytest.raises(DataError, match=r"folder prepared is a prepared data dir \(token ids, "
                        r"not text\): train on it with --set data.path=prepared"):
         prepare(["prepared"], "p3", "char", workers=1)

@@ -134,7 +134,8 @@ def scan(specs: Sequence[str | Path] | str | Path, include: Sequence[str] = (),
             picked = [source_of(path, ".txt")]
         elif glob.has_magic(str(spec)):
             matches = sorted(Path(p) for p in glob.glob(str(spec), recursive=True))
-            files = [f for m in matches for f in (_walk(m) if m.is_dir() else [m])]
+            files = [f for m in matches if not _is_prepared(m)  # (an --out it matches)
+                     for f in (_walk(m) if m.is_dir() else [m])]
             if not files:
                 raise DataFileNotFoundError(f"no file matches the pattern {spec} (relative to "
                                             f"{Path.cwd()}); allowed: a pattern that matches "
