@@ -124,12 +124,12 @@ def scan(specs: Sequence[str | Path] | str | Path, include: Sequence[str] = (),
     found = Found([])
     seen: set[Path] = set()
     for spec in specs:
-        path = Path(spec)
+        path, skipped = Path(spec), Found([])  # (what this spec skips)
         if path.is_dir():
-            picked = _pick(_walk(path), path, include, exclude, errors, found)
+            picked = _pick(_walk(path), path, include, exclude, errors, skipped)
             if not picked:
                 raise DataError(f"folder {path} holds no file attnlab can read"
-                                + _why_none(path, found, include, exclude))
+                                + _why_none(skipped, include, exclude))
         elif path.exists():
             picked = [source_of(path, ".txt")]
         elif glob.has_magic(str(spec)):
@@ -140,12 +140,14 @@ def scan(specs: Sequence[str | Path] | str | Path, include: Sequence[str] = (),
                 raise DataFileNotFoundError(f"no file matches the pattern {spec} (relative to "
                                             f"{Path.cwd()}); allowed: a pattern that matches "
                                             "files, such as 'mytext/*.py' or 'docs/**/*.md'")
-            picked = _pick(files, None, include, exclude, errors, found)
+            picked = _pick(files, None, include, exclude, errors, skipped)
             if not picked:
                 raise DataError(f"the pattern {spec} matches no file attnlab can read"
-                                + _why_none(spec, found, include, exclude))
+                                + _why_none(skipped, include, exclude))
         else:
             raise DataFileNotFoundError(f"source {path} does not exist")
+        found.binary += skipped.binary
+        found.empty += skipped.empty
         for source in picked:
             if source.path not in seen:
                 seen.add(source.path)
@@ -153,8 +155,7 @@ def scan(specs: Sequence[str | Path] | str | Path, include: Sequence[str] = (),
     return found
 
 
-def _why_none(where: str | Path, found: Found, include: Sequence[str],
-              exclude: Sequence[str]) -> str:
+def _why_none(found: Found, include: Sequence[str], exclude: Sequence[str]) -> str:
     skipped = found.skipped_line()
     filters = " ".join([f"--include {shlex.quote(p)}" for p in include]
                        + [f"--exclude {shlex.quote(p)}" for p in exclude])
@@ -221,8 +222,11 @@ def _sniff(source: Source, errors: str) -> str:
         with source.open() as f:
             head = f.read(SNIFF)
             whole = len(head) < SNIFF or not f.read(1)
-    except (OSError, ValueError):  # a compressed file that does not decompress
-        return "binary"
+    except (OSError, ValueError) as e:
+        if source.compression:  # a .gz / .zst that does not decompress: not text
+            return "binary"
+        raise DataError(f"{source.path} cannot be read ({getattr(e, 'strerror', e)}); "
+                        "allowed: files you may read") from None
     if b"\0" in head:
         return "binary"
     if errors == "strict":
