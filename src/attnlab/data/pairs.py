@@ -450,10 +450,10 @@ def prepare_pairs_cached(src_file: str | Path, tgt_file: str | Path, cache_dir: 
                            pre_tokenizer=pre_tokenizer, src_add_special=src_add_special)
     if (out / MANIFEST).is_file():
         return out
-    _check_files(Path(src_file), Path(tgt_file))  # before a word is said or a file written
     out.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(out.with_name(out.name + ".lock")):
+    with file_lock(out.with_name(out.name + ".lock")):  # (removed again, whatever happens)
         if not (out / MANIFEST).is_file():
+            _check_files(Path(src_file), Path(tgt_file))  # before a word is said
             log.info("preparing %s and %s once into %s", src_file, tgt_file, out)
             small = one_process_suffices(Path(src_file)) and one_process_suffices(Path(tgt_file))
             prepare_pairs([src_file], [tgt_file], out, tokenizer, vocab_size=vocab_size,

@@ -530,9 +530,10 @@ def prepare_cached(path: str | Path, cache_dir: str | Path, tokenizer: str | Tok
     ``cache_dir/prepared/``, made once.
 
     The key is the files' content hashes and the tokenizer settings: a second call reads no
-    text and tokenizes nothing; a changed file gets a new DIR. The text is checked before
-    anything is written or said (nothing is left behind by bad input). Processes that ask at
-    once (the ranks of a distributed run) wait for the one that prepares it.
+    text and tokenizes nothing; a changed file gets a new DIR. The text is read through once
+    before anything is said or tokenized: bad input is one line and leaves nothing in the
+    cache. Processes that ask at once (the ranks of a distributed run) wait for the one that
+    prepares it (and checks the text).
     """
     path = Path(path)
     found = _raw_sources(path)
@@ -549,22 +550,28 @@ def prepare_cached(path: str | Path, cache_dir: str | Path, tokenizer: str | Tok
         out = Path(cache_dir) / "prepared" / f"{path.stem}-{sha256_of(path)[:16]}-{key}"
     if (out / MANIFEST).is_file():
         return out
-    for source in found:  # bad text stops here: before a word is said or a file written
-        try:
-            check_source(source)
-        except NotUTF8Error as e:
-            raise DataError(f"{e.fact}; convert it to UTF-8, or prepare {path} with `attnlab "
-                            f"data prepare {shlex.quote(str(path))} --errors replace --out DIR` "
-                            "(U+FFFD in its place) and give DIR in its place") from None
     out.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(out.with_name(out.name + ".lock")):
+    with file_lock(out.with_name(out.name + ".lock")):  # (removed again, whatever happens)
         if not (out / MANIFEST).is_file():
+            _check_raw(path, found)  # bad text stops here: before a word is said
             log.info("preparing %s once into %s", path, out)
             prepare([path], out, tokenizer, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer,
                     val_fraction=val_fraction,
                     workers=1 if sum(s.path.stat().st_size for s in found) < 4 * PIECE_BYTES
                     else 0)  # one process is quicker than starting more
     return out
+
+
+def _check_raw(path: Path, found: list[Source]) -> None:
+    """Read the sources of :func:`prepare_cached` through once; the first bad one is one line
+    that says what `attnlab train` can do about it."""
+    for source in found:
+        try:
+            check_source(source)
+        except NotUTF8Error as e:
+            raise DataError(f"{e.fact}; convert it to UTF-8, or prepare {path} with `attnlab "
+                            f"data prepare {shlex.quote(str(path))} --errors replace --out DIR` "
+                            "(U+FFFD in its place) and give DIR in its place") from None
 
 
 def _raw_sources(path: Path) -> list[Source]:
