@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab.data.errors import DataError, DataFileNotFoundError
-from attnlab.data.shards import MANIFEST, PLAN
+from attnlab.data.shards import is_token_dir
 
 FORMATS = (".txt", ".jsonl", ".json", ".parquet", ".csv", ".tsv")
 COMPRESSIONS = (".gz", ".zst")
@@ -134,7 +134,7 @@ def scan(specs: Sequence[str | Path] | str | Path, include: Sequence[str] = (),
             picked = [source_of(path, ".txt")]
         elif glob.has_magic(str(spec)):
             matches = sorted(Path(p) for p in glob.glob(str(spec), recursive=True))
-            files = [f for m in matches if not _is_prepared(m)  # (an --out it matches)
+            files = [f for m in matches if not is_token_dir(m)  # (an --out it matches)
                      for f in (_walk(m) if m.is_dir() else [m])]
             if not files:
                 raise DataFileNotFoundError(f"no file matches the pattern {spec} (relative to "
@@ -167,20 +167,16 @@ def _why_none(found: Found, include: Sequence[str], exclude: Sequence[str]) -> s
 def _walk(folder: Path) -> list[Path]:
     """Every file below ``folder``, sorted; hidden files and folders (``.git``) and prepared
     DIRs (an earlier ``--out``: token ids, not text) left out."""
-    if _is_prepared(folder):
+    if is_token_dir(folder):
         raise DataError(f"folder {folder} is a prepared data dir (token ids, not text): train "
                         f"on it with --set data.path={folder}, or name the text files it was "
                         "made from")
     files = []
     for root, dirs, names in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".")
-                         and not _is_prepared(Path(root) / d))
+                         and not is_token_dir(Path(root) / d))
         files += [Path(root) / n for n in sorted(names) if not n.startswith(".")]
     return sorted(f for f in files if f.is_file())
-
-
-def _is_prepared(folder: Path) -> bool:
-    return (folder / MANIFEST).is_file() or (folder / PLAN).is_file()
 
 
 def _matches(path: Path, base: Path | None, patterns: Sequence[str], folders: bool) -> bool:
