@@ -171,7 +171,7 @@ def test_folders_and_globs_and_several_sources(tmp_path):
     (tmp_path / "in" / "sub").mkdir(parents=True)
     (tmp_path / "in" / "a.txt").write_text("first file\n")
     (tmp_path / "in" / "sub" / "b.txt").write_text("second file\n")
-    (tmp_path / "in" / "notes.md").write_text("not read: another format")
+    (tmp_path / "in" / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")  # binary: skipped
     out = prepare([tmp_path / "in"], tmp_path / "p", "char", val_fraction=0.0)
     m = read_manifest(out)
     assert [os.path.basename(s["path"]) for s in m["sources"]] == ["a.txt", "b.txt"]

@@ -154,11 +154,19 @@ def _register_data(subparsers: argparse._SubParsersAction) -> None:
 def _register_prepare(sub: argparse._SubParsersAction) -> None:
     pr = sub.add_parser(
         "prepare", help="tokenize a corpus once into token shards that training reads",
-        description="Tokenize text files (.txt, .jsonl, .json, .parquet, .csv, .tsv; "
-        ".gz/.zst too), folders or glob patterns on every core into a prepared DIR of "
-        "uint16/uint32 token shards; train on it with `attnlab train RECIPE --set "
-        "data.path=DIR`. Interrupted, the same command continues where it stopped.")
-    pr.add_argument("sources", nargs="+", metavar="SRC", help="files, folders or globs")
+        description="Tokenize files (UTF-8 text of any name, .jsonl, .json, .parquet, .csv, "
+        ".tsv; .gz/.zst too), folders (every text file below them, binary and hidden ones "
+        "skipped) or quoted glob patterns on every core into a prepared DIR of uint16/uint32 "
+        "token shards; train on it with `attnlab train RECIPE --set data.path=DIR`. "
+        "Interrupted, the same command continues where it stopped.")
+    pr.add_argument("sources", nargs="+", metavar="SRC",
+                    help="files, folders or glob patterns (quoted: 'mytext/**/*.py')")
+    pr.add_argument("--include", action="append", default=[], metavar="GLOB",
+                    help="of the files of folders and patterns, read only those whose name or "
+                    "path below the folder matches (repeatable; e.g. '*.py')")
+    pr.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                    help="of the files of folders and patterns, leave out those whose name or "
+                    "path, or a folder's above them, matches (repeatable; e.g. 'tests')")
     pr.add_argument("--target", nargs="+", default=None, metavar="TGT",
                     help="translation: line-aligned target files, one per SRC (line i of a "
                     "TGT translates line i of its SRC); prepares sentence pairs")
@@ -460,7 +468,8 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
         return _prepare_pairs(args, tokenizer, common)
     if args.src_add_special:
         raise UsageError("--src-add-special is for sentence pairs: give --target files too")
-    out = prepare(args.sources, args.out, tokenizer, text_field=args.text_field, **common)
+    out = prepare(args.sources, args.out, tokenizer, text_field=args.text_field,
+                  include=args.include, exclude=args.exclude, **common)
     m = read_manifest(out)
     splits = ", ".join(f"{k} {v['tokens']:,} tokens ({v['documents']:,} document"
                        f"{'' if v['documents'] == 1 else 's'})" for k, v in m["splits"].items())
@@ -473,6 +482,9 @@ def _prepare_pairs(args: argparse.Namespace, tokenizer, common: dict) -> int:
     """``data prepare SRC... --target TGT...``: line-aligned translation pairs."""
     from ..data.pairs import prepare_pairs, read_pairs_manifest
 
+    if args.include or args.exclude:
+        raise UsageError("--include and --exclude choose among the files of folders; sentence "
+                         "pairs (--target) are named file by file: give SRC and TGT files only")
     if len(args.target) != len(args.sources):
         raise UsageError(f"--target names {len(args.target)} file(s) for {len(args.sources)} "
                          "SRC file(s); allowed: one target file per source file, in order")

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import random
+import shlex
 import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from attnlab.data.prepare import (
     write_shard,
 )
 from attnlab.data.shards import DTYPES, FORMAT, MANIFEST, TOKENIZER, read_manifest, token_dtype
+from attnlab.data.sources import NotUTF8Error, check_source, source_of
 from attnlab.errors import VocabularyError
 from attnlab.files import atomic_write_json
 from attnlab.tokenizers import SPECIALS, BPETokenizer, CharTokenizer, Tokenizer
@@ -449,14 +451,28 @@ def prepare_pairs_cached(src_file: str | Path, tgt_file: str | Path, cache_dir: 
     if (out / MANIFEST).is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(out.with_name(out.name + ".lock")):
+    with file_lock(out.with_name(out.name + ".lock")):  # (removed again, whatever happens)
         if not (out / MANIFEST).is_file():
+            _check_files(Path(src_file), Path(tgt_file))  # before a word is said
             log.info("preparing %s and %s once into %s", src_file, tgt_file, out)
             small = one_process_suffices(Path(src_file)) and one_process_suffices(Path(tgt_file))
             prepare_pairs([src_file], [tgt_file], out, tokenizer, vocab_size=vocab_size,
                           pre_tokenizer=pre_tokenizer, src_add_special=src_add_special,
                           workers=1 if small else 0)
     return out
+
+
+def _check_files(src: Path, tgt: Path) -> None:
+    """Bad raw pairs stop here, in one line: files of unequal length, or not UTF-8 text."""
+    aligned_lines(src, tgt)
+    for path in (src, tgt):
+        try:
+            check_source(source_of(path, ".txt"))
+        except NotUTF8Error as e:
+            raise DataError(
+                f"{e.fact}; convert it to UTF-8, or prepare the pairs with `attnlab data prepare "
+                f"{shlex.quote(str(src))} --target {shlex.quote(str(tgt))} --errors replace "
+                "--out DIR` (U+FFFD in its place) and give DIR as data.path") from None
 
 
 # ---- reading a prepared DIR ------------------------------------------------------------------

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import random
+import shlex
 import shutil
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -31,8 +32,18 @@ import numpy as np
 from attnlab.config import check_int
 from attnlab.data.errors import DataError
 from attnlab.data.fetch import sha256_of
-from attnlab.data.shards import FORMAT, MANIFEST, TOKENIZER, read_manifest, token_dtype
-from attnlab.data.sources import ERRORS, Source, documents, find_sources, text_blocks_at, text_size
+from attnlab.data.shards import FORMAT, MANIFEST, PLAN, TOKENIZER, read_manifest, token_dtype
+from attnlab.data.sources import (
+    ERRORS,
+    NotUTF8Error,
+    Source,
+    check_source,
+    documents,
+    find_sources,
+    scan,
+    text_blocks_at,
+    text_size,
+)
 from attnlab.files import atomic_write_bytes, atomic_write_json
 from attnlab.tokenizers import (
     BPETokenizer,
@@ -49,7 +60,6 @@ TOKENIZER_KINDS = ("char", "bpe", "gpt2")
 PIECE_BYTES = 1 << 22  # text per shard: small enough to keep every core busy, large enough
 # that a GB corpus is a few hundred files
 SAMPLE_BYTES = 100 << 20  # text a BPE vocabulary is trained on
-PLAN = ".plan.json"  # the settings of an unfinished prepare, to resume only the same one
 
 
 class DiskFullError(DataError):
@@ -289,7 +299,7 @@ def build_tokenizer(sources: Sequence[str | Path], kind: str, *, vocab_size: int
     """A new tokenizer of ``kind`` for the text of ``sources``, as :func:`prepare` makes one:
     ``char`` (every character, ``<eos>`` when there is more than one document), ``bpe``
     (trained on at most ``SAMPLE_BYTES``, an equal share of each source) or ``gpt2``."""
-    pieces = _Pieces(find_sources(sources), 0.0, 0, text_field, errors, PIECE_BYTES)
+    pieces = _Pieces(find_sources(sources, errors=errors), 0.0, 0, text_field, errors, PIECE_BYTES)
     return _build_tokenizer(kind, pieces, vocab_size, pre_tokenizer)
 
 
@@ -309,12 +319,13 @@ def prepare(sources: Sequence[str | Path] | str | Path, out: str | Path,
             tokenizer: str | Tokenizer = "char", *, vocab_size: int = 8000,
             pre_tokenizer: str = "byte_level", val_fraction: float = 0.1,
             text_field: str = "text", seed: int = 1337, workers: int = 0,
-            errors: str = "strict", progress: bool = False,
-            piece_bytes: int = PIECE_BYTES) -> Path:
+            errors: str = "strict", progress: bool = False, include: Sequence[str] = (),
+            exclude: Sequence[str] = (), piece_bytes: int = PIECE_BYTES) -> Path:
     """Tokenize ``sources`` into the prepared DIR ``out`` and return its path.
 
     Args:
-        sources: files, folders or glob patterns (see :mod:`attnlab.data.sources`).
+        sources: files, folders or glob patterns (see :func:`attnlab.data.sources.scan`:
+            a folder's text files of any name are read, its binary files skipped).
         out: the DIR to write; an unfinished one of the same arguments is resumed.
         tokenizer: ``"char"``, ``"bpe"`` (``vocab_size``, ``pre_tokenizer``), ``"gpt2"``,
             or a tokenizer (a run's).
@@ -324,6 +335,8 @@ def prepare(sources: Sequence[str | Path] | str | Path, out: str | Path,
         workers: tokenizing processes; 0 = one per core.
         errors: ``"strict"`` (an undecodable byte is an error) or ``"replace"``.
         progress: show a progress bar (MB/s, tokens) on stderr.
+        include, exclude: glob patterns that choose among the files of folders and patterns
+            (a file named on its own is read).
 
     Returns:
         ``out``, laid out as::
@@ -335,12 +348,13 @@ def prepare(sources: Sequence[str | Path] | str | Path, out: str | Path,
             DIR/val/000003.bin
 
         A row of ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` / ``.tsv`` is a
-        document that goes to val with probability ``val_fraction`` (seeded); a ``.txt``
-        file is one long document whose last ``val_fraction`` goes to val, as nanoGPT splits
-        Tiny Shakespeare. The tokenizer's end-of-text id follows every document (``char``
-        adds ``<eos>`` when there is more than one). Each shard is written atomically and
-        ``prepared.json`` last: a killed prepare leaves no DIR that looks complete, and the
-        same call again keeps the finished shards and tokenizes only the rest.
+        document that goes to val with probability ``val_fraction`` (seeded); a text file
+        (``.txt`` or any other name) is one long document whose last ``val_fraction`` goes
+        to val, as nanoGPT splits Tiny Shakespeare. The tokenizer's end-of-text id follows
+        every document (``char`` adds ``<eos>`` when there is more than one). Each shard is
+        written atomically and ``prepared.json`` last: a killed prepare leaves no DIR that
+        looks complete, and the same call again keeps the finished shards and tokenizes only
+        the rest.
     """
     check_args(val_fraction, seed, workers, errors, vocab_size)
     out = Path(out)
@@ -349,7 +363,8 @@ def prepare(sources: Sequence[str | Path] | str | Path, out: str | Path,
         return _prepare(sources, out, tokenizer, vocab_size=vocab_size,
                         pre_tokenizer=pre_tokenizer, val_fraction=val_fraction,
                         text_field=text_field, seed=seed, workers=workers, errors=errors,
-                        progress=progress, piece_bytes=piece_bytes)
+                        progress=progress, include=include, exclude=exclude,
+                        piece_bytes=piece_bytes)
     except DiskFullError:
         raise  # the finished shards stay: the same command continues once there is space
     except DataError:
@@ -360,9 +375,10 @@ def prepare(sources: Sequence[str | Path] | str | Path, out: str | Path,
 
 def _prepare(sources: Sequence[str | Path] | str | Path, out: Path, tokenizer: str | Tokenizer,
              *, vocab_size: int, pre_tokenizer: str, val_fraction: float, text_field: str,
-             seed: int, workers: int, errors: str, progress: bool, piece_bytes: int) -> Path:
+             seed: int, workers: int, errors: str, progress: bool, include: Sequence[str],
+             exclude: Sequence[str], piece_bytes: int) -> Path:
     """:func:`prepare` of checked arguments: plan, tokenizer, shards, manifest last."""
-    found = find_sources(sources)
+    found = _found(sources, include, exclude, errors)
     workers = workers or usable_cores()
     described = [{"path": str(s.path.resolve()), "bytes": s.path.stat().st_size,
                   "sha256": sha256_of(s.path)} for s in found]
@@ -410,6 +426,16 @@ def _prepare(sources: Sequence[str | Path] | str | Path, out: Path, tokenizer: s
     atomic_write_json(out / MANIFEST, manifest)
     (out / PLAN).unlink(missing_ok=True)
     return out
+
+
+def _found(sources: Sequence[str | Path] | str | Path, include: Sequence[str],
+           exclude: Sequence[str], errors: str) -> list[Source]:
+    """The sources to read; says which files of folders and patterns it skips."""
+    scanned = scan(sources, include, exclude, errors)
+    if scanned.skipped_line():
+        n = len(scanned.sources)
+        log.info("%s; reading %d file%s", scanned.skipped_line(), n, "" if n == 1 else "s")
+    return scanned.sources
 
 
 def start(out: Path, plan: dict[str, Any]) -> bool:
@@ -500,28 +526,64 @@ def progress_bar(show: bool, total: int):
 def prepare_cached(path: str | Path, cache_dir: str | Path, tokenizer: str | Tokenizer = "char",
                    *, vocab_size: int = 8000, pre_tokenizer: str = "byte_level",
                    val_fraction: float = 0.1) -> Path:
-    """The prepared DIR of the text file ``path`` under ``cache_dir/prepared/``, made once.
+    """The prepared DIR of the text file (or folder of text files) ``path`` under
+    ``cache_dir/prepared/``, made once.
 
-    The key is the file's content hash and the tokenizer settings: a second call reads no text
-    and tokenizes nothing; a changed file gets a new DIR. Processes that ask at once (the
-    ranks of a distributed run) wait for the one that prepares it.
+    The key is the files' content hashes and the tokenizer settings: a second call reads no
+    text and tokenizes nothing; a changed file gets a new DIR. The text is read through once
+    before anything is said or tokenized: bad input is one line and leaves nothing in the
+    cache. Processes that ask at once (the ranks of a distributed run) wait for the one that
+    prepares it (and checks the text).
     """
     path = Path(path)
-    find_sources([path])  # one message for a missing file or another format
+    found = _raw_sources(path)
     settings = {"tokenizer": tokenizer.to_dict() if isinstance(tokenizer, Tokenizer)
                 else tokenizer, "vocab_size": vocab_size, "pre_tokenizer": pre_tokenizer,
                 "val_fraction": val_fraction}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    out = Path(cache_dir) / "prepared" / f"{path.stem}-{sha256_of(path)[:16]}-{key}"
+    if path.is_dir():  # the files' names below it and their contents
+        listed = [[s.path.relative_to(path).as_posix(), sha256_of(s.path)] for s in found]
+        content = hashlib.sha256(json.dumps(listed).encode()).hexdigest()
+        name = path.resolve().name or "root"
+        out = Path(cache_dir) / "prepared" / f"{name}-{content[:16]}-{key}"
+    else:
+        out = Path(cache_dir) / "prepared" / f"{path.stem}-{sha256_of(path)[:16]}-{key}"
     if (out / MANIFEST).is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(out.with_name(out.name + ".lock")):
+    with file_lock(out.with_name(out.name + ".lock")):  # (removed again, whatever happens)
         if not (out / MANIFEST).is_file():
+            _check_raw(path, found)  # bad text stops here: before a word is said
             log.info("preparing %s once into %s", path, out)
             prepare([path], out, tokenizer, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer,
-                    val_fraction=val_fraction, workers=1 if one_process_suffices(path) else 0)
+                    val_fraction=val_fraction,
+                    workers=1 if sum(s.path.stat().st_size for s in found) < 4 * PIECE_BYTES
+                    else 0)  # one process is quicker than starting more
     return out
+
+
+def _check_raw(path: Path, found: list[Source]) -> None:
+    """Read the sources of :func:`prepare_cached` through once; the first bad one is one line
+    that says what `attnlab train` can do about it."""
+    for source in found:
+        try:
+            check_source(source)
+        except NotUTF8Error as e:
+            raise DataError(f"{e.fact}; convert it to UTF-8, or prepare {path} with `attnlab "
+                            f"data prepare {shlex.quote(str(path))} --errors replace --out DIR` "
+                            "(U+FFFD in its place) and give DIR in its place") from None
+
+
+def _raw_sources(path: Path) -> list[Source]:
+    """The sources of a raw text file or folder given to :func:`prepare_cached`; one line when
+    there is none, which says what a folder may be."""
+    if not path.is_dir():
+        return find_sources([path])  # one message for a missing file
+    try:
+        return find_sources([path])
+    except DataError as e:
+        raise DataError(f"{e}; or a prepared data dir, which `attnlab data prepare SRC... "
+                        "--out DIR` makes") from None
 
 
 def one_process_suffices(path: Path) -> bool:
@@ -530,11 +592,22 @@ def one_process_suffices(path: Path) -> bool:
 
 @contextlib.contextmanager
 def file_lock(path: Path):
+    """Hold the lock file ``path`` (made here) for the block, and remove it after: a
+    process that waited on a lock file removed meanwhile takes the new one instead."""
     import fcntl
 
-    with open(path, "w") as f:
+    while True:
+        f = open(path, "a")  # noqa: SIM115 (closed below)
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            if os.fstat(f.fileno()).st_ino == os.stat(path).st_ino:
+                break  # the lock file that is there now: ours
+        except FileNotFoundError:
+            pass  # its holder removed it: take the new one
+        f.close()
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # while held: no one else can hold this one
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()

@@ -20,6 +20,7 @@ from attnlab.data.errors import DataError, DataFileNotFoundError
 
 MANIFEST = "prepared.json"
 TOKENIZER = "tokenizer.json"
+PLAN = ".plan.json"  # the settings of an unfinished prepare, to resume only the same one
 FORMAT = "attnlab-tokens/1"
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
@@ -34,14 +35,26 @@ def is_prepared(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
+def is_token_dir(path: str | Path) -> bool:
+    """True when ``path`` is a prepared DIR, finished or not (a folder of raw text files is
+    not one: it is prepared into the cache)."""
+    path = Path(path)
+    return path.is_dir() and ((path / MANIFEST).is_file() or (path / PLAN).is_file())
+
+
 def read_manifest(path: str | Path) -> dict[str, Any]:
     """The manifest of the prepared DIR ``path``; one :class:`DataError` when it is not one."""
     path = Path(path)
     if not path.exists():
         raise DataFileNotFoundError(f"prepared data dir {path} does not exist")
+    if (path / PLAN).is_file() and not (path / MANIFEST).is_file():
+        raise DataError(f"{path} is an unfinished prepared data dir: it has no {MANIFEST} yet "
+                        "(`attnlab data prepare` was stopped): run the same command again to "
+                        "finish it")
     if not (path / MANIFEST).is_file():
-        raise DataError(f"{path} is not a prepared data dir: it has no {MANIFEST} (an "
-                        "interrupted `attnlab data prepare` leaves none: run it again to finish)")
+        raise DataError(f"{path} is not a prepared data dir: it has no {MANIFEST}; make one "
+                        "with `attnlab data prepare SRC... --out DIR` (translation pairs: "
+                        "`attnlab data prepare SRC --target TGT --out DIR`) and give DIR")
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

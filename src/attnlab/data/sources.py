@@ -1,25 +1,32 @@
 """Reading the documents of corpus files of any size, one at a time, in their own formats.
 
-A *source* is a file: ``.txt`` (one document), ``.jsonl`` (one JSON object per line), ``.json``
-(an array of objects, the one format read whole), ``.parquet``, ``.csv`` or ``.tsv`` (one row
-per document), each plain or ``.gz`` / ``.zst``. Text is UTF-8: an undecodable byte is a
-:class:`DataError` naming the file and the offset, unless ``errors="replace"`` (U+FFFD).
+A *source* is a file: ``.jsonl`` (one JSON object per line), ``.json`` (an array of objects,
+the one format read whole), ``.parquet``, ``.csv`` or ``.tsv`` (one row per document), or text
+of any other name, ``.txt``, ``.py``, ``.md`` ... (one document), each plain or ``.gz`` /
+``.zst``. Text is UTF-8: an undecodable byte is a :class:`DataError` naming the file and the
+offset, unless ``errors="replace"`` (U+FFFD). :func:`scan` finds the sources of folders and
+glob patterns, skipping binary files.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import json
+import os
+import shlex
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab.data.errors import DataError, DataFileNotFoundError
+from attnlab.data.shards import is_token_dir
 
 FORMATS = (".txt", ".jsonl", ".json", ".parquet", ".csv", ".tsv")
 COMPRESSIONS = (".gz", ".zst")
 ERRORS = ("strict", "replace")
 BLOCK = 1 << 22  # bytes read at a time from a text stream
+SNIFF = 1 << 16  # bytes of a folder's file that tell text from binary
 
 
 def _pyarrow():
@@ -64,42 +71,194 @@ def source_of(path: Path, default: str = "") -> Source:
     return Source(path, fmt, compression)
 
 
-def find_sources(specs: Sequence[str | Path]) -> list[Source]:
-    """The corpus files that ``specs`` name: files, folders (every readable file below them,
-    sorted) and glob patterns. Each file once, in the order given; a file named directly whose
-    name is of no known format is read as text (``.txt``)."""
+@dataclass
+class Found:
+    """What :func:`scan` found: the sources to read, and the files of folders and glob
+    patterns it left out because they hold no text (``binary``: a NUL byte, or not UTF-8,
+    in their first ``SNIFF`` bytes) or nothing (``empty``)."""
+
+    sources: list[Source]
+    binary: list[Path] = field(default_factory=list)
+    empty: list[Path] = field(default_factory=list)
+
+    def skipped_line(self) -> str:
+        """One line that says what was skipped, naming a few ("" when nothing was)."""
+        parts = []
+        for files, what in ((self.binary, "binary file{} (not UTF-8 text: {})"),
+                            (self.empty, "empty file{} ({})")):
+            if files:
+                names = ", ".join(str(f) for f in files[:3]) + (", ..." if len(files) > 3 else "")
+                parts.append(f"{len(files)} " + what.format("s" if len(files) > 1 else "", names))
+        return "skipped " + " and ".join(parts) if parts else ""
+
+
+def find_sources(specs: Sequence[str | Path] | str | Path, include: Sequence[str] = (),
+                 exclude: Sequence[str] = (), errors: str = "strict") -> list[Source]:
+    """The corpus files that ``specs`` name (see :func:`scan`)."""
+    return scan(specs, include, exclude, errors).sources
+
+
+def scan(specs: Sequence[str | Path] | str | Path, include: Sequence[str] = (),
+         exclude: Sequence[str] = (), errors: str = "strict") -> Found:
+    """The corpus files that ``specs`` name: files, folders and glob patterns (expanded here,
+    sorted). Each file once, in the order given.
+
+    A file named on its own is read in its format, and as text when its name is of no format
+    above. The files of a folder (every one below it; hidden files and folders such as
+    ``.git`` left out) and of a pattern are filtered by ``include`` and ``exclude`` (glob
+    patterns matched against a file's name and its path below the folder; ``*`` also matches
+    ``/``; an ``exclude`` pattern that matches a folder leaves out all below it), then read in
+    their format (``.jsonl`` ...) or as text when their first ``SNIFF`` bytes are text: a file
+    with a NUL byte there, or (``errors="strict"``) a byte that is not UTF-8, is binary and
+    skipped, and so is an empty one.
+    """
     if isinstance(specs, (str, Path)):
         specs = [specs]
     if not specs:
         raise DataError("no source given: name files, folders or glob patterns")
-    found: list[Path] = []
+    for option, patterns in (("--include", include), ("--exclude", exclude)):
+        for pattern in patterns:
+            if not isinstance(pattern, str) or not pattern.strip():
+                raise DataError(f"{option} {pattern!r} is not allowed: a glob pattern such as "
+                                "'*.py' or 'docs/*'")
+    found = Found([])
+    seen: set[Path] = set()
     for spec in specs:
-        path = Path(spec)
+        path, skipped = Path(spec), Found([])  # (what this spec skips)
         if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and _readable_name(p))
-            if not files:
-                raise DataError(f"folder {path} holds no file attnlab can read ("
-                                + ", ".join(FORMATS) + ")")
+            picked = _pick(_walk(path), path, include, exclude, errors, skipped)
+            if not picked:
+                raise DataError(f"folder {path} holds no file attnlab can read"
+                                + _why_none(skipped, include, exclude))
         elif path.exists():
-            files = [path]
+            picked = [source_of(path, ".txt")]
         elif glob.has_magic(str(spec)):
-            files = sorted(Path(p) for p in glob.glob(str(spec), recursive=True)
-                           if Path(p).is_file())
+            matches = sorted(Path(p) for p in glob.glob(str(spec), recursive=True))
+            files = [f for m in matches if not is_token_dir(m)  # (an --out it matches)
+                     for f in (_walk(m) if m.is_dir() else [m])]
             if not files:
-                raise DataFileNotFoundError(f"no file matches the pattern {spec}")
+                raise DataFileNotFoundError(f"no file matches the pattern {spec} (relative to "
+                                            f"{Path.cwd()}); allowed: a pattern that matches "
+                                            "files, such as 'mytext/*.py' or 'docs/**/*.md'")
+            picked = _pick(files, None, include, exclude, errors, skipped)
+            if not picked:
+                raise DataError(f"the pattern {spec} matches no file attnlab can read"
+                                + _why_none(skipped, include, exclude))
         else:
             raise DataFileNotFoundError(f"source {path} does not exist")
-        found += [f for f in files if f not in found]
-    named = {Path(s) for s in specs}
-    return [source_of(f, ".txt" if f in named else "") for f in found]
+        found.binary += skipped.binary
+        found.empty += skipped.empty
+        for source in picked:
+            if source.path not in seen:
+                seen.add(source.path)
+                found.sources.append(source)
+    return found
 
 
-def _readable_name(path: Path) -> bool:
+def _why_none(found: Found, include: Sequence[str], exclude: Sequence[str]) -> str:
+    skipped = found.skipped_line()
+    filters = " ".join([f"--include {shlex.quote(p)}" for p in include]
+                       + [f"--exclude {shlex.quote(p)}" for p in exclude])
+    return ((f" ({skipped})" if skipped else "") + (f" after {filters}" if filters else "")
+            + "; allowed: UTF-8 text files of any name, and " + ", ".join(FORMATS[1:])
+            + " (each may end in .gz or .zst)")
+
+
+def _walk(folder: Path) -> list[Path]:
+    """Every file below ``folder``, sorted; hidden files and folders (``.git``) and prepared
+    DIRs (an earlier ``--out``: token ids, not text) left out."""
+    if is_token_dir(folder):
+        raise DataError(f"folder {folder} is a prepared data dir (token ids, not text): train "
+                        f"on it with --set data.path={folder}, or name the text files it was "
+                        "made from")
+    files = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")
+                         and not is_token_dir(Path(root) / d))
+        files += [Path(root) / n for n in sorted(names) if not n.startswith(".")]
+    return sorted(f for f in files if f.is_file())
+
+
+def _matches(path: Path, base: Path | None, patterns: Sequence[str], folders: bool) -> bool:
+    """Does one of ``patterns`` match ``path``'s name or its path below ``base`` (with
+    ``folders``: or those of a folder above it, up to ``base``)?"""
+    rel = path.relative_to(base) if base is not None else path
+    names = [rel.name, rel.as_posix()]
+    if folders:
+        names += [p.name for p in rel.parents if p.name] + [
+            p.as_posix() for p in rel.parents if p.name]
+    return any(fnmatch.fnmatchcase(n, p) for p in patterns for n in names)
+
+
+def _pick(files: list[Path], base: Path | None, include: Sequence[str],
+          exclude: Sequence[str], errors: str, found: Found) -> list[Source]:
+    """The sources among the files of a folder or a pattern (see :func:`scan`)."""
+    picked = []
+    for f in files:
+        if include and not _matches(f, base, include, folders=False):
+            continue
+        if exclude and _matches(f, base, exclude, folders=True):
+            continue
+        source = source_of(f, ".txt")
+        if not source.is_text:
+            picked.append(source)
+            continue
+        kind = _sniff(source, errors)
+        if kind == "text":
+            picked.append(source)
+        else:
+            getattr(found, kind).append(f)
+    return picked
+
+
+def _sniff(source: Source, errors: str) -> str:
+    """``"text"``, ``"binary"`` or ``"empty"``: what the first ``SNIFF`` bytes of a file
+    found in a folder or by a pattern hold (git tells binary files the same way)."""
     try:
-        source_of(path)
-    except DataError:
-        return False
-    return not path.name.startswith(".")
+        with source.open() as f:
+            head = f.read(SNIFF)
+            whole = len(head) < SNIFF or not f.read(1)
+    except (OSError, ValueError) as e:
+        if source.compression:  # a .gz / .zst that does not decompress: not text
+            return "binary"
+        raise DataError(f"{source.path} cannot be read ({getattr(e, 'strerror', e)}); "
+                        "allowed: files you may read") from None
+    if b"\0" in head:
+        return "binary"
+    if errors == "strict":
+        cut = len(head) if whole else _utf8_boundary(head)
+        try:
+            head[:cut].decode("utf-8")
+        except UnicodeDecodeError:
+            return "binary"
+    if whole and not head.decode("utf-8", "replace").strip(" \t\r\n\ufeff"):
+        return "empty"
+    return "text"
+
+
+class NotUTF8Error(DataError):
+    """A byte that is not UTF-8: ``fact`` says where; the message adds what to do, which a
+    caller that knows its command may say otherwise."""
+
+    def __init__(self, fact: str, hint: str) -> None:
+        super().__init__(f"{fact}; {hint}")
+        self.fact = fact
+
+
+def check_source(source: Source, text_field: str = "text") -> None:
+    """Read a source through once, as a check before any work is started: a
+    :class:`NotUTF8Error` at its first byte that is not UTF-8, a :class:`DataError` at its
+    first bad row, or when it holds no text."""
+    if not source.is_text:
+        if not sum(1 for _ in documents(source, text_field)):  # every row read
+            raise DataError(f"source {source.path} holds no document")
+        return
+    empty = True
+    for block in text_blocks(source):
+        empty = empty and not block.strip()
+    if empty:
+        raise DataError(f"source {source.path} is empty (or only whitespace); expected UTF-8 "
+                        "text")
 
 
 class _Decoder:
@@ -122,11 +281,11 @@ class _Decoder:
         try:
             return chunk.decode("utf-8", self.errors)
         except UnicodeDecodeError as e:
-            raise DataError(f"{self.source.path} is not UTF-8 text: undecodable byte "
-                            f"0x{chunk[e.start]:02x} at byte offset {start + e.start}"
-                            f"{' (decompressed)' if self.source.compression else ''}; convert "
-                            "it to UTF-8, or pass --errors replace to read it with U+FFFD in "
-                            "its place") from None
+            raise NotUTF8Error(f"{self.source.path} is not UTF-8 text: undecodable byte "
+                               f"0x{chunk[e.start]:02x} at byte offset {start + e.start}"
+                               f"{' (decompressed)' if self.source.compression else ''}",
+                               "convert it to UTF-8, or pass --errors replace to read it "
+                               "with U+FFFD in its place") from None
 
 
 def _utf8_boundary(data: bytes) -> int:

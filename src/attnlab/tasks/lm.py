@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ..config import ConfigError
 from ..data import DataError, DataFileNotFoundError, default_cache_dir, embedded_corpus, read_text
-from ..data.shards import TOKENIZER, TokenShards, read_manifest
+from ..data.shards import TOKENIZER, TokenShards, is_token_dir, read_manifest
 from ..errors import UsageError, VocabularyError
 from ..files import atomic_write_bytes
 from ..metrics import perplexity
@@ -203,8 +203,8 @@ class LMTask(Task):
         for path, _ in sources:
             if not Path(path).exists():
                 raise DataFileNotFoundError(f"{key}: {path} does not exist; allowed: a UTF-8 "
-                                            "text file or a prepared data dir")
-            if not Path(path).is_dir():
+                                            "text file, a folder of them or a prepared data dir")
+            if not is_token_dir(path):  # a text file or folder: prepared into the cache
                 continue
             tok = self._dir_tokenizer(Path(path))
             if fixed is None:
@@ -226,13 +226,13 @@ class LMTask(Task):
                     f"data.tokenizer={d.tokenizer!r} does not fit {key}: {where} was prepared "
                     f"with a {_describe(tok)}; allowed: {tok.kind!r} (or leave data.tokenizer "
                     "out: a prepared dir brings its tokenizer)")
-        raw = [p for p, _ in sources if not Path(p).is_dir()]
+        raw = [p for p, _ in sources if not is_token_dir(p)]
         shared = fixed[1] if fixed else given
         if shared is None and len(raw) > 1:
             shared = self._mix_tokenizer(raw)
         corpora = []
         for path, weight in sources:
-            if Path(path).is_dir():
+            if is_token_dir(path):
                 folder = Path(path)
             else:  # a run's own tokenizer was most likely made by the settings: its cache first
                 folder = self._prepare(path, shared, settings_first=given is not None and
