@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..devices import resolve_device
 from ..errors import DataFileNotFoundError, UsageError
+from ..files import check_writable
 from ..run_config import SECTIONS, RunConfig
 from ..runs import RunDir, RunError, load_run
 from ..speed import use_cpu_sdpa
@@ -66,10 +66,7 @@ def check_run_dir(run: RunDir, resume: bool) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise RunError(f"run dir {run_dir} is a file, not a folder; choose another --out")
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=run_dir, prefix=".write-test.")
-        os.close(fd)
-        os.unlink(probe)
+        check_writable(run_dir)
     except OSError as e:
         raise RunError(f"cannot write to run dir {run_dir} ({e.strerror or e}); choose a "
                        "writable --out folder") from None
