@@ -11,6 +11,7 @@ import dataclasses
 import math
 import numbers
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
@@ -206,20 +207,31 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        return from_dict(cls, d)
+        """The config of a ``[model]`` section (as a run dir's config.json stores it)."""
+        return from_dict(cls, d, "model")
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with ``changes``; fields derived before are derived again."""
         return dataclasses.replace(self, **{**dict.fromkeys(self._unset), **changes})
 
 
-def from_dict(cls: type, d: dict[str, Any], where: str = "") -> Any:
-    """Build dataclass ``cls`` from ``d``, naming unknown keys and the allowed ones."""
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(d) - names)
+def check_keys(cls: type, keys: Iterable[str], section: str) -> None:
+    """The one check of a config section's keys, wherever they come from (a TOML recipe,
+    ``--set``, a run dir's config.json): :class:`ConfigError` naming the first key that is no
+    field of dataclass ``cls`` and the keys allowed in ``[section]``."""
+    allowed = sorted(f.name for f in fields(cls))
+    unknown = sorted(set(keys) - set(allowed))
     if unknown:
-        prefix = f"{where}." if where else ""
-        raise ConfigError(
-            f"unknown config key {prefix}{unknown[0]!r}; allowed keys: {', '.join(sorted(names))}"
-        )
-    return cls(**d)
+        raise ConfigError(f"unknown config key '{section}.{unknown[0]}'; allowed keys in "
+                          f"[{section}]: {', '.join(allowed)}")
+
+
+def from_dict(cls: type, d: dict[str, Any], section: str) -> Any:
+    """Build dataclass ``cls`` from the values of config section ``section``: its keys
+    checked (:func:`check_keys`), and the section's name in front of the field in every
+    error (``model.d_model=...``)."""
+    check_keys(cls, d, section)
+    try:
+        return cls(**d)
+    except ConfigError as e:
+        raise ConfigError(f"{section}.{e}") from None

@@ -13,13 +13,21 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
 
-from .config import ConfigError, ModelConfig, check, check_literal, check_types
+from .config import (
+    ConfigError,
+    ModelConfig,
+    check,
+    check_keys,
+    check_literal,
+    check_types,
+    from_dict,
+)
 from .data.synthetic import SYNTHETIC_NAMES
 from .errors import MissingFileError
 
@@ -274,7 +282,7 @@ class RunConfig:
             if not isinstance(section, dict):
                 raise ConfigError(f"config section {name!r} must be a table, got {section!r}")
             try:
-                parts[name] = _build(_CLASSES[name], section, name)
+                parts[name] = from_dict(_CLASSES[name], section, name)
             except ConfigError as e:
                 source = (d.get("train") or {}).get("init_from")
                 if name != "model" or not source:
@@ -292,19 +300,6 @@ class RunConfig:
         old = getattr(self, section)
         new = old.replace(**changes) if section == "model" else dataclasses.replace(old, **changes)
         return dataclasses.replace(self, **{section: new})
-
-
-def _build(cls: type, values: dict[str, Any], section: str) -> Any:
-    """``from_dict`` with the section name in front of the key in every error message."""
-    allowed = {f.name for f in fields(cls)}
-    unknown = sorted(set(values) - allowed)
-    if unknown:
-        raise ConfigError(f"unknown config key '{section}.{unknown[0]}'; allowed keys in "
-                          f"[{section}]: {', '.join(sorted(allowed))}")
-    try:
-        return cls(**values)
-    except ConfigError as e:
-        raise ConfigError(f"{section}.{e}") from None
 
 
 def parse_value(text: str) -> Any:
@@ -328,10 +323,7 @@ def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
         if section not in SECTIONS:
             raise ConfigError(f"unknown config section {section!r} in --set {item!r}; allowed "
                               f"sections: {', '.join(SECTIONS)}")
-        allowed = {f.name for f in fields(_CLASSES[section])}
-        if name not in allowed:
-            raise ConfigError(f"unknown config key '{section}.{name}' in --set; allowed keys "
-                              f"in [{section}]: {', '.join(sorted(allowed))}")
+        check_keys(_CLASSES[section], [name], section)
         out.setdefault(section, {})[name] = parse_value(value.strip())
     return out
 
