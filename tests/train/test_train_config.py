@@ -84,8 +84,8 @@ def test_the_printed_toml_reads_back_the_same_config(tmp_path):
     rc = load_config(None, [
         f"data.cache_dir={toml_value(TRICKY)}", f"train.init_from={toml_value(TRICKY)}",
         'data.mix=[{path = "a dir", weight = 0.7}, {path = "b.txt", weight = 3}]',
-        'data.label_names=["neg", "pos \\"x\\""]', "train.lr=1e-4", "train.min_lr=1e-5", "train.eps=1e-8",
-        "train.compile=true", "data.bucket=true", "train.weight_decay=0.0"])
+        'data.label_names=["neg", "pos \\"x\\""]', "train.lr=1e-4", "train.min_lr=1e-5",
+        "train.eps=1e-8", "train.compile=true", "data.bucket=true", "train.weight_decay=0.0"])
     assert rc.data.cache_dir == TRICKY and rc.train.lr == 1e-4 and rc.data.split_seed is None
     text = config_toml(rc.to_dict())
     read = tomllib.loads(text)
