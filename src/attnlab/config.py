@@ -207,8 +207,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        """The config of a ``[model]`` section (as a run dir's config.json stores it)."""
-        return from_dict(cls, d, "model")
+        check_keys(cls, d, "model")
+        return cls(**d)
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with ``changes``; fields derived before are derived again."""
@@ -216,22 +216,10 @@ class ModelConfig:
 
 
 def check_keys(cls: type, keys: Iterable[str], section: str) -> None:
-    """The one check of a config section's keys, wherever they come from (a TOML recipe,
-    ``--set``, a run dir's config.json): :class:`ConfigError` naming the first key that is no
-    field of dataclass ``cls`` and the keys allowed in ``[section]``."""
+    """The one check of a config section's keys (a recipe, ``--set``, a run dir's config.json):
+    :class:`ConfigError` naming the first that is no field of ``cls``, and the allowed ones."""
     allowed = sorted(f.name for f in fields(cls))
     unknown = sorted(set(keys) - set(allowed))
     if unknown:
         raise ConfigError(f"unknown config key '{section}.{unknown[0]}'; allowed keys in "
                           f"[{section}]: {', '.join(allowed)}")
-
-
-def from_dict(cls: type, d: dict[str, Any], section: str) -> Any:
-    """Build dataclass ``cls`` from the values of config section ``section``: its keys
-    checked (:func:`check_keys`), and the section's name in front of the field in every
-    error (``model.d_model=...``)."""
-    check_keys(cls, d, section)
-    try:
-        return cls(**d)
-    except ConfigError as e:
-        raise ConfigError(f"{section}.{e}") from None

@@ -19,15 +19,7 @@ from typing import Any, Literal
 
 import tomli_w
 
-from .config import (
-    ConfigError,
-    ModelConfig,
-    check,
-    check_keys,
-    check_literal,
-    check_types,
-    from_dict,
-)
+from .config import ConfigError, ModelConfig, check, check_keys, check_literal, check_types
 from .data.synthetic import SYNTHETIC_NAMES
 from .errors import MissingFileError
 
@@ -282,7 +274,7 @@ class RunConfig:
             if not isinstance(section, dict):
                 raise ConfigError(f"config section {name!r} must be a table, got {section!r}")
             try:
-                parts[name] = from_dict(_CLASSES[name], section, name)
+                parts[name] = _build(_CLASSES[name], section, name)
             except ConfigError as e:
                 source = (d.get("train") or {}).get("init_from")
                 if name != "model" or not source:
@@ -300,6 +292,16 @@ class RunConfig:
         old = getattr(self, section)
         new = old.replace(**changes) if section == "model" else dataclasses.replace(old, **changes)
         return dataclasses.replace(self, **{section: new})
+
+
+def _build(cls: type, values: dict[str, Any], section: str) -> Any:
+    """``cls(**values)`` with the keys checked and the section's name in front of the field
+    in every error message (``model.d_model=...``)."""
+    check_keys(cls, values, section)
+    try:
+        return cls(**values)
+    except ConfigError as e:
+        raise ConfigError(f"{section}.{e}") from None
 
 
 def parse_value(text: str) -> Any:
