@@ -38,7 +38,7 @@ from .finetune import (
 from .loop import Trainer, TrainResult
 from .monitor import plot_curves
 from .optim import schedule_warnings
-from .precision import autocast, resolve_precision, sdpa_backends
+from .precision import Amp, resolve_precision
 
 log = logging.getLogger(__name__)
 # data.name of the runs trained on the user's own files (attnlab.tasks.TASKS): their config
@@ -347,12 +347,8 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
     task = _eval_task(rd, rc)
     dev = resolve_device(device, flag="--device")
     run = load_run(rd.path, checkpoint, device=str(dev))
-    precision = _eval_precision(rd, rc, checkpoint, dev)
-    backends = sdpa_backends(rc.train.sdpa_backend)
-
-    def amp():  # as Trainer.amp: autocast and the attention kernels training evaluated with
-        return autocast(precision, dev, backends)
-
+    # the precision and attention kernels training evaluated with, as the Trainer enters them
+    amp = Amp(_eval_precision(rd, rc, checkpoint, dev), dev, rc.train.sdpa_backend)
     window = {}
     if stride:
         if not hasattr(task, "set_stride"):
@@ -367,7 +363,7 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
     use_cpu_sdpa(run.model).eval()  # the attention kernels training evaluated with
     metrics = task.evaluate(run.model, split, dev, amp, 0, progress)
     where = {"data": " ".join(data)} if data else {"split": split}
-    return {**where, "checkpoint": str(run.checkpoint), "precision": precision, **decoding,
+    return {**where, "checkpoint": str(run.checkpoint), "precision": amp.precision, **decoding,
             **window, **metrics}
 
 
