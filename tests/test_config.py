@@ -52,7 +52,8 @@ def test_json_round_trip_and_unknown_keys():
     c = ModelConfig(family="encoder_decoder", vocab_size=100, tgt_vocab_size=120, norm="pre")
     again = ModelConfig.from_dict(json.loads(json.dumps(c.to_dict())))
     assert again == c
-    with pytest.raises(ValueError, match=r"unknown config key 'n_head'.*allowed keys: .*n_heads"):
+    unknown = r"unknown config key 'model.n_head'; allowed keys in \[model\]: .*n_heads"
+    with pytest.raises(ValueError, match=unknown):
         ModelConfig.from_dict({"n_head": 4})
 
 

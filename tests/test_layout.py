@@ -357,3 +357,65 @@ def test_the_readme_layout_names_every_module_and_package():
     missing += [f"decoding/{p.stem}" for p in (package / "decoding").glob("*.py")
                 if not p.name.startswith("_") and p.stem not in block]
     assert not missing, f"README's Layout does not mention {missing}"
+
+
+# ---- one home for atomic writes ---------------------------------------------------------------
+# (module, what) pairs allowed outside attnlab.files, with the reason each is not an atomic
+# write of its own. None today: every write-then-rename goes through attnlab.files.
+ALLOWED_RENAMES: set[tuple[str, str]] = set()
+RENAMES = ("replace", "rename", "renames")  # os.*; Path.rename / Path.replace(target)
+
+
+def rename_calls(root: Path, package: str) -> list[tuple[str, str]]:
+    """(module, what) for each temporary file or rename outside ``package.files``, the one
+    home of atomic writes: an import of ``tempfile``, a call of ``os.replace`` / ``os.rename``
+    / ``shutil.move``, any ``.rename(...)``, and ``.replace(target)`` with one positional
+    argument and no keywords (``Path.replace``; ``str.replace`` takes two, a dataclass's
+    ``replace`` keywords)."""
+    found = []
+    for name, path in modules(root, package).items():
+        if name == f"{package}.files":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found += [(name, "import tempfile") for a in node.names
+                          if a.name.split(".")[0] == "tempfile"]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                module = (node.module or "").split(".")[0]
+                if module == "tempfile":
+                    found.append((name, "import tempfile"))
+                found += [(name, f"{module}.{a.name}") for a in node.names
+                          if (module, a.name) in {("os", r) for r in RENAMES} | {
+                              ("shutil", "move")}]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                attr, owner = node.func.attr, node.func.value
+                owner_name = owner.id if isinstance(owner, ast.Name) else None
+                if owner_name in ("os", "shutil") and attr in (*RENAMES, "move"):
+                    found.append((name, f"{owner_name}.{attr}"))
+                elif owner_name not in ("os", "dataclasses") and (attr == "rename" or (
+                        attr == "replace" and len(node.args) == 1 and not node.keywords)):
+                    found.append((name, f".{attr}()"))
+    return sorted(set(found) - ALLOWED_RENAMES)
+
+
+def test_only_files_writes_through_temporary_files_and_renames():
+    """Atomic writes have one home (attnlab.files: a file, a folder, a file and the files
+    beside it): a temporary name and a rename anywhere else is a second implementation."""
+    assert rename_calls(SRC, "attnlab") == []
+
+
+@pytest.mark.parametrize("code, found", [
+    ("import tempfile\n", [("pkg.offender", "import tempfile")]),
+    ("from tempfile import mkstemp\n", [("pkg.offender", "import tempfile")]),
+    ("import os\ndef f(a, b):\n    os.replace(a, b)\n", [("pkg.offender", "os.replace")]),
+    ("from os import rename\n", [("pkg.offender", "os.rename")]),
+    ("import shutil\ndef f(a, b):\n    shutil.move(a, b)\n", [("pkg.offender", "shutil.move")]),
+    ("def f(p, q):\n    p.with_suffix('.tmp').rename(q)\n", [("pkg.offender", ".rename()")]),
+    ("def f(p, q):\n    (p / 'x.tmp').replace(q)\n", [("pkg.offender", ".replace()")]),
+    ("import dataclasses\ndef f(s, c):\n    return s.replace('a', 'b'), c.replace(x=1), "
+     "dataclasses.replace(c, x=1)\n", []),
+])
+def test_a_rename_outside_files_is_found(tmp_path, code, found):
+    write(tmp_path, {"pkg/__init__.py": "", "pkg/files.py": "import os, tempfile\n"
+                     "def f(a, b):\n    os.replace(a, b)\n", "pkg/offender.py": code})
+    assert rename_calls(tmp_path, "pkg") == found

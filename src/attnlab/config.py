@@ -11,6 +11,7 @@ import dataclasses
 import math
 import numbers
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
@@ -206,20 +207,19 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        return from_dict(cls, d)
+        check_keys(cls, d, "model")
+        return cls(**d)
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with ``changes``; fields derived before are derived again."""
         return dataclasses.replace(self, **{**dict.fromkeys(self._unset), **changes})
 
 
-def from_dict(cls: type, d: dict[str, Any], where: str = "") -> Any:
-    """Build dataclass ``cls`` from ``d``, naming unknown keys and the allowed ones."""
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(d) - names)
+def check_keys(cls: type, keys: Iterable[str], section: str) -> None:
+    """The one check of a config section's keys (a recipe, ``--set``, a run dir's config.json):
+    :class:`ConfigError` naming the first that is no field of ``cls``, and the allowed ones."""
+    allowed = sorted(f.name for f in fields(cls))
+    unknown = sorted(set(keys) - set(allowed))
     if unknown:
-        prefix = f"{where}." if where else ""
-        raise ConfigError(
-            f"unknown config key {prefix}{unknown[0]!r}; allowed keys: {', '.join(sorted(names))}"
-        )
-    return cls(**d)
+        raise ConfigError(f"unknown config key '{section}.{unknown[0]}'; allowed keys in "
+                          f"[{section}]: {', '.join(allowed)}")

@@ -13,21 +13,32 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a kill at any moment leaves the old file or the new
-    one, never a half-written file."""
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Create or replace file ``path`` so that a kill at any moment leaves the old file or the
+    new one, never a half-written file, and a failed ``write`` leaves nothing new behind.
+
+    ``write(tmp)`` fills a temporary file beside ``path`` (in the same folder, so the rename
+    is atomic; a library's writer may replace it); the file is then flushed to the disk,
+    given the mode the umask gives (as :func:`set_umask_mode`) and renamed to ``path``.
+    """
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        write(tmp)
+        fsync_file(tmp)
         set_umask_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """:func:`atomic_write` of ``data``."""
+    atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
 
 def set_umask_mode(path: str | Path) -> None:
@@ -62,9 +73,9 @@ def fsync_file(path: str | Path) -> None:
         os.close(fd)
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
+def atomic_write_json(path: Path, obj: Any, indent: int = 2) -> None:
     """:func:`atomic_write_bytes` of ``obj`` as indented JSON with sorted keys."""
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write_bytes(path, (json.dumps(obj, indent=indent, sort_keys=True) + "\n").encode())
 
 
 def fsync_dir(path: Path) -> None:
@@ -147,3 +158,41 @@ def write_dir_atomic(dest: Path, write: Callable[[Path], None], *, manifest: str
     os.replace(tmp, dest)
     fsync_dir(dest.parent)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def write_files_atomic(dest: Path, write: Callable[[Path], None]) -> None:
+    """Create file ``dest`` and the files its writer puts beside it (an ONNX graph's weights
+    in ``NAME.data``) so that a reader who finds ``dest`` finds the others complete, and a
+    failed ``write`` leaves nothing new behind.
+
+    ``write(path)`` writes ``path``, named as ``dest``, in a temporary folder beside
+    ``dest``; each file it made there is flushed to the disk, gets the mode the umask gives
+    and is renamed into ``dest``'s folder, ``dest`` last.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp"))
+    try:
+        write(tmp / dest.name)
+        set_umask_modes(tmp)
+        made = sorted((f for f in tmp.iterdir() if f.is_file()), key=lambda f: f.name == dest.name)
+        for file in made:
+            fsync_file(file)
+        for file in made:
+            os.replace(file, dest.parent / file.name)
+        fsync_dir(dest.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_writable(folder: Path) -> None:
+    """Create ``folder`` if needed and write (and remove) a file in it.
+
+    Raises:
+        OSError: the folder cannot be made or written to.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-test.")
+    os.close(fd)
+    os.unlink(probe)

@@ -13,11 +13,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .config import ConfigError, ModelConfig, check, check_literal, check_types
+import tomli_w
+
+from .config import ConfigError, ModelConfig, check, check_keys, check_literal, check_types
 from .data.synthetic import SYNTHETIC_NAMES
 from .errors import MissingFileError
 
@@ -293,12 +295,9 @@ class RunConfig:
 
 
 def _build(cls: type, values: dict[str, Any], section: str) -> Any:
-    """``from_dict`` with the section name in front of the key in every error message."""
-    allowed = {f.name for f in fields(cls)}
-    unknown = sorted(set(values) - allowed)
-    if unknown:
-        raise ConfigError(f"unknown config key '{section}.{unknown[0]}'; allowed keys in "
-                          f"[{section}]: {', '.join(sorted(allowed))}")
+    """``cls(**values)`` with the keys checked and the section's name in front of the field
+    in every error message (``model.d_model=...``)."""
+    check_keys(cls, values, section)
     try:
         return cls(**values)
     except ConfigError as e:
@@ -326,10 +325,7 @@ def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
         if section not in SECTIONS:
             raise ConfigError(f"unknown config section {section!r} in --set {item!r}; allowed "
                               f"sections: {', '.join(SECTIONS)}")
-        allowed = {f.name for f in fields(_CLASSES[section])}
-        if name not in allowed:
-            raise ConfigError(f"unknown config key '{section}.{name}' in --set; allowed keys "
-                              f"in [{section}]: {', '.join(sorted(allowed))}")
+        check_keys(_CLASSES[section], [name], section)
         out.setdefault(section, {})[name] = parse_value(value.strip())
     return out
 
@@ -344,6 +340,41 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+
+
+def config_toml(config: dict[str, dict[str, Any]]) -> str:
+    """A run config (``RunConfig.to_dict()``) as a TOML recipe that ``attnlab train FILE``
+    reads back to the same config, written by tomli_w. TOML has no null: an unset value is a
+    comment (``# key = (unset)``), and so left at its default; inside a table it is left out."""
+    parts = []
+    for section, values in config.items():
+        lines, tables = [f"[{section}]"], {}
+        for key, value in values.items():
+            if value is None:
+                lines.append(f"# {key} = (unset)")
+            elif isinstance(value, dict):  # a sub-table, [section.key]: after the plain keys
+                tables[key] = _without_none(value)
+            else:
+                lines.append(tomli_w.dumps({key: _without_none(value)}).rstrip("\n"))
+        if tables:
+            lines += ["", tomli_w.dumps({section: tables}).rstrip("\n")]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def toml_value(value: Any) -> str:
+    """``value`` (not a table) as a TOML value, which :func:`parse_value` (``--set``) reads
+    back."""
+    return tomli_w.dumps({"v": _without_none(value)}).removeprefix("v = ").rstrip("\n")
+
+
+def _without_none(value: Any) -> Any:
+    """``value`` with the None entries of its tables (at any depth) left out."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_without_none(v) for v in value]
+    return value
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,

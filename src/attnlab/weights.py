@@ -5,8 +5,6 @@ unpickles; :class:`~attnlab.runs.RunDir` decides where the files go."""
 from __future__ import annotations
 
 import errno
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import torch
 from torch import nn
 
 from .errors import RunError
-from .files import fsync_file, set_umask_mode
+from .files import atomic_write, fsync_file, set_umask_mode
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -52,16 +50,8 @@ def save_weights(model: nn.Module, path: Path) -> None:
         for name in names:
             del state[name]
     state = {name: tensor.contiguous() for name, tensor in state.items()}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write_tensors(tmp, lambda p: save_file(state, p), "the weights")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(Path(path), lambda tmp: write_tensors(tmp, lambda p: save_file(state, p),
+                                                       "the weights"))
 
 
 def load_weights(model: nn.Module, path: Path) -> None:

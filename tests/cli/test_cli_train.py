@@ -443,3 +443,33 @@ def test_the_translation_recipe_is_deterministic_for_a_seed(tmp_path):
     assert first == again
     assert other["tokenizer"] == first["tokenizer"]  # the vocabulary depends on the text alone
     assert other["weights"] != first["weights"]
+
+
+@pytest.mark.parametrize("key", ["model.n_head", "data.nam", "train.lrr"])
+def test_an_unknown_key_is_one_same_line_from_a_recipe_a_set_and_a_run_dirs_config(
+        key, tmp_path, capsys):
+    """A recipe file, --set and a run dir's config.json (read by eval, a resume, and by
+    sample for the model) check their keys in one place: the same line from each."""
+    section, name = key.split(".")
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(f"[{section}]\n{name} = 1\n")
+    run = RunDir(_runs.lm_run(tmp_path / "run"))
+    config = run.read_config()
+    config[section][name] = 1
+    run.write_config(config)
+    calls = [["train", recipe, "--print-config"],
+             ["train", "--set", f"{key}=1", "--print-config"], ["eval", run.path],
+             ["train", "--out", run.path, "--resume", "--print-config"]]
+    if section == "model":  # (sample reads the model's section alone)
+        calls.append(["sample", run.path, "--prompt", "the", "--max-new-tokens", "1"])
+    lines = set()
+    for argv in calls:
+        assert main([str(a) for a in argv]) == 2, argv
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.splitlines()) == 1, (argv, err)
+        lines.add(err.strip().partition(": error: ")[2])
+    assert len(lines) == 1, lines
+    head, _, allowed = lines.pop().partition("]: ")
+    assert head == f"unknown config key '{key}'; allowed keys in [{section}", head
+    assert {"model": {"d_model", "n_heads"}, "data": {"name", "path"},
+            "train": {"lr", "seed"}}[section] <= set(allowed.split(", ")), allowed

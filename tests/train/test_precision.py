@@ -146,3 +146,25 @@ def test_bf16_autocast_stays_close_to_fp32():
     assert low.dtype == torch.bfloat16
     assert torch.allclose(low.float(), ref, atol=0.05, rtol=0.05)
     assert abs(loss_low.item() - loss_ref.item()) < 0.01 * loss_ref.item()
+
+
+def test_amp_is_the_one_forward_context_of_training_and_evaluation():
+    """The Trainer and evaluate_run (attnlab eval) enter the same Amp: autocast in the resolved
+    precision, and the attention kernels of train.sdpa_backend."""
+    import inspect
+
+    from attnlab.train import loop, runner
+
+    cpu = torch.device("cpu")
+    with prec.Amp("bf16", cpu)():
+        assert torch.is_autocast_enabled("cpu")
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+    assert torch.backends.cuda.flash_sdp_enabled()  # torch's own choice, by default
+    with prec.Amp("fp32", cpu, "math")():
+        assert not torch.is_autocast_enabled("cpu")
+        assert torch.backends.cuda.math_sdp_enabled()
+        assert not torch.backends.cuda.flash_sdp_enabled()
+    assert torch.backends.cuda.flash_sdp_enabled()
+    for module in (loop, runner):  # neither builds its own context
+        source = inspect.getsource(module)
+        assert "Amp(" in source and "autocast(" not in source, module.__name__

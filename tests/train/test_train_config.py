@@ -12,7 +12,7 @@ import torch
 from attnlab import ModelConfig, build_model
 from attnlab.config import ConfigError
 from attnlab.recipes import RECIPES
-from attnlab.run_config import apply_overrides, parse_value
+from attnlab.run_config import apply_overrides, config_toml, parse_value, toml_value
 from attnlab.train import DEMO, RunConfig, TrainConfig, load_config, lr_at, noam_peak
 from attnlab.train.optim import build_optimizer, cosine_lr, inverse_sqrt_lr, param_groups
 
@@ -72,6 +72,39 @@ def test_unknown_key_in_toml_file(tmp_path):
         load_config(toml)
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(write(tmp_path / "bad.toml", "[train\n"))
+
+
+TRICKY = 'a "quoted" \\back\\slash\nnew line\ttab \u00e9 \U0001F600 # not a comment'
+
+
+def test_the_printed_toml_reads_back_the_same_config(tmp_path):
+    """config_toml (train --print-config) writes every value type a run config holds:
+    strings with quotes, backslashes and newlines, lists of tables, None (a comment: left at
+    its default), small floats, bools; tomllib and load_config read back the same."""
+    rc = load_config(None, [
+        f"data.cache_dir={toml_value(TRICKY)}", f"train.init_from={toml_value(TRICKY)}",
+        'data.mix=[{path = "a dir", weight = 0.7}, {path = "b.txt", weight = 3}]',
+        'data.label_names=["neg", "pos \\"x\\""]', "train.lr=1e-4", "train.min_lr=1e-5",
+        "train.eps=1e-8", "train.compile=true", "data.bucket=true", "train.weight_decay=0.0"])
+    assert rc.data.cache_dir == TRICKY and rc.train.lr == 1e-4 and rc.data.split_seed is None
+    text = config_toml(rc.to_dict())
+    read = tomllib.loads(text)
+    assert read == {name: {k: v for k, v in section.items() if v is not None}
+                    for name, section in rc.to_dict().items()}
+    assert read["train"]["lr"] == 1e-4 and read["train"]["compile"] is True
+    assert read["data"]["mix"] == [{"path": "a dir", "weight": 0.7}, {"path": "b.txt", "weight": 3}]
+    assert "# split_seed = (unset)" in text.splitlines()
+    assert load_config(write(tmp_path / "printed.toml", text)) == rc
+
+
+def test_the_toml_writer_leaves_out_none_inside_tables_and_writes_sub_tables():
+    config = {"data": {"mix": [{"path": "a", "weight": None}], "t": {"x": 1, "y": None},
+                       "f": float("inf"), "u": None}}
+    text = config_toml(config)
+    assert tomllib.loads(text) == {"data": {"mix": [{"path": "a"}], "t": {"x": 1},
+                                            "f": float("inf")}}
+    assert "# u = (unset)" in text.splitlines()
+    assert parse_value(toml_value(TRICKY)) == TRICKY and parse_value(toml_value(1e-4)) == 1e-4
 
 
 def test_overrides_do_not_mutate_the_base():

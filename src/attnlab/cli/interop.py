@@ -9,12 +9,6 @@ Bad input is one line on stderr with exit code 2, and nothing is written (see
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import shutil
-import tempfile
-import warnings
-from pathlib import Path
 
 from ..errors import UsageError
 
@@ -75,39 +69,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 0
     if args.encoder_only:
         raise UsageError("--encoder-only is for --to hf; leave it out for --to onnx")
-    out = Path(args.out)
-    if out.suffix != ".onnx":
-        raise UsageError(f"--out {out} must be a FILE.onnx for --to onnx")
-    if out.exists():
-        raise UsageError(f"--out {out} already exists; choose a new file")
-    export_onnx_run(args.run_dir, out, args.checkpoint)
+    from ..interop import export_onnx_run
+
+    out = export_onnx_run(args.run_dir, args.out, args.checkpoint)
     print(f"ONNX file: {out}")
     return 0
-
-
-def export_onnx_run(run_dir: str, out: Path, which: str = "best") -> None:
-    """The model of ``run_dir`` as one ONNX file, dynamic batch and lengths, verified with
-    onnxruntime; written to a temporary file beside ``out`` and renamed at the end."""
-    import torch
-
-    from ..interop import example_inputs, export_onnx
-    from ..runs import load_run
-
-    model = load_run(run_dir, which).model.float()
-    example, kwargs, names = example_inputs(model, generator=torch.Generator().manual_seed(0))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # a folder, not a file: a large model's weights go to OUT.onnx.data beside the graph
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    quiet = logging.getLogger("torch.onnx")  # "torchvision is not installed" x4: not ours
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():  # torch's own deprecation notices, not the user's
-            warnings.simplefilter("ignore", FutureWarning)
-            export_onnx(model, tmp / out.name, example, kwargs=kwargs, input_names=names,
-                        verify=True)
-        for file in sorted(tmp.iterdir(), key=lambda f: f.name == out.name):  # graph last
-            os.replace(file, out.parent / file.name)
-    finally:
-        quiet.setLevel(level)
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -11,12 +11,11 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 import shlex
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import RunError, UsageError
 from ..recipes import find_recipe
@@ -232,6 +231,7 @@ def _default_out(stem: str, resume: bool) -> Path:
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a recipe (or the demo) into its run dir and print the results; with
     ``--print-config``, print the config it would start from instead."""
+    from ..run_config import config_toml
     from ..runs import RunDir
     from ..train import train_run
 
@@ -276,11 +276,11 @@ def _check_train_args(args: argparse.Namespace) -> None:
 def _train_config(args: argparse.Namespace, recipe: Path | None, run) -> RunConfig:
     """The run config: the recipe (resumed without one: the run's own config) with ``--set``,
     then ``--init-from`` and ``--seed`` applied, in that order."""
+    from ..run_config import toml_value
     from ..train import load_config
 
     # --init-from wins over a train.init_from of the recipe or of --set (given last)
-    # (ensure_ascii=False: TOML has no surrogate pairs for characters beyond the BMP)
-    given = json.dumps(args.init_from, ensure_ascii=False) if args.init_from else None
+    given = toml_value(args.init_from) if args.init_from else None
     overrides = args.overrides + ([f"train.init_from={given}"] if given else []) + (
         [f"train.seed={args.seed}"] if args.seed is not None else [])
     if recipe is None and args.resume and run.config_file.is_file():
@@ -334,45 +334,6 @@ def interrupted_line(run) -> str:
                 "run the same command again to start over")
     return (f"interrupted; the last checkpoint ({run.path / 'last'}) holds step {meta['step']}; "
             f"resume with: attnlab train --out {shlex.quote(str(run.path))} --resume")
-
-
-def _toml_value(value: Any) -> str:
-    """``value`` as a TOML value (``float`` keeps its exact ``repr``; ``inf`` and ``nan`` as TOML
-    spells them)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        return repr(value) if math.isfinite(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)  # a TOML basic string
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()
-                               if v is not None) + "}"
-    raise TypeError(f"no TOML form for {type(value).__name__}")
-
-
-def _toml_key(key: str) -> str:
-    """``key`` bare when TOML allows it, else quoted."""
-    return key if key and all(c.isalnum() or c in "_-" for c in key) else json.dumps(key)
-
-
-def config_toml(config: dict[str, dict[str, Any]]) -> str:
-    """A run config as a TOML recipe that ``attnlab train FILE`` reads back to the same config
-    (TOML has no null: an unset value is a comment, and so left at its default)."""
-    parts = []
-    for section, values in config.items():
-        lines = [f"[{section}]"]
-        for key, value in values.items():
-            lines.append(f"# {key} = (unset)" if value is None else
-                         f"{_toml_key(key)} = {_toml_value(value)}")
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)
 
 
 def _scope(batches: int) -> str:

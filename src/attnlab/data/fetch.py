@@ -25,6 +25,7 @@ from types import MappingProxyType
 
 from attnlab.data.errors import DataError, DataFileNotFoundError, DownloadError
 from attnlab.data.labelled import read_labelled_tsv
+from attnlab.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -177,11 +178,11 @@ def _failure_hint(info: DatasetInfo) -> str:
 
 def _fetch_file(spec: RemoteFile, info: DatasetInfo, final: Path, source_dir: Path | None,
                 timeout: float) -> None:
-    """Fetch one file to ``final`` through temporary files that are always removed."""
-    tag = uuid.uuid4().hex[:12]
-    packed, part = (final.with_name(f".{final.name}.{tag}{suffix}")
-                    for suffix in (".download", ".part"))
-    try:
+    """Fetch one file to ``final``, verified before it is renamed into place; the download
+    (an archive, before unpacking) is always removed."""
+    packed = final.with_name(f".{final.name}.{uuid.uuid4().hex[:12]}.download")
+
+    def write(part: Path) -> None:
         if source_dir is not None:
             origin = str(_local_source(source_dir, spec, info))
             log.info("copying %s to %s", origin, final)
@@ -197,10 +198,11 @@ def _fetch_file(spec: RemoteFile, info: DatasetInfo, final: Path, source_dir: Pa
                                     f"{_failure_hint(info)}") from e
             _unpack(packed, spec, part, info)
         _verify(part, spec, origin, info)
-        os.replace(part, final)
+
+    try:
+        atomic_write(final, write)
     finally:
-        for tmp in (packed, part):
-            tmp.unlink(missing_ok=True)
+        packed.unlink(missing_ok=True)
 
 
 def fetch(name: str, cache_dir: str | Path | None = None, source_dir: str | Path | None = None,

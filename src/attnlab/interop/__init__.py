@@ -12,7 +12,7 @@ from .gpt2 import gpt2_config, gpt2_from_hf, gpt2_to_hf
 from .hf_tokenizer import load_hf_tokenizer, save_hf_tokenizer
 from .llama import llama_config, llama_from_hf, llama_to_hf
 from .marian import marian_to_hf
-from .onnx_export import example_inputs, export_onnx
+from .onnx_export import example_inputs, export_onnx, export_onnx_run
 from .pretrained import Pretrained, export_hf, import_run, load_pretrained, to_hf
 from .torch_nn import TransformerStacks, config_from_torch, mha_from_torch, transformer_from_torch
 
@@ -28,6 +28,7 @@ __all__ = [
     "example_inputs",
     "export_hf",
     "export_onnx",
+    "export_onnx_run",
     "gpt2_config",
     "gpt2_from_hf",
     "gpt2_to_hf",

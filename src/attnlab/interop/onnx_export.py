@@ -5,10 +5,12 @@ Inputs and outputs are named as Hugging Face's and Optimum's exports name them
 :data:`AXES`), so that code written for those runs the file as it is. Every input dimension
 is dynamic, up to the model's own limits (``T <= max_len`` for learned positions). Needs
 ``onnx`` and ``onnxscript`` (``onnxruntime`` to verify), imported where they are used.
+:func:`export_onnx_run` writes a run dir's model (``attnlab export --to onnx``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -17,7 +19,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..errors import MissingDependencyError
+from ..errors import MissingDependencyError, UsageError
+from ..files import write_files_atomic
 
 # the names of each input's dynamic axes (as Optimum's ONNX exports name them); an input named
 # otherwise gets axes that torch.export names itself
@@ -146,6 +149,43 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, example: Tensor | tup
     finally:
         model.train(was_training)
     return path
+
+
+def export_onnx_run(run_dir: str | os.PathLike, out: str | os.PathLike,
+                    which: str = "best") -> Path:
+    """Write the model of a run dir as one ONNX file ``out`` (dynamic batch and lengths),
+    verified with onnxruntime, and return its path. Written in a temporary folder beside
+    ``out`` and renamed into place (weights over 2 GB in ``OUT.onnx.data`` first, the graph
+    last), so a failed export leaves nothing behind.
+
+    Args:
+        run_dir: a run dir (trained or imported).
+        out: the new file, ``NAME.onnx`` (must not exist).
+        which: the checkpoint, ``best`` (default) or ``last``.
+
+    Raises:
+        UsageError: ``out`` is not a ``.onnx`` name, or exists.
+    """
+    from ..runs import load_run
+
+    out = Path(out)
+    if out.suffix != ".onnx":
+        raise UsageError(f"--out {out} must be a FILE.onnx for --to onnx")
+    if out.exists():
+        raise UsageError(f"--out {out} already exists; choose a new file")
+    model = load_run(run_dir, which).model.float()
+    example, kwargs, names = example_inputs(model, generator=torch.Generator().manual_seed(0))
+    quiet = logging.getLogger("torch.onnx")  # "torchvision is not installed" x4: not ours
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():  # torch's own deprecation notices, not the user's
+            warnings.simplefilter("ignore", FutureWarning)
+            write_files_atomic(out, lambda path: export_onnx(
+                model, path, example, kwargs=kwargs, input_names=names, verify=True))
+    finally:
+        quiet.setLevel(level)
+    return out
 
 
 def _dims(names: Sequence[str], tensors: Sequence[Tensor], axes: Mapping[str, Sequence[str]],

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from ..files import atomic_write_json
+
 log = logging.getLogger(__name__)
 
 
@@ -73,11 +75,7 @@ def _read_cache(path: Path) -> dict[str, Any]:
 
 def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
     with contextlib.suppress(OSError):  # a read-only home only costs a probe next time
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = {**_read_cache(path), key: entry}
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        atomic_write_json(path, {**_read_cache(path), key: entry}, indent=1)
 
 
 def fastest(step: Callable[[str], None], key: str, candidates: Sequence[str], *,

@@ -33,7 +33,7 @@ from .average import WeightEMA
 from .distributed import DistInfo, all_gather_objects, all_reduce_sum, any_process, shard, wrap_ddp
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, optimizer_kind, set_lr
-from .precision import autocast, fastest, probe_key, resolve_precision, sdpa_backends
+from .precision import Amp, fastest, probe_key, resolve_precision
 from .stop import StopSignals
 
 log = logging.getLogger(__name__)
@@ -184,9 +184,9 @@ class Trainer:
             use_fused_loss(self.model)
         if self.info.enabled:  # then each process its own random stream (dropout masks)
             torch.manual_seed(self.cfg.seed + self.info.rank)
-        self.backends = sdpa_backends(self.cfg.sdpa_backend)  # before the precision probe
         self.precision = resolve_precision(self.cfg.precision, self.device,
                                            self._measure_precision, precision)
+        self.amp = Amp(self.precision, self.device, self.cfg.sdpa_backend)  # around each forward
         self.optimizer = build_optimizer(self.model, self.cfg, self.device.type, self.precision)
         self.ema = WeightEMA(self.model, self.cfg.ema_decay) if self.cfg.ema_decay else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
@@ -207,10 +207,6 @@ class Trainer:
                               f"allowed: auto, val_loss, {', '.join(task.metric_names)}")
 
     # ---- precision -------------------------------------------------------------------------
-    def amp(self, precision: str | None = None) -> contextlib.AbstractContextManager:
-        """Autocast (bf16 / fp16) and the chosen attention kernels, around every forward."""
-        return autocast(precision or self.precision, self.device, self.backends)
-
     def _measure_precision(self) -> str:
         """``precision = "auto"`` on a CPU: time forward + backward of the first training batch
         in fp32 and in bf16 (:func:`attnlab.train.precision.fastest`, cached). The data position
@@ -221,7 +217,7 @@ class Trainer:
             batch = tuple(t.to(self.device) for t in shard(whole, self.info))
 
             def step(precision: str) -> None:
-                with self.amp(precision):
+                with Amp(precision, self.device, self.cfg.sdpa_backend)():
                     loss = self.task.loss_sum(self.model, batch)
                 loss.backward()
                 self.model.zero_grad(set_to_none=True)

@@ -14,6 +14,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,6 +39,21 @@ def autocast(precision: str, device: torch.device,
 
         stack.enter_context(sdpa_kernel(backends))
     return stack
+
+
+@dataclass(frozen=True)
+class Amp:
+    """The context of every forward of a model in training and in evaluation, one home for
+    both: ``amp()`` enters :func:`autocast` in ``precision`` (resolved: fp32, bf16 or fp16)
+    with the attention kernels of ``sdpa_backend`` (``train.sdpa_backend``). A task's
+    ``evaluate`` takes it as its ``amp``."""
+
+    precision: str
+    device: torch.device
+    sdpa_backend: str = "auto"
+
+    def __call__(self) -> contextlib.AbstractContextManager:
+        return autocast(self.precision, self.device, sdpa_backends(self.sdpa_backend))
 
 
 def sdpa_backends(name: str) -> list | None:

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..devices import resolve_device
 from ..errors import DataFileNotFoundError, UsageError
+from ..files import check_writable
 from ..run_config import SECTIONS, RunConfig
 from ..runs import RunDir, RunError, load_run
 from ..speed import use_cpu_sdpa
@@ -38,7 +38,7 @@ from .finetune import (
 from .loop import Trainer, TrainResult
 from .monitor import plot_curves
 from .optim import schedule_warnings
-from .precision import autocast, resolve_precision, sdpa_backends
+from .precision import Amp, resolve_precision
 
 log = logging.getLogger(__name__)
 # data.name of the runs trained on the user's own files (attnlab.tasks.TASKS): their config
@@ -66,10 +66,7 @@ def check_run_dir(run: RunDir, resume: bool) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise RunError(f"run dir {run_dir} is a file, not a folder; choose another --out")
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=run_dir, prefix=".write-test.")
-        os.close(fd)
-        os.unlink(probe)
+        check_writable(run_dir)
     except OSError as e:
         raise RunError(f"cannot write to run dir {run_dir} ({e.strerror or e}); choose a "
                        "writable --out folder") from None
@@ -350,12 +347,8 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
     task = _eval_task(rd, rc)
     dev = resolve_device(device, flag="--device")
     run = load_run(rd.path, checkpoint, device=str(dev))
-    precision = _eval_precision(rd, rc, checkpoint, dev)
-    backends = sdpa_backends(rc.train.sdpa_backend)
-
-    def amp():  # as Trainer.amp: autocast and the attention kernels training evaluated with
-        return autocast(precision, dev, backends)
-
+    # the precision and attention kernels training evaluated with, as the Trainer enters them
+    amp = Amp(_eval_precision(rd, rc, checkpoint, dev), dev, rc.train.sdpa_backend)
     window = {}
     if stride:
         if not hasattr(task, "set_stride"):
@@ -370,7 +363,7 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
     use_cpu_sdpa(run.model).eval()  # the attention kernels training evaluated with
     metrics = task.evaluate(run.model, split, dev, amp, 0, progress)
     where = {"data": " ".join(data)} if data else {"split": split}
-    return {**where, "checkpoint": str(run.checkpoint), "precision": precision, **decoding,
+    return {**where, "checkpoint": str(run.checkpoint), "precision": amp.precision, **decoding,
             **window, **metrics}
 
 
