@@ -150,11 +150,17 @@ def data_words(d: DataConfig) -> str:
     return given[0] if given else "data.mix" if d.mix else "no data set and no file"
 
 
+def names_files(d: DataConfig) -> bool:
+    """Does ``d`` name training files of the user's (``data.path``, ``data.mix``,
+    ``data.src_path``, ``data.tgt_path``)?"""
+    return bool(d.path or d.mix is not None or d.src_path or d.tgt_path)
+
+
 def resolve_data(rc: RunConfig) -> RunConfig:
     """``rc`` with ``data.name`` filled in where it names no data set and no file: the default
     data set, which the run's config then records."""
     d = rc.data
-    if d.name or d.path or d.mix is not None or d.src_path or d.tgt_path:
+    if d.name or names_files(d):
         return rc
     default = default_data_set()
     if default is None or data_sets()[default.name][0] is not task_class(rc):

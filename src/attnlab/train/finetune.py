@@ -20,7 +20,7 @@ from ..config import ConfigError, ModelConfig
 from ..errors import InputError, MissingFileError
 from ..run_config import RunConfig, upgrade
 from ..runs import RunDir, RunError, load_run
-from ..tasks import data_words, task_class
+from ..tasks import data_words, names_files, task_class
 from ..tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -90,8 +90,9 @@ def init_config(rc: RunConfig, base: ModelConfig, where: str) -> RunConfig:
         ConfigError: the data trains another family than ``base``'s, or the recipe sets a key
             outside :data:`TUNABLE` to another value than ``base``'s.
     """
-    # (data.name left out: the task of the source's family that trains the files)
-    family = task_class(rc, family=base.family).family
+    # data.name and files left out: the source's family picks the task (files decide first)
+    named = rc.data.name or names_files(rc.data)
+    family = task_class(rc, family=None if named else base.family).family
     if base.family != family:
         raise ConfigError(f"train.init_from={where} holds a {base.family} model, but "
                           f"{data_words(rc.data)} trains a {family} model; start from a "
