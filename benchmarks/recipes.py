@@ -33,13 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from data_speed import git_head, machine  # noqa: E402  (the benchmarks' one machine line)
 
-# the local files of each data set, as --set overrides (relative to --data-dir)
-DATA = {
-    "multi30k": {"data.src_path": "multi30k/train.de", "data.tgt_path": "multi30k/train.en",
-                 "data.val_src_path": "multi30k/val.de", "data.val_tgt_path": "multi30k/val.en"},
-    "shakespeare": {"data.path": "tinyshakespeare/input.txt"},
-    "sst2": {"data.path": "sst2/train.tsv"},
-}
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=64",
         "train.max_steps=4", "train.eval_every=2", "train.warmup_steps=1",
         "train.compile=false", "train.progress=false", "train.tensorboard=false"]
@@ -55,12 +48,18 @@ def attnlab(*args: str) -> str:
 
 
 def data_overrides(recipe: str, data_dir: Path) -> list[str]:
-    """The ``--set`` overrides that point ``recipe`` at its local data under ``data_dir``."""
+    """The ``--set`` overrides that point ``recipe`` at its local data under ``data_dir``: the
+    files its data set declares, in the data set's folder there (as ``data fetch --from``)."""
     from attnlab.recipes import find_recipe
     from attnlab.run_config import load_config
+    from attnlab.tasks import data_sets
 
     name = load_config(str(find_recipe(recipe))).data.name
-    return [f"{key}={data_dir / rel}" for key, rel in DATA.get(name, {}).items()]
+    _, ds = data_sets().get(name, (None, None))
+    if ds is None or ds.download is None:  # generated, embedded, or no data set named
+        return []
+    return [f"data.{key}={data_dir / ds.download.local_dir / file}"
+            for key, file in ds.files.items()]
 
 
 def timed(walls: dict[str, float], label: str, *args: str) -> str:

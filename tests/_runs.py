@@ -73,7 +73,8 @@ def write_run(run_dir: Path, model: torch.nn.Module, tokenizer=None, data: dict 
     """A run dir as training writes it: the config, the tokenizer and a best/ checkpoint."""
     run = RunDir(run_dir)
     run.path.mkdir(parents=True, exist_ok=True)
-    run.write_config({"model": model.config.to_dict(), "data": data or {},
+    # (training records the data set it trained on: here the default, unless data says)
+    run.write_config({"model": model.config.to_dict(), "data": data or {"name": "embedded"},
                       "train": {"max_steps": 1}})
     if tokenizer is not None:
         run.save_tokenizer(tokenizer)

@@ -20,7 +20,6 @@ from typing import Any, Literal
 import tomli_w
 
 from .config import ConfigError, ModelConfig, check, check_keys, check_literal, check_types
-from .data.synthetic import SYNTHETIC_NAMES
 from .errors import MissingFileError
 
 TokenizerKind = Literal["char", "bpe", "gpt2"]
@@ -32,19 +31,10 @@ Precision = Literal["auto", "fp32", "bf16", "fp16"]
 SdpaBackend = Literal["auto", "default", "math", "flash", "efficient"]
 
 SECTIONS = ("model", "data", "train")
-# data.name -> the model family it trains. attnlab.tasks.TASKS gives each of these names the
-# task that trains it (a test keeps the two tables the same); the run config sits below the
-# tasks, so it names the data sets without importing them.
-DATA_FAMILIES: dict[str, str] = {
-    "embedded": "decoder",  # the pydoc topics every Python install has
-    "text": "decoder",  # your own text file (or a prepared DIR)
-    "shakespeare": "decoder",
-    "multi30k": "encoder_decoder",
-    "parallel": "encoder_decoder",  # your own line-aligned files
-    "sst2": "encoder",
-    "tsv": "encoder",  # your own labelled TSV
-    **{name: "encoder_decoder" for name in SYNTHETIC_NAMES},
-}
+# data.name of the user's own files before data.name named data sets only, with the model
+# family each trained: a run dir's config.json may hold them, and --set takes them. Each is
+# read as data.name = "" (the paths decide the task) with that model.family (upgrade()).
+OLD_OWN_FILES = {"text": "decoder", "tsv": "encoder", "parallel": "encoder_decoder"}
 METRICS = ("auto", "val_loss", "ppl", "bleu", "accuracy", "f1")
 
 
@@ -52,13 +42,18 @@ METRICS = ("auto", "val_loss", "ppl", "bleu", "accuracy", "f1")
 class DataConfig:
     """Where the data comes from and how it is tokenized.
 
-    ``name`` picks a data set: ``embedded`` (the pydoc topics every Python has), a fetchable
-    one (``shakespeare``, ``multi30k``, ``sst2``: read from ``attnlab data fetch``'s cache,
-    downloaded if missing), your own files (``text``, ``parallel``, ``tsv``), or a synthetic
-    task (``copy``, ``reverse``, ``sort``). Local paths always win over the cache.
+    ``name`` picks a data set (``attnlab data list``; the tasks of :mod:`attnlab.tasks`
+    declare them and check the name): ``embedded`` (the pydoc topics every Python has), a
+    fetchable one (``shakespeare``, ``multi30k``, ``sst2``: read from ``attnlab data fetch``'s
+    cache, downloaded if missing), or a synthetic task (``copy``, ``reverse``, ``sort``).
+    Left out (``""``), your files decide: ``src_path`` + ``tgt_path`` (or a prepared pairs
+    DIR in ``path``) train a translation model, a ``.tsv`` in ``path`` a classifier, any other
+    text in ``path`` or ``mix`` (a file, a folder, a prepared DIR) a language model, and no
+    file at all the embedded default; ``model.family``, where set, picks the task of that
+    family. Local paths always win over the cache.
     """
 
-    name: str = "embedded"  # a key of DATA_FAMILIES (and of attnlab.tasks.TASKS)
+    name: str = ""  # a data set (attnlab data list), or "": your files, or the embedded default
     # LM: a text file (tokenized once into the cache's prepared/) or a prepared token dir
     # (`attnlab data prepare`); classification: a TSV (label and sentence columns)
     path: str = ""
@@ -95,8 +90,6 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        check(self.name in DATA_FAMILIES, "name", self.name,
-              "one of " + ", ".join(repr(n) for n in DATA_FAMILIES))
         for name, lit in (("tokenizer", TokenizerKind), ("pre_tokenizer", PreTokenizer),
                           ("holdout_unit", HoldoutUnit)):
             check_literal(self, name, lit)
@@ -135,15 +128,8 @@ class DataConfig:
             check(isinstance(weight, (int, float)) and not isinstance(weight, bool)
                   and math.isfinite(weight) and weight > 0, f"mix[{i}].weight", weight,
                   "a finite number > 0")
-        check(self.family == "decoder", "mix", mix,
-              f"only for language models (data.name={self.name!r} is not one)")
         check(not self.path, "mix", mix,
               f"mix or path, not both (data.path={self.path!r}): move it into the mix")
-
-    @property
-    def family(self) -> str:
-        """The model family this data trains (:data:`DATA_FAMILIES`)."""
-        return DATA_FAMILIES[self.name]
 
 
 @dataclass(frozen=True)
@@ -268,6 +254,7 @@ class RunConfig:
         if unknown:
             raise ConfigError(f"unknown config section {unknown[0]!r}; allowed sections: "
                               f"{', '.join(SECTIONS)}")
+        d = upgrade(d)
         parts, explicit = {}, set()
         for name in SECTIONS:
             section = d.get(name, {})
@@ -292,6 +279,20 @@ class RunConfig:
         old = getattr(self, section)
         new = old.replace(**changes) if section == "model" else dataclasses.replace(old, **changes)
         return dataclasses.replace(self, **{section: new})
+
+
+def upgrade(d: dict[str, Any]) -> dict[str, Any]:
+    """Run config dict ``d`` in today's spelling: an old own-files ``data.name``
+    (:data:`OLD_OWN_FILES`) becomes ``""``, with the model family it trained where ``d`` sets
+    none (a new dict; ``d`` is unchanged)."""
+    data, model = d.get("data"), d.get("model", {})
+    if not isinstance(data, dict) or data.get("name") not in OLD_OWN_FILES:
+        return d
+    family = OLD_OWN_FILES[data["name"]]
+    out = {**d, "data": {**data, "name": ""}}
+    if isinstance(model, dict) and "family" not in model:
+        out["model"] = {**model, "family": family}
+    return out
 
 
 def _build(cls: type, values: dict[str, Any], section: str) -> Any:
@@ -390,7 +391,9 @@ DEMO: dict[str, dict[str, Any]] = {
     "model": {"d_model": 128, "n_heads": 4, "n_layers": 4, "max_len": 128,
               "dropout": 0.0, "norm": "pre", "ffn": "gelu", "pos": "learned", "bias": False,
               "scale_embeddings": False, "init_std": 0.06, "init_residual_scale": False},
-    "data": {"name": "embedded"},  # (char, the default: a prepared data.path brings its own)
+    # no data.name: the embedded corpus, or the files --set names (data.path, ...); char, the
+    # default tokenizer (a prepared data.path brings its own)
+    "data": {},
     "train": {"max_steps": 1200, "batch_size": 32, "lr": 2e-3, "min_lr": 2e-4,
               "warmup_steps": 100, "eval_every": 400, "eval_batches": 20, "samples": 3,
               "sample_tokens": 300},

@@ -209,7 +209,7 @@ def test_viz_labels_each_head_with_its_own_weights_in_any_order(runs, tmp_path):
 
 def test_info_of_a_fine_tuning_recipe_counts_the_source_model(runs, tmp_path, capsys):
     recipe = tmp_path / "ft.toml"
-    recipe.write_text(f'[data]\nname = "tsv"\nlabel_names = ["a", "b", "c"]\n'
+    recipe.write_text(f'[data]\nlabel_names = ["a", "b", "c"]\n'
                       f'[train]\ninit_from = "{runs["encoder"]}"\n')
     assert main(["info", str(recipe)]) == 0
     out = capsys.readouterr().out

@@ -49,7 +49,7 @@ def mt_run(tmp_path_factory):
     src, tgt = base / "val.src", base / "val.tgt"
     src.write_text("the dog\nlazy fox\nquick brown\n")
     tgt.write_text("a dog\nthe fox\nbrown quick\n")
-    data = {"name": "parallel", "src_path": str(src), "tgt_path": str(tgt),
+    data = {"src_path": str(src), "tgt_path": str(tgt),
             "val_src_path": str(src), "val_tgt_path": str(tgt)}
     return seq2seq_run(base / "run", data=data), src, tgt
 
@@ -250,7 +250,7 @@ def test_compile_is_announced(tmp_path, monkeypatch, caplog):
 def test_final_and_best_lines_say_which_evaluation(tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_text(TEXT * 40)
-    code, out, err = run_cli(capsys, "train", "--set", "data.name=text", "--set",
+    code, out, err = run_cli(capsys, "train", "--set",
                              f"data.path={text}", *MODEL, *FAST, "--set", "train.max_steps=2",
                              "--set", "train.eval_every=2", "--set", "train.eval_batches=1",
                              "--set", "train.batch_size=2", "--set", "train.precision=fp32",

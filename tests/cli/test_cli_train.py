@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -29,7 +30,7 @@ def text(tmp_path):
 
 
 def lm_args(text, out, steps=4, *extra):
-    return ["train", "--set", "data.name=text", "--set", f"data.path={text}", *MODEL, *FAST,
+    return ["train", "--set", f"data.path={text}", *MODEL, *FAST,
             "--set", f"train.max_steps={steps}", "--set", "train.eval_every=2",
             "--set", "train.batch_size=4", "--out", str(out), *extra]
 
@@ -110,7 +111,7 @@ def test_classification_and_translation_end_to_end(tmp_path, capsys):
     tsv = tmp_path / "train.tsv"
     tsv.write_text("label\tsentence\n" + "".join(
         f"{i % 2}\t{'great' if i % 2 else 'awful'} film {i}\n" for i in range(40)))
-    args = ["train", "--set", "data.name=tsv", "--set", f"data.path={tsv}", *MODEL, *FAST,
+    args = ["train", "--set", f"data.path={tsv}", *MODEL, *FAST,
             "--set", "data.tokenizer=char", "--set", "train.max_steps=2",
             "--set", "train.batch_size=8", "--out", str(tmp_path / "cls")]
     assert main(args) == 0
@@ -125,7 +126,7 @@ def test_classification_and_translation_end_to_end(tmp_path, capsys):
     src, tgt = tmp_path / "s.de", tmp_path / "t.en"
     src.write_text("".join(f"ein hund {i}\n" for i in range(20)))
     tgt.write_text("".join(f"a dog {i}\n" for i in range(20)))
-    args = ["train", "--set", "data.name=parallel", "--set", f"data.src_path={src}",
+    args = ["train", "--set", f"data.src_path={src}",
             "--set", f"data.tgt_path={tgt}", "--set", f"data.val_src_path={src}",
             "--set", f"data.val_tgt_path={tgt}", "--set", "data.tokenizer=bpe",
             "--set", "data.vocab_size=300", "--set", "data.pre_tokenizer=byte_level", *MODEL,
@@ -212,7 +213,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_checkpoints_alone(case, lm_run,
     cases = {
         "missing_file": (lm_args(tmp_path / "nope.txt", tmp_path / "o"), "does not exist"),
         "empty_file": (lm_args(empty, tmp_path / "o"), "is empty"),
-        "bad_label": (["train", "--set", "data.name=tsv", "--set", f"data.path={tsv}",
+        "bad_label": (["train", "--set", f"data.path={tsv}",
                        "--out", str(tmp_path / "o")], "'maybe' is not an integer"),
         "unknown_key": (lm_args(text, tmp_path / "o", 4, "--set", "train.learning_rate=1"),
                         "unknown config key 'train.learning_rate'"),
@@ -248,7 +249,8 @@ def test_bad_input_is_one_line_exit_2_and_leaves_checkpoints_alone(case, lm_run,
                                  "train.max_steps=4 is not beyond the checkpoint's step 4"),
         "resume_other_family": (["train", "sst2", "--out", run, "--resume",
                                  "--set", f"data.path={tsv}"],
-                                f"run dir {run} holds a decoder-only run (data.name='text'), "
+                                f"run dir {run} holds a decoder-only run (data.path="
+                                f"{str(lm_run.parent / 'text.txt')!r}), "
                                 "which cannot be resumed with an encoder-only recipe"),
         "eval_bad_device": (["eval", run, "--device", "cuda:99"], "--device 'cuda:99' but"),
         "eval_stride_past_the_block": (["eval", run, "--stride", "17"],
@@ -277,18 +279,20 @@ def test_bad_input_is_one_line_exit_2_and_leaves_checkpoints_alone(case, lm_run,
 
 
 def test_data_fetch_copies_a_local_file(tmp_path, capsys, monkeypatch):
-    fetch_module = importlib.import_module("attnlab.data.fetch")
-    DATASETS, RemoteFile = fetch_module.DATASETS, fetch_module.RemoteFile  # noqa: N806
+    from attnlab.data.fetch import RemoteFile
+    from attnlab.tasks import LMTask
 
-    # a stand-in data set whose checksum we know (the real ones are not read by unit tests)
+    # a stand-in data set whose checksum we know (the real ones are not read by unit tests),
+    # declared on the task as the real one is
     src = tmp_path / "src" / "tinyshakespeare"
     src.mkdir(parents=True)
     (src / "input.txt").write_text(TEXT)
     sha = hashlib.sha256(TEXT.encode()).hexdigest()
-    info = DATASETS["shakespeare"]
-    fake = type(info)(info.name, info.description, (RemoteFile("input.txt", "http://x", sha),),
-                      info.local_dir, info.local_hint)
-    monkeypatch.setattr(fetch_module, "DATASETS", {**DATASETS, "shakespeare": fake})
+    sets = {s.name: s for s in LMTask.datasets}
+    info = sets["shakespeare"].download
+    fake = dataclasses.replace(info, files=(RemoteFile("input.txt", "http://x", sha),))
+    sets["shakespeare"] = dataclasses.replace(sets["shakespeare"], download=fake)
+    monkeypatch.setattr(LMTask, "datasets", tuple(sets.values()))
     args = ["data", "fetch", "shakespeare", "--from", str(tmp_path / "src"), "--cache",
             str(tmp_path / "cache")]
     assert main(args) == 0
@@ -336,17 +340,17 @@ def test_translation_refuses_one_file_of_a_pair(given, missing, text, tmp_path, 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.endswith(f"data.{given} is set but data.{missing} is not: give both (or "
-                        "neither, to use the downloaded Multi30k)"), err
+                        "neither, to use the downloaded multi30k)"), err
     assert not (tmp_path / "cache").exists() and not (tmp_path / "mt").exists()
 
 
 def test_eval_of_an_imported_lm_asks_for_data(tmp_path, capsys):
     """A run dir imported from Hugging Face names no data file: eval says to pass --data."""
-    run = _runs.lm_run(tmp_path / "imported", data={"name": "text"})
+    run = _runs.lm_run(tmp_path / "imported", data={"name": ""})
     assert main(["eval", str(run)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.endswith(
-        "has no val data of its own (its config has data.name='text' and no data.path); pass "
+        "has no val data of its own (its config names no data set and no data.path); pass "
         "the language-model data to evaluate on with --data FILE"), err
     other = tmp_path / "other.txt"
     other.write_text(_runs.TEXT * 4)
@@ -361,7 +365,7 @@ def test_a_strided_eval_scores_each_target_once_from_its_first_window(tmp_path, 
     that scores each target on its own, in that window."""
     tok = _runs.char_tokenizer()  # (no pad id: every character is a target)
     run = _runs.write_run(tmp_path / "run", _runs.tiny_lm(vocab_size=tok.vocab_size, max_len=32,
-                                                          pad_id=None), tok, {"name": "text"})
+                                                          pad_id=None), tok, {"name": ""})
     text = tmp_path / "val.txt"
     text.write_text(_runs.TEXT * 5)  # 225 characters: 224 targets
     assert main(["eval", str(run), "--data", str(text), "--stride", str(stride), "--json"]) == 0

@@ -422,10 +422,9 @@ def test_classification_batches() -> None:
 CONTENT = b"First Citizen:\nBefore we proceed any further, hear me speak.\n"
 
 
-def _registry(monkeypatch, *files: RemoteFile) -> DatasetInfo:
-    info = DatasetInfo("toy", "a toy data set", tuple(files), "toydir", "--set data.path=X")
-    monkeypatch.setattr(fetch_mod, "DATASETS", {"toy": info})
-    return info
+def _toy(*files: RemoteFile) -> DatasetInfo:
+    """A data set's files as a task declares them (fetch takes the declaration)."""
+    return DatasetInfo("toy", "a toy data set", tuple(files), "toydir", "--set data.path=X")
 
 
 def _plain(content: bytes = CONTENT) -> RemoteFile:
@@ -442,103 +441,103 @@ def _serve(monkeypatch, payload: bytes, calls: list[str] | None = None) -> None:
 
 
 def test_fetch_downloads_verifies_and_skips_when_present(tmp_path, monkeypatch) -> None:
-    _registry(monkeypatch, _plain())
+    toy = _toy(_plain())
     calls: list[str] = []
     _serve(monkeypatch, CONTENT, calls)
-    root = fetch("toy", tmp_path)
+    root = fetch(toy, tmp_path)
     assert root == tmp_path / "toy" and (root / "input.txt").read_bytes() == CONTENT
-    assert fetch("toy", tmp_path) == root and len(calls) == 1
+    assert fetch(toy, tmp_path) == root and len(calls) == 1
     assert [p.name for p in root.iterdir()] == ["input.txt"]
 
 
 def test_fetch_checksum_mismatch_keeps_nothing(tmp_path, monkeypatch) -> None:
-    info = _registry(monkeypatch, _plain())
+    toy = info = _toy(_plain())
     _serve(monkeypatch, b"tampered")
     with pytest.raises(DownloadError, match="checksum mismatch .* expected sha256 "
                        f"{info.files[0].sha256}, got {hashlib.sha256(b'tampered').hexdigest()}"):
-        fetch("toy", tmp_path)
+        fetch(toy, tmp_path)
     assert not (tmp_path / "toy").exists()  # not even the empty folder it made
 
 
 def test_failed_download_leaves_no_partial_file(tmp_path, monkeypatch) -> None:
-    _registry(monkeypatch, _plain())
+    toy = _toy(_plain())
 
     def broken(url, dest, timeout):
         dest.write_bytes(CONTENT[:10])
         raise TimeoutError("timed out")
     monkeypatch.setattr(fetch_mod, "download_url", broken)
     with pytest.raises(DownloadError, match="failed .*--set data.path=X.*attnlab data fetch toy"):
-        fetch("toy", tmp_path)
+        fetch(toy, tmp_path)
     assert not (tmp_path / "toy").exists()  # not even the empty folder it made
 
 
 def test_download_url_network_error_is_reported(tmp_path, monkeypatch) -> None:
-    _registry(monkeypatch, _plain())
+    toy = _toy(_plain())
 
     def offline(request, timeout):
         raise urllib.error.URLError("Name or service not known")
     monkeypatch.setattr(fetch_mod.urllib.request, "urlopen", offline)
     with pytest.raises(DownloadError, match="downloading toy file input.txt from https://"):
-        fetch("toy", tmp_path)
+        fetch(toy, tmp_path)
     assert not (tmp_path / "toy").exists()  # not even the empty folder it made
 
 
 def test_fetch_gunzips_and_unzips_with_row_check(tmp_path, monkeypatch) -> None:
-    _registry(monkeypatch, RemoteFile("train.de", "u", _plain().sha256, "gzip"))
+    toy = _toy(RemoteFile("train.de", "u", _plain().sha256, "gzip"))
     _serve(monkeypatch, gzip.compress(CONTENT))
-    assert (fetch("toy", tmp_path) / "train.de").read_bytes() == CONTENT
+    assert (fetch(toy, tmp_path) / "train.de").read_bytes() == CONTENT
     tsv = "sentence\tlabel\nfine \t1\nbad\t0\n"
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         archive.writestr("SST-2/train.tsv", tsv)
-    _registry(monkeypatch, RemoteFile("train.tsv", "u", None, "zip", "SST-2/train.tsv", 2))
+    toy = _toy(RemoteFile("train.tsv", "u", None, "zip", "SST-2/train.tsv", 2))
     _serve(monkeypatch, buffer.getvalue())
-    assert (fetch("toy", tmp_path / "z") / "train.tsv").read_text(encoding="utf-8") == tsv
-    _registry(monkeypatch, RemoteFile("train.tsv", "u", None, "zip", "SST-2/train.tsv", 3))
+    assert (fetch(toy, tmp_path / "z") / "train.tsv").read_text(encoding="utf-8") == tsv
+    toy = _toy(RemoteFile("train.tsv", "u", None, "zip", "SST-2/train.tsv", 3))
     with pytest.raises(DownloadError, match="has 2 rows, expected 3"):
-        fetch("toy", tmp_path / "z2")
+        fetch(toy, tmp_path / "z2")
     _serve(monkeypatch, b"not a zip")
     with pytest.raises(DownloadError, match="unpacking toy file train.tsv"):
-        fetch("toy", tmp_path / "z3")
+        fetch(toy, tmp_path / "z3")
     buffer = io.BytesIO()  # cut inside its last row: every row still there
     with zipfile.ZipFile(buffer, "w") as archive:
         archive.writestr("SST-2/train.tsv", "label\tsentence\n1\tfine\n0\tbad mo")
-    _registry(monkeypatch, RemoteFile("train.tsv", "u", None, "zip", "SST-2/train.tsv", 2))
+    toy = _toy(RemoteFile("train.tsv", "u", None, "zip", "SST-2/train.tsv", 2))
     _serve(monkeypatch, buffer.getvalue())
     with pytest.raises(DownloadError, match="ends inside a row"):
-        fetch("toy", tmp_path / "z4")
+        fetch(toy, tmp_path / "z4")
 
 
 def test_fetch_copies_from_local_directory(tmp_path, monkeypatch) -> None:
-    _registry(monkeypatch, _plain())
+    toy = _toy(_plain())
     _serve(monkeypatch, b"", calls := [])
     source = tmp_path / "shared" / "toydir"
     source.mkdir(parents=True)
     (source / "input.txt").write_bytes(CONTENT)
-    root = fetch("toy", tmp_path / "cache", source_dir=tmp_path / "shared")
+    root = fetch(toy, tmp_path / "cache", source_dir=tmp_path / "shared")
     assert (root / "input.txt").read_bytes() == CONTENT and calls == []
     with pytest.raises(DataFileNotFoundError, match="no local copy of toy file input.txt"):
-        fetch("toy", tmp_path / "cache2", source_dir=tmp_path)
+        fetch(toy, tmp_path / "cache2", source_dir=tmp_path)
     (source / "input.txt").write_bytes(b"other")
     with pytest.raises(DownloadError, match="checksum mismatch"):
-        fetch("toy", tmp_path / "cache3", source_dir=tmp_path / "shared")
+        fetch(toy, tmp_path / "cache3", source_dir=tmp_path / "shared")
 
 
 def test_fetch_refuses_an_empty_cache_dir_and_a_file_in_its_path(tmp_path, monkeypatch) -> None:
     """cache_dir="" wrote into the working directory; a file where a folder goes was a raw
     NotADirectoryError / FileExistsError."""
-    _registry(monkeypatch, _plain())
+    toy = _toy(_plain())
     monkeypatch.chdir(tmp_path)
     with pytest.raises(DataError, match="cache_dir is empty: give a folder, or None"):
-        fetch("toy", "", source_dir=tmp_path)
+        fetch(toy, "", source_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "afile").write_text("x")
     with pytest.raises(DataError, match=f"{tmp_path / 'afile'} is a file, not a folder"):
-        fetch("toy", tmp_path / "afile" / "sub")
+        fetch(toy, tmp_path / "afile" / "sub")
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "toy").write_text("x")
     with pytest.raises(DataError, match="cannot keep toy in .* is a file, not a folder"):
-        fetch("toy", tmp_path / "cache")
+        fetch(toy, tmp_path / "cache")
 
 
 def test_labelled_tsv_and_sentence_arguments_are_checked(tmp_path) -> None:
@@ -559,13 +558,18 @@ def test_labelled_tsv_and_sentence_arguments_are_checked(tmp_path) -> None:
 
 
 def test_fetch_registry_and_defaults(tmp_path, monkeypatch) -> None:
-    assert set(fetch_mod.DATASETS) == {"shakespeare", "multi30k", "sst2"}
-    for info in fetch_mod.DATASETS.values():
+    from attnlab.tasks import download, downloads
+
+    assert set(downloads()) == {"shakespeare", "multi30k", "sst2"}
+    for info in downloads().values():
         for spec in info.files:
             assert spec.url.startswith("https://")
             assert spec.sha256 is None and spec.tsv_rows or len(spec.sha256 or "") == 64
-    with pytest.raises(DataError, match="allowed: shakespeare, multi30k, sst2"):
-        fetch("imdb", tmp_path)
+    with pytest.raises(DataError, match="unknown data set 'imdb'; allowed: shakespeare, "
+                                        "multi30k, sst2"):
+        download("imdb")
+    with pytest.raises(DataError, match="'copy' has nothing to download; allowed: "):
+        download("copy")
     monkeypatch.setenv("ATTNLAB_DATA", str(tmp_path / "env"))
     assert fetch_mod.default_cache_dir() == tmp_path / "env"
     monkeypatch.delenv("ATTNLAB_DATA")

@@ -273,7 +273,7 @@ def test_seq2seq_batches_over_pair_shards_equal_those_over_the_list(tmp_path):
 
 def run_config(tmp_path, src, tgt, **data):
     return RunConfig.from_dict({
-        "data": {"name": "parallel", "src_path": str(src), "tgt_path": str(tgt),
+        "data": {"src_path": str(src), "tgt_path": str(tgt),
                  "val_src_path": str(src), "val_tgt_path": str(tgt),
                  "cache_dir": str(tmp_path / "cache"), **data},
         "model": {"d_model": 32, "n_heads": 2, "n_layers": 1, "max_len": 16},
@@ -308,7 +308,7 @@ FAST = ["--set", "train.precision=fp32", "--set", "train.progress=false",
 
 
 def train_args(tmp_path, out, steps, *data):
-    return ["train", "--set", "data.name=parallel", *data, "--set", "data.tokenizer=bpe",
+    return ["train", *data, "--set", "data.tokenizer=bpe",
             "--set", "data.vocab_size=300", "--set", "data.pre_tokenizer=byte_level",
             "--set", f"data.cache_dir={tmp_path / 'cache'}", *MODEL, *FAST,
             "--set", f"train.max_steps={steps}", "--set", "train.decay_steps=4",
@@ -360,9 +360,9 @@ def test_data_path_must_be_a_prepared_pairs_dir(tmp_path, capsys):
         TranslationTask(run_config(tmp_path, src, tgt, path=str(out)))
     with pytest.raises(ConfigError, match="data.src_add_special=True does not fit data.path"):
         TranslationTask(RunConfig.from_dict({"data": {
-            "name": "parallel", "path": str(out), "src_add_special": True}}))
+            "path": str(out), "src_add_special": True}}))
     # no val files: the DIR's own val split, its ids as prepared
-    task = TranslationTask(RunConfig.from_dict({"data": {"name": "parallel", "path": str(out)}}))
+    task = TranslationTask(RunConfig.from_dict({"data": {"path": str(out)}}))
     assert task.encode("val") == read_all(out, "val")
     assert [t for _, t in task.pairs("val")] == [task.tokenizer.decode(t)
                                                   for _, t in read_all(out, "val")]

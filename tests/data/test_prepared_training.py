@@ -23,7 +23,7 @@ from attnlab.data.shards import TokenShards
 from attnlab.runs import read_metrics
 from attnlab.tasks import build_task
 from attnlab.tokenizers import CharTokenizer, load_tokenizer
-from attnlab.train import RunConfig, train_run
+from attnlab.train import RunConfig, load_config, train_run
 from attnlab.train.distributed import DistInfo, shard
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog; {i * 7 % 13}.\n"
@@ -65,7 +65,7 @@ def prepared(tmp_path, name, text, tokenizer="char", **kw):
 
 
 def lm_dict(path, **train) -> dict:
-    return {"model": dict(MODEL), "data": {"name": "text", "path": str(path)},
+    return {"model": dict(MODEL), "data": {"path": str(path)},
             "train": {**TRAIN, **train}}
 
 
@@ -114,7 +114,7 @@ def test_training_and_eval_from_a_prepared_dir(tmp_path, capsys):
     folder = prepared(tmp_path, "corpus", TEXT, "bpe", vocab_size=300,
                       pre_tokenizer="whitespace")
     out = tmp_path / "run"
-    assert main(["train", "--set", "data.name=text", "--set", f"data.path={folder}", *CLI,
+    assert main(["train", "--set", f"data.path={folder}", *CLI,
                  "--set", "train.max_steps=4", "--out", str(out)]) == 0
     cfg = json.loads((out / "config.json").read_text())
     tok = load_tokenizer(folder / "tokenizer.json")
@@ -131,7 +131,7 @@ def test_training_and_eval_from_a_prepared_dir(tmp_path, capsys):
 def test_a_text_file_is_prepared_once_and_again_when_it_changes(tmp_path, monkeypatch, capsys):
     text = write(tmp_path / "t.txt", TEXT)
     out = tmp_path / "run"
-    args = ["train", "--set", "data.name=text", "--set", f"data.path={text}", *CLI, "--out",
+    args = ["train", "--set", f"data.path={text}", *CLI, "--out",
             str(out)]
     assert main([*args, "--set", "train.max_steps=2"]) == 0
     first = cache_dirs(tmp_path)
@@ -145,7 +145,7 @@ def test_a_text_file_is_prepared_once_and_again_when_it_changes(tmp_path, monkey
     # --resume and eval read the cache: nothing is tokenized again
     assert main([*args, "--resume", "--set", "train.max_steps=4"]) == 0
     assert main(["eval", str(out)]) == 0
-    assert main(["train", "--set", "data.name=text", "--set", f"data.path={text}", *CLI,
+    assert main(["train", "--set", f"data.path={text}", *CLI,
                  "--set", "train.max_steps=2", "--out", str(tmp_path / "again")]) == 0
     assert cache_dirs(tmp_path) == first
     # a changed file gets a new key: prepared anew, never read stale
@@ -177,7 +177,7 @@ def two_corpora(tmp_path):
 
 def mix_dict(a, b, wa=0.7, wb=0.3, **train) -> dict:
     return {"model": dict(MODEL),
-            "data": {"name": "text", "mix": [{"path": str(a), "weight": wa},
+            "data": {"mix": [{"path": str(a), "weight": wa},
                                              {"path": str(b), "weight": wb}]},
             "train": {**TRAIN, "batch_size": 8, **train}}
 
@@ -325,7 +325,7 @@ def test_no_tensor_of_the_train_split_is_kept(tmp_path):
 def test_tokenizer_mismatches_are_refused_in_one_line(tmp_path, capsys):
     folder = prepared(tmp_path, "corpus", TEXT)
     other = prepared(tmp_path, "other", OTHER)
-    base = ["train", "--set", "data.name=text", *CLI, "--set", "train.max_steps=2"]
+    base = ["train", *CLI, "--set", "train.max_steps=2"]
     err = one_line_error(capsys, [*base, "--set", f"data.path={folder}", "--set",
                                   "data.tokenizer=bpe", "--out", str(tmp_path / "x")])
     assert "data.tokenizer='bpe'" in err and "char tokenizer" in err and str(folder) in err
@@ -355,7 +355,7 @@ def test_the_gpt2_tokenizer_trains_a_model_from_scratch(tmp_path):
     text = write(tmp_path / "t.txt", TEXT * 3)
     out = train_run(RunConfig.from_dict({**lm_dict(text, max_steps=2, eval_every=0,
                                                    final_eval_batches=1),
-                                         "data": {"name": "text", "path": str(text),
+                                         "data": {"path": str(text),
                                                   "tokenizer": "gpt2"}}), tmp_path / "run")
     assert out.tokenizer.kind == "gpt2" and out.config.model.vocab_size == 50257
     # <|endoftext|> is GPT-2's pad too: no pad id, so document ends count in the loss
@@ -374,12 +374,16 @@ def test_the_gpt2_tokenizer_trains_a_model_from_scratch(tmp_path):
 ])
 def test_a_bad_mix_is_one_config_error_naming_the_key(mix, says):
     with pytest.raises(ConfigError, match="^" + re.escape(says)):
-        RunConfig.from_dict({"data": {"name": "text", "mix": mix}})
+        RunConfig.from_dict({"data": {"mix": mix}})
 
 
 def test_a_mix_is_for_language_models_in_place_of_data_path():
     mix = [{"path": "a.txt", "weight": 1}]
-    with pytest.raises(ConfigError, match="only for language models"):
-        RunConfig.from_dict({"data": {"name": "tsv", "mix": mix}})
+    for data in ({"name": "sst2", "mix": mix}, {"name": "copy", "mix": mix}):
+        with pytest.raises(ConfigError, match="^data.mix=.* is not allowed: only for language "
+                                              "models"):  # (where the task is looked up)
+            load_config(None, [], base={"data": data})
+    with pytest.raises(ConfigError, match="only for language models .*a classification model"):
+        load_config(None, ["model.family='encoder'"], base={"data": {"mix": mix}})
     with pytest.raises(ConfigError, match="mix or path, not both"):
-        RunConfig.from_dict({"data": {"name": "text", "path": "b.txt", "mix": mix}})
+        RunConfig.from_dict({"data": {"path": "b.txt", "mix": mix}})

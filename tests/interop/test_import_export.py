@@ -185,11 +185,11 @@ CONFIGS = RECIPES  # the shipped recipes
 
 
 def _decoder_recipes() -> list[str]:
-    from attnlab.run_config import read_toml
+    from attnlab.run_config import load_config
     from attnlab.tasks import task_class
 
-    return sorted(p.stem for p in CONFIGS.glob("*.toml") if task_class(
-        read_toml(p).get("data", {}).get("name", "embedded")).family == "decoder")
+    return sorted(p.stem for p in CONFIGS.glob("*.toml")
+                  if task_class(load_config(p)).family == "decoder")
 
 
 def test_the_decoder_recipes_are_found() -> None:
@@ -204,7 +204,7 @@ def test_shipped_decoder_recipes_export_and_import_back(recipe, tmp_path) -> Non
     cfg = load_config(CONFIGS / f"{recipe}.toml", []).model.replace(
         family="decoder", vocab_size=tok.vocab_size, pad_id=None)
     model = scramble(DecoderLM(cfg), std=0.05)
-    run = write_run(tmp_path / "run", model, tok, data={"name": "text"})
+    run = write_run(tmp_path / "run", model, tok, data={"name": ""})
     out = tmp_path / "hf"
     assert cli("export", run, "--to", "hf", "--out", out) == 0
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
@@ -230,7 +230,7 @@ def test_llama_shaped_attnlab_decoder_exports_as_llama(tmp_path, bias) -> None:
                       bias=bias, scale_embeddings=False, tie_embeddings=True, dropout=0.0,
                       max_len=32, rope_base=1000.0, pad_id=0)
     model = scramble(DecoderLM(cfg))
-    run = write_run(tmp_path / "run", model, tok, data={"name": "text"})
+    run = write_run(tmp_path / "run", model, tok, data={"name": ""})
     assert cli("export", run, "--to", "hf", "--out", tmp_path / "hf") == 0
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == "LlamaForCausalLM" and hf.config.tie_word_embeddings
@@ -252,7 +252,7 @@ def test_an_attention_only_decoder_exports_with_a_feed_forward_of_zeros(tmp_path
                       n_layers=2, norm="pre", ffn="none", scale_embeddings=False, dropout=0.0,
                       max_len=32, pad_id=None, **extra)
     model = scramble(DecoderLM(cfg))
-    run = write_run(tmp_path / "run", model, tok, data={"name": "text"})
+    run = write_run(tmp_path / "run", model, tok, data={"name": ""})
     assert cli("export", run, "--to", "hf", "--out", tmp_path / "hf") == 0
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}[shape]
@@ -354,8 +354,7 @@ def test_encoder_decoder_exports_as_marian_or_names_what_prevents_it(tmp_path, c
     tok = char_tokenizer(("<pad>", "<bos>", "<eos>"))
     model = tiny_seq2seq(vocab_size=tok.vocab_size, max_len=24, std=0.3, norm="post",
                          pos="sinusoidal", share_embeddings=True, tie_embeddings=True)
-    run = write_run(tmp_path / "run", model, tok, data={"name": "parallel",
-                                                        "src_add_special": True})
+    run = write_run(tmp_path / "run", model, tok, data={"src_add_special": True})
     assert cli("export", run, "--to", "hf", "--out", tmp_path / "hf") == 0
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == "MarianMTModel"

@@ -4,6 +4,7 @@ logits and loss, the run, and its fine-tuning into a classifier. Tiny data made 
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,7 @@ def tsv(path: Path) -> str:
 
 def mlm_dict(tmp_path: Path, **train) -> dict:
     return {"model": {**TINY, "head": "mlm"},
-            "data": {"name": "tsv", "path": tsv(tmp_path / "train.tsv"), "tokenizer": "char",
+            "data": {"path": tsv(tmp_path / "train.tsv"), "tokenizer": "char",
                      "holdout": 0.2},
             "train": {**TRAIN, "best_metric": "val_loss", **train}}
 
@@ -130,7 +131,7 @@ def test_an_mlm_run_trains_on_whole_training_sentences_and_resumes_exactly(tmp_p
 def test_an_mlm_run_fine_tunes_into_a_classifier(tmp_path):
     train_run(RunConfig.from_dict(mlm_dict(tmp_path)), tmp_path / "mlm")
     src = load_file(tmp_path / "mlm" / "best" / "model.safetensors")
-    d = {"model": {}, "data": {"name": "tsv", "path": str(tmp_path / "train.tsv"),
+    d = {"model": {}, "data": {"path": str(tmp_path / "train.tsv"),
                                "holdout": 0.2, "label_names": ["neg", "pos"]},
          "train": {**TRAIN, "init_from": str(tmp_path / "mlm"), "max_steps": 1, "lr": 1e-12,
                    "min_lr": 0.0, "warmup_steps": 0, "weight_decay": 0.0, "eval_every": 0}}
@@ -155,9 +156,10 @@ def test_an_mlm_run_fine_tunes_into_a_classifier(tmp_path):
 def test_mlm_refusals_are_one_line(tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_text("some text to model\n" * 20)
-    lm = {"model": {"head": "mlm"}, "data": {"name": "text", "path": str(text)}, "train": TRAIN}
-    with pytest.raises(ConfigError, match="model.head='mlm' pretrains an encoder on labelled "
-                                          "sentences; data.name='text' is not allowed"):
+    lm = {"model": {"head": "mlm"}, "data": {"path": str(text)}, "train": TRAIN}
+    with pytest.raises(ConfigError, match=re.escape(
+            f"model.head='mlm' pretrains an encoder on labelled sentences, but data.path="
+            f"{str(text)!r} trains a language-model model; allowed: data.name one of 'sst2'")):
         build_task(RunConfig.from_dict(lm))
     with pytest.raises(ConfigError, match="head='bert' is not allowed"):
         ModelConfig(family="encoder", head="bert")
@@ -197,7 +199,7 @@ def test_fine_tuning_holds_out_the_sentences_its_pretraining_held_out(tmp_path, 
     pre = build_task(RunConfig.from_dict(mlm_dict(tmp_path)))
 
     def fine_tune(**data):
-        return {"model": {}, "data": {"name": "tsv", "path": str(tmp_path / "train.tsv"),
+        return {"model": {}, "data": {"path": str(tmp_path / "train.tsv"),
                                       "holdout": 0.2, **data},
                 "train": {**TRAIN, "seed": 11, "init_from": str(tmp_path / "mlm"),
                           "max_steps": 2, "eval_every": 0}}

@@ -24,7 +24,7 @@ TRAIN = {"device": "cpu", "precision": "fp32", "progress": False, "tensorboard":
 def lm_run(tmp_path, name: str = "run", **train) -> RunDir:
     path = tmp_path / "text.txt"
     path.write_text(TEXT)
-    d = {"model": TINY, "data": {"name": "text", "path": str(path)},
+    d = {"model": TINY, "data": {"path": str(path)},
          "train": {**TRAIN, "max_steps": 10, "eval_every": 2, "keep_checkpoints": 3, **train}}
     train_run(RunConfig.from_dict(d), tmp_path / name)
     return RunDir(tmp_path / name)

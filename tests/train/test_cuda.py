@@ -36,7 +36,7 @@ def lm_dict(tmp_path, **train) -> dict:
             "max_steps": 6, "eval_every": 3}
     return {"model": {"d_model": 32, "n_heads": 2, "n_layers": 2, "dropout": 0.1,
                       "norm": "pre", "max_len": 16},
-            "data": {"name": "text", "path": str(path)}, "train": {**base, **train}}
+            "data": {"path": str(path)}, "train": {**base, **train}}
 
 
 def qkv(dtype, b=2, h=4, t=128, s=128, dh=64, seed=0):
@@ -139,7 +139,7 @@ def test_torchrun_with_one_process_uses_nccl_and_trains_what_one_process_trains(
     text = tmp_path / "text.txt"
     text.write_text(TEXT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ATTNLAB_CACHE_DIR": str(tmp_path / "c")}
-    args = ["train", "--set", "data.name=text", "--set", f"data.path={text}",
+    args = ["train", "--set", f"data.path={text}",
             "--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.n_layers=1",
             "--set", "model.max_len=16", "--set", "model.dropout=0.0",
             "--set", "train.precision='fp32'", "--set", "train.device='cuda'",

@@ -18,7 +18,7 @@ TEXT = "".join(f"all the world's a stage, and all the men and women merely playe
 
 
 def command(text, out):
-    return ["train", "--set", "data.name=text", "--set", f"data.path={text}",
+    return ["train", "--set", f"data.path={text}",
             "--set", "model.d_model=32", "--set", "model.n_heads=2", "--set", "model.n_layers=1",
             "--set", "model.max_len=16", "--set", "model.dropout=0.0",
             "--set", "train.precision=fp32", "--set", "train.device='cpu'",

@@ -42,7 +42,7 @@ def classify_dict(tmp_path: Path, model: dict | None = None, labels: int = 2,
                   **train) -> dict:
     rows = [(s, i % labels) for i, (s, _) in enumerate(SENTENCES)]
     names = ["neg", "pos"] if labels == 2 else [f"c{i}" for i in range(labels)]
-    data = {"name": "tsv", "path": tsv(tmp_path / f"train{labels}.tsv", rows),
+    data = {"path": tsv(tmp_path / f"train{labels}.tsv", rows),
             "tokenizer": "char", "label_names": names}
     return {"model": TINY if model is None else model, "data": data,
             "train": {**TRAIN, **train}}
@@ -98,7 +98,7 @@ def test_a_recipe_contradicting_its_source_fails_naming_key_and_values(base, tmp
                       init_from=str(base), **STILL)
     out = train_run(RunConfig.from_dict(d), tmp_path / "y")
     assert out.config.model.dropout == 0.3 and out.config.model.pooling == "cls"
-    lm = {"model": {}, "data": {"name": "text", "path": tsv(tmp_path / "t.txt", [])},
+    lm = {"model": {}, "data": {"path": tsv(tmp_path / "t.txt", [])},
           "train": {**TRAIN, "init_from": str(base)}}
     with pytest.raises(ConfigError, match="holds a encoder model.*trains a decoder"):
         train_run(RunConfig.from_dict(lm), tmp_path / "z")
@@ -108,7 +108,7 @@ def lm_dict(tmp_path: Path, text: str, name: str, **train) -> dict:
     path = tmp_path / name
     path.write_text(text)
     return {"model": {"d_model": 32, "n_heads": 2, "n_layers": 1, "max_len": 16},
-            "data": {"name": "text", "path": str(path)},
+            "data": {"path": str(path)},
             "train": {**TRAIN, "batch_size": 4, **train}}
 
 
@@ -150,7 +150,7 @@ def test_resuming_a_fine_tuned_run_equals_the_uninterrupted_run(base, tmp_path):
 def test_cli_init_from_trains_and_bad_sources_are_one_line(base, tmp_path, capsys):
     tsv(tmp_path / "t.tsv", SENTENCES)
     recipe = tmp_path / "ft.toml"
-    recipe.write_text('[data]\nname = "tsv"\nlabel_names = ["neg", "pos"]\n'
+    recipe.write_text('[data]\nlabel_names = ["neg", "pos"]\n'
                       '[train]\nmax_steps = 2\nbatch_size = 8\nprogress = false\n'
                       'tensorboard = false\nprecision = "fp32"\n')
     data = f"data.path={tmp_path / 't.tsv'}"

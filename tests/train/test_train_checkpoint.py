@@ -163,4 +163,4 @@ def test_load_run_gives_the_data_section_and_label_names(tmp_path):
     RunDir(tmp_path / "cls2").write_config({**run.config, "data": {}})
     RunDir(tmp_path / "cls2").save_checkpoint("best", run.model)
     assert load_run(tmp_path / "cls2").label_names == ["0", "1", "2"]
-    assert load_run(lm_run(tmp_path / "lm")).data == {}
+    assert load_run(lm_run(tmp_path / "lm")).data == {"name": "embedded"}

@@ -36,7 +36,7 @@ TRAIN = {"device": "cpu", "precision": "fp32", "progress": False, "tensorboard":
 def lm_dict(tmp_path, **train) -> dict:
     path = tmp_path / "text.txt"
     path.write_text(TEXT)
-    return {"model": {**TINY, "max_len": 16}, "data": {"name": "text", "path": str(path)},
+    return {"model": {**TINY, "max_len": 16}, "data": {"path": str(path)},
             "train": {**TRAIN, "batch_size": 4, "max_steps": 6, "eval_every": 3, **train}}
 
 
@@ -44,7 +44,7 @@ def translation_dict(tmp_path, **train) -> dict:
     src, tgt = tmp_path / "s.txt", tmp_path / "t.txt"
     src.write_text("\n".join(s for s, _ in PAIRS) + "\n")
     tgt.write_text("\n".join(t for _, t in PAIRS) + "\n")
-    data = {"name": "parallel", "src_path": str(src), "tgt_path": str(tgt),
+    data = {"src_path": str(src), "tgt_path": str(tgt),
             "val_src_path": str(src), "val_tgt_path": str(tgt), "tokenizer": "char"}
     return {"model": {**TINY, "max_len": 32}, "data": data,
             "train": {**TRAIN, "max_tokens": 120, "max_steps": 6, "eval_every": 3, **train}}
@@ -53,7 +53,7 @@ def translation_dict(tmp_path, **train) -> dict:
 def classify_dict(tmp_path, **train) -> dict:
     path = tmp_path / "train.tsv"
     path.write_text("label\tsentence\n" + "".join(f"{y}\t{s}\n" for s, y in SENTENCES))
-    return {"model": {**TINY, "max_len": 32}, "data": {"name": "tsv", "path": str(path),
+    return {"model": {**TINY, "max_len": 32}, "data": {"path": str(path),
                                                       "tokenizer": "char"},
             "train": {**TRAIN, "batch_size": 8, "max_steps": 6, "eval_every": 3, **train}}
 
@@ -529,7 +529,7 @@ def test_bleu_of_a_perfect_translation_is_100_with_a_whitespace_tokenizer(tmp_pa
     src, tgt = tmp_path / "s.txt", tmp_path / "t.txt"
     src.write_text("\n".join(s for s, _ in pairs) + "\n")
     tgt.write_text("\n".join(t for _, t in pairs) + "\n")
-    data = {"name": "parallel", "src_path": str(src), "tgt_path": str(tgt),
+    data = {"src_path": str(src), "tgt_path": str(tgt),
             "val_src_path": str(src), "val_tgt_path": str(tgt), "tokenizer": "bpe",
             "vocab_size": 120, "pre_tokenizer": "whitespace"}
     rc = RunConfig.from_dict({"model": {**TINY, "max_len": 32}, "data": data, "train": TRAIN})

@@ -118,33 +118,23 @@ def _config_from(target: Path) -> tuple[ModelConfig, str | None, str]:
 
 
 def _recipe_model(data: dict) -> tuple[ModelConfig, str, str]:
-    """A recipe's model as training builds it, without reading data: the family from the data
-    set, and the vocabulary size training would give it (or the assumed one, and why)."""
-    from ..data import SYNTHETIC_NAMES
+    """A recipe's model as training builds it, without reading data: as its task derives it
+    from the config (the family, the vocabulary size training would give it, or the assumed
+    one, and why)."""
+    from ..tasks import task_class
     from ..train import load_config
 
     rc = load_config(None, [], base=data)
-    d, changes = rc.data, {"family": rc.data.family}
     if rc.train.init_from:  # a fine-tuning recipe trains the source's model
         from ..train.finetune import init_config, load_source
 
         src = load_source(rc.train.init_from)
         rc = init_config(rc, src.config, rc.train.init_from)
-        changes, why = {}, f"the model of train.init_from={rc.train.init_from}"
-    elif "model.vocab_size" in rc.explicit:
-        why = "model.vocab_size of the recipe"
-    elif d.name in SYNTHETIC_NAMES:
-        changes["vocab_size"], why = d.synth_vocab, "data.synth_vocab of the recipe"
-    elif d.tokenizer == "bpe":
-        changes["vocab_size"] = d.vocab_size
-        why = ("data.vocab_size, the size of the BPE tokenizer training learns; a small "
-               "training text can give a few tokens fewer")
+        cfg, why = rc.model, f"the model of train.init_from={rc.train.init_from}"
+        if rc.data.label_names and "model.n_classes" not in rc.explicit:
+            cfg = cfg.replace(n_classes=len(rc.data.label_names))
     else:
-        why = (f"assumed: a {d.tokenizer} tokenizer takes its size from the training text, "
-               "unknown until training; this is model.vocab_size's default")
-    if d.label_names and "model.n_classes" not in rc.explicit:
-        changes["n_classes"] = len(d.label_names)
-    cfg = rc.model.replace(**changes)
+        cfg, why = task_class(rc).model_from_config(rc)
     return cfg, f"vocabulary: {cfg.vocab_size} ({why})", _precision(rc.train.precision)
 
 

@@ -130,13 +130,13 @@ def _register_recipes(subparsers: argparse._SubParsersAction) -> None:
 
 def _register_data(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("data", help="fetch a public data set, or prepare a corpus",
-                              description="attnlab data fetch shakespeare|multi30k|sst2; "
-                              "attnlab data prepare SRC... --out DIR")
+                              description="attnlab data fetch NAME (attnlab data list: the "
+                              "names); attnlab data prepare SRC... --out DIR")
     sub = p.add_subparsers(dest="action", metavar="ACTION")
     f = sub.add_parser("fetch", help="download (or copy with --from) and verify a data set",
                        description="Download a public data set into the data cache (or copy "
                        "it from a local folder with --from) and check its files.")
-    f.add_argument("name", help="shakespeare, multi30k or sst2")
+    f.add_argument("name", help="a data set that `attnlab data list` names")
     f.add_argument("--from", dest="source_dir", default=None, metavar="DIR",
                    help="copy from this local folder instead of downloading")
     f.add_argument("--cache", dest="cache_dir", default=None, metavar="DIR",
@@ -259,7 +259,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserInterrupt(interrupted_line(run) if env_info().is_main else None) from None
     if outcome.is_main:  # under torchrun, the first process alone prints
         _print_results(outcome, out)
-        if rc.train.samples and rc.data.family == "decoder" and outcome.tokenizer is not None:
+        if rc.train.samples and outcome.config.model.family == "decoder" \
+                and outcome.tokenizer is not None:
             _print_samples(outcome)
     return 0
 
@@ -299,7 +300,7 @@ def _print_results(outcome, out: Path) -> None:
     # An LM evaluates on sampled val batches while training and on final_eval_batches at the
     # end: the two numbers of one step then differ, so each line says what it measured.
     t = outcome.config.train
-    resampled = task_class(outcome.config.data.name).sampled_eval \
+    resampled = task_class(outcome.config).sampled_eval \
         and t.final_eval_batches != t.eval_batches
     final = f"; final evaluation on {_scope(t.final_eval_batches)}" if resampled else ""
     print(f"step {r.step}  {metrics}  ({r.wall_s:.1f} s{early}{final})")
@@ -401,8 +402,9 @@ def cmd_data_fetch(args: argparse.Namespace) -> int:
     """Download (or copy with ``--from``) a public data set into the cache, checked; print
     where."""
     from ..data import fetch
+    from ..tasks import download
 
-    path = fetch(args.name, args.cache_dir, args.source_dir)
+    path = fetch(download(args.name), args.cache_dir, args.source_dir)
     print(path)
     return 0
 
@@ -461,8 +463,8 @@ def _prepare_pairs(args: argparse.Namespace, tokenizer, common: dict) -> int:
 
 def cmd_data_list(args: argparse.Namespace) -> int:
     """List the data sets ``data fetch`` knows: name, files, what they hold."""
-    from ..data import DATASETS
+    from ..tasks import downloads
 
-    for name, info in DATASETS.items():
+    for name, info in downloads().items():
         print(f"{name}\t{', '.join(f.name for f in info.files)}\t{info.description}")
     return 0

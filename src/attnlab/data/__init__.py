@@ -8,20 +8,21 @@ with ``from attnlab.data.fetch import ...``.
 
 from attnlab.data.batching import ClassificationBatches, Seq2SeqBatches, pad
 from attnlab.data.errors import DataError, DataFileNotFoundError, DownloadError
-from attnlab.data.fetch import DATASETS, default_cache_dir, fetch
+from attnlab.data.fetch import DatasetInfo, RemoteFile, default_cache_dir, fetch
 from attnlab.data.labelled import read_labelled_tsv, split_holdout, split_sentences, whole_sentences
 from attnlab.data.parallel import read_lines, read_parallel
 from attnlab.data.synthetic import SYNTHETIC_NAMES, SyntheticData
 from attnlab.data.text import LMData, embedded_corpus, read_text
 
 __all__ = [
-    "DATASETS",
     "SYNTHETIC_NAMES",
     "ClassificationBatches",
     "DataError",
     "DataFileNotFoundError",
+    "DatasetInfo",
     "DownloadError",
     "LMData",
+    "RemoteFile",
     "Seq2SeqBatches",
     "SyntheticData",
     "default_cache_dir",

@@ -1,9 +1,12 @@
 """Download (or copy from a local directory) the public data sets, verified by checksum.
 
-:func:`fetch` fills ``<cache_dir>/<name>/`` with the files of ``DATASETS[name]``. Each file is
-written under a temporary name, verified, then renamed, so a failed fetch never leaves a
+:func:`fetch` fills ``<cache_dir>/<name>/`` with the files of a :class:`DatasetInfo`. Each file
+is written under a temporary name, verified, then renamed, so a failed fetch never leaves a
 partial file, and a file already present and valid is not fetched again. Without network,
 ``attnlab data fetch NAME --from DIR`` copies the files from a local folder instead.
+
+The data sets themselves (their URLs and checksums) are declared by the tasks that train them
+(:mod:`attnlab.tasks`: ``attnlab data list`` names them); this module is the machinery.
 """
 
 from __future__ import annotations
@@ -21,22 +24,12 @@ import zipfile
 from dataclasses import dataclass
 from http.client import HTTPException
 from pathlib import Path
-from types import MappingProxyType
 
 from attnlab.data.errors import DataError, DataFileNotFoundError, DownloadError
 from attnlab.data.labelled import read_labelled_tsv
 from attnlab.files import atomic_write
 
 log = logging.getLogger(__name__)
-
-_MULTI30K = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
-_MULTI30K_SHA256 = (
-    ("train", "de", "695df46f6fd14567e69970408a2c129a50e778a910ecb1585a92eb25b2c7accc"),
-    ("train", "en", "4b4d37e774976ef44fecca1738cdeb3b3ba384851a59a755b9c5e6aa7d87b13c"),
-    ("val", "de", "fd0fc009db2446cfc12d96a382aff0d3122cb47577b352d0f7e0bb3a38e2e552"),
-    ("val", "en", "40cd20974079d9afb0e3d27c659a8e059cc2fcf850b4bc23ede13fc36dd8a865"),
-)
-
 
 @dataclass(frozen=True)
 class RemoteFile:
@@ -61,40 +54,10 @@ class DatasetInfo:
     local_hint: str  # config options that point training at local files instead
 
 
-DATASETS = MappingProxyType({
-    "shakespeare": DatasetInfo(
-        "shakespeare", "Tiny Shakespeare, 1,115,394 characters (char-level LM)",
-        (RemoteFile("input.txt", "https://raw.githubusercontent.com/karpathy/char-rnn/master/"
-                    "data/tinyshakespeare/input.txt",
-                    "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"),),
-        "tinyshakespeare", "--set data.path=/path/to/input.txt"),
-    "multi30k": DatasetInfo(
-        "multi30k", "Multi30k task 1 German-English captions (29,000 train / 1,014 val pairs)",
-        tuple(RemoteFile(f"{split}.{lang}", f"{_MULTI30K}/{split}.{lang}.gz", sha, "gzip")
-              for split, lang, sha in _MULTI30K_SHA256),
-        "multi30k", "--set data.src_path=/path/to/train.de --set data.tgt_path=/path/to/train.en"),
-    # GLUE publishes no checksum of SST-2's train.tsv, and the copies that can be hashed have
-    # another layout (label first, CRLF): the file is checked by parsing it instead (tsv_rows;
-    # either layout passes)
-    "sst2": DatasetInfo(
-        "sst2", "SST-2 (GLUE) sentiment training sentences, 67,349 rows",
-        (RemoteFile("train.tsv", "https://dl.fbaipublicfiles.com/glue/data/SST-2.zip", None,
-                    "zip", "SST-2/train.tsv", tsv_rows=67_349),),
-        "sst2", "--set data.path=/path/to/train.tsv"),
-})
-
-
 def default_cache_dir() -> Path:
     """``$ATTNLAB_DATA`` if set, else ``~/.cache/attnlab/data``."""
     env = os.environ.get("ATTNLAB_DATA")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "attnlab" / "data"
-
-
-def dataset_info(name: str) -> DatasetInfo:
-    """The registry entry of ``name``, or a :class:`DataError` listing the known names."""
-    if name not in DATASETS:
-        raise DataError(f"unknown data set {name!r}; allowed: {', '.join(DATASETS)}")
-    return DATASETS[name]
 
 
 def sha256_of(path: Path) -> str:
@@ -205,15 +168,15 @@ def _fetch_file(spec: RemoteFile, info: DatasetInfo, final: Path, source_dir: Pa
         packed.unlink(missing_ok=True)
 
 
-def fetch(name: str, cache_dir: str | Path | None = None, source_dir: str | Path | None = None,
-          timeout: float = 60.0) -> Path:
-    """Make data set ``name`` available and return its directory ``<cache_dir>/<name>``.
+def fetch(info: DatasetInfo, cache_dir: str | Path | None = None,
+          source_dir: str | Path | None = None, timeout: float = 60.0) -> Path:
+    """Make data set ``info`` available and return its directory ``<cache_dir>/<name>``.
 
     Files already present and valid are kept. Missing or invalid ones are downloaded (or
     copied from ``source_dir``) and verified before being renamed into place.
 
     Args:
-        name: a key of :data:`DATASETS` (``shakespeare``, ``multi30k``, ``sst2``).
+        info: the data set's files (a task's declaration: ``attnlab.tasks.download(name)``).
         cache_dir: default ``$ATTNLAB_DATA`` if set, else ``~/.cache/attnlab/data``.
         source_dir: a local folder holding the files, directly or in a sub-directory named
             after the data set (``tinyshakespeare/``, ``multi30k/``, ``sst2/``): copied, not
@@ -224,7 +187,6 @@ def fetch(name: str, cache_dir: str | Path | None = None, source_dir: str | Path
         DownloadError: a network failure or a bad file, with a message saying how to use a
             local file instead (``DatasetInfo.local_hint``).
     """
-    info = dataset_info(name)
     if cache_dir is not None and not str(cache_dir).strip():
         raise DataError("cache_dir is empty: give a folder, or None for the default "
                         f"({default_cache_dir()})")

@@ -194,14 +194,12 @@ def load_pretrained(src: str | os.PathLike, *, dropout: float = 0.0) -> Pretrain
 
 def run_config(pre: Pretrained) -> dict[str, Any]:
     """The ``config.json`` dict of a run dir holding ``pre``: its model config, and the data
-    section that ``classify`` / ``eval --data`` read (task, class names)."""
+    section that ``classify`` / ``eval --data`` read (class names). It names no data set and
+    no file (``data.name = ""``): the model family picks the task, and ``eval`` asks for data."""
     cfg = pre.model.config
-    if cfg.family == "encoder":
-        data: dict[str, Any] = {"name": "tsv"}
-        if pre.label_names and len(pre.label_names) >= 2:
-            data["label_names"] = list(pre.label_names)
-    else:
-        data = {"name": "text"}
+    data: dict[str, Any] = {"name": ""}
+    if cfg.family == "encoder" and pre.label_names and len(pre.label_names) >= 2:
+        data["label_names"] = list(pre.label_names)
     # fp32: the precision the converted weights reproduce the original in
     return {"model": cfg.to_dict(), "data": data, "train": {"precision": "fp32"}}
 

@@ -1,13 +1,18 @@
-"""What every task shares: the :class:`Task` interface, which is what the trainer calls, and
-the helpers that read a run config.
+"""What every task shares: the :class:`Task` interface, which is what the trainer calls, the
+:class:`DataSet` a task declares for each data set it trains, and the helpers that read a run
+config.
 
-Tasks read the run config but never import the training code (the trainer imports them).
+Everything that varies by data set (its name, its files, the model family, what evaluation
+can do) is declared once, on the task class; :mod:`attnlab.tasks.registry` enters the classes
+into the one registry. Tasks read the run config but never import the training code (the
+trainer imports them).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +20,10 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ConfigError, ModelConfig
-from ..data import fetch
+from ..data import DatasetInfo, fetch
+from ..errors import UsageError
 from ..nn import counted
-from ..run_config import RunConfig
+from ..run_config import DataConfig, RunConfig
 from ..tokenizers import MASK, SPECIALS, BPETokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer
 
 Amp = Callable[[], contextlib.AbstractContextManager]
@@ -30,44 +36,32 @@ def no_progress(batches: int) -> None:
     """The :data:`Progress` of an evaluation that nobody watches."""
 
 
-def data_file(rc: RunConfig, key: str, fetched: str | None) -> Path:
-    """``data.<key>`` if set, else file ``fetched`` of the data set (downloaded if needed)."""
-    d = rc.data
-    if getattr(d, key):
-        return Path(getattr(d, key))
-    if fetched is None:
-        raise ConfigError(f"data.name={d.name!r} needs data.{key}: set it with --set "
-                          f"data.{key}=/path/to/file")
-    return fetch(d.name, d.cache_dir or None) / fetched
+@dataclass(frozen=True)
+class DataSet:
+    """A data set that ``data.name`` names, as the task that trains it declares it.
+
+    ``files`` maps a data key to the file of the download that the key reads when the config
+    leaves it unset (``{"path": "input.txt"}``): ``data.path`` given, the user's file wins.
+    """
+
+    name: str
+    about: str  # one line: what it holds
+    download: DatasetInfo | None = None  # what `attnlab data fetch NAME` downloads and checks
+    files: dict[str, str] = field(default_factory=dict)
+    default: bool = False  # the data set of data.name = "" when the config names no file
+
+    @classmethod
+    def fetched(cls, info: DatasetInfo, **files: str) -> DataSet:
+        """The data set of a download: its name and description, ``files`` as above."""
+        return cls(info.name, info.description, info, files)
 
 
-def resolve_model(rc: RunConfig, **derived: Any) -> ModelConfig:
-    """``rc.model`` with the data-derived values filled in where the user gave none."""
-    m, changes = rc.model, {}
-    family = rc.data.family
-    if "model.family" in rc.explicit and m.family != family:
-        raise ConfigError(f"model.family={m.family!r} does not fit data.name={rc.data.name!r}, "
-                          f"which trains family {family!r}; allowed: {family!r} (or leave "
-                          "model.family out)")
-    changes["family"] = family
-    for key, value in derived.items():
-        if f"model.{key}" not in rc.explicit:
-            changes[key] = value
-        elif key == "vocab_size" and getattr(m, key) < value:
-            raise ConfigError(
-                f"model.vocab_size={m.vocab_size} is too small for the data: its token ids go "
-                f"up to {value - 1}, which would be out of range; allowed: >= {value} (or "
-                "leave model.vocab_size out to take the tokenizer's size)")
-    try:
-        return m.replace(**changes)
-    except ConfigError as e:
-        raise ConfigError(f"model.{e}") from None
-
-
-def train_tokenizer(rc: RunConfig, texts: list[str], mask: bool = False) -> Tokenizer:
-    """A new tokenizer of kind ``data.tokenizer`` for ``texts``; ``mask`` adds ``<mask>``.
-    ``gpt2`` is GPT-2's own vocabulary (nothing trained), for training a model from scratch on
-    the tokens GPT-2 reads."""
+def train_tokenizer(rc: RunConfig, texts: list[str], mask: bool = False,
+                    specials: bool = True) -> Tokenizer:
+    """A new tokenizer of kind ``data.tokenizer`` for ``texts``; ``mask`` adds ``<mask>``;
+    ``specials`` False: a character vocabulary without ``<pad>``, ``<bos>``, ``<eos>`` (a
+    language model's). ``gpt2`` is GPT-2's own vocabulary (nothing trained), for training a
+    model from scratch on the tokens GPT-2 reads."""
     d = rc.data
     if d.tokenizer == "gpt2":
         if mask:
@@ -75,20 +69,37 @@ def train_tokenizer(rc: RunConfig, texts: list[str], mask: bool = False) -> Toke
                               "pretraining; allowed: 'char', 'bpe'")
         return GPT2Tokenizer.from_package()
     if d.tokenizer == "char":
-        specials = () if d.family == "decoder" else SPECIALS + ((MASK,) if mask else ())
-        return CharTokenizer.from_text("".join(texts), specials)
+        extra = SPECIALS + ((MASK,) if mask else ()) if specials else ()
+        return CharTokenizer.from_text("".join(texts), extra)
     return BPETokenizer.train(texts, d.vocab_size, d.pre_tokenizer, mask=mask)
 
 
 class Task:
     """A kind of data turned into what the trainer needs: ``tokenizer`` (trained on the
     training data, or a resumed run's), ``model_config`` (the data's vocabulary size, pad id
-    and family filled in where the user set none: :func:`resolve_model`), batches, the loss,
-    evaluation and the position in the data. Subclasses set the class attributes and fill in
-    the methods."""
+    and family filled in where the user set none: :meth:`resolve_model`), batches, the loss,
+    evaluation and the position in the data.
+
+    A task declares, on its class, all that varies with it: the data sets it trains
+    (:attr:`datasets`, entered into the registry by :func:`attnlab.tasks.register`), its
+    model family, whether it trains on the user's own files and which ones are its kind
+    (:meth:`claims_files`), what evaluation can do (:attr:`strided`, :attr:`beam_search`) and
+    the model it builds from the config alone (:meth:`model_from_config`). Subclasses set the
+    class attributes and fill in the methods."""
 
     family = ""  # the model family the task trains
     kind = ""  # what the task is, for messages: "language-model", "translation", ...
+    datasets: tuple[DataSet, ...] = ()  # the data sets it trains, by data.name
+    # True: with data.name left out, it trains on the user's files (the paths decide which
+    # task: claims_files; model.family, where set, picks the task of that family)
+    own_files = False
+    reads_mix = False  # data.mix (several corpora, drawn by weight) is its kind of data
+    # the task that pretrains an encoder on this task's data with model.head = "mlm"
+    masked_lm: type[Task] | None = None
+    # what `attnlab eval` may change (set_eval_options): overlapping windows (--stride) for a
+    # perplexity, beam search (--beam) for decoded outputs
+    strided = False
+    beam_search = False
     # The data keys `attnlab eval --data` points at other files (prefixed with the split);
     # empty for tasks that make their own data.
     eval_data_keys: tuple[str, ...] = ()
@@ -101,7 +112,93 @@ class Task:
 
     def __init__(self, rc: RunConfig):
         self.rc = rc
+        # the declared data set of data.name; None: the user's own files
+        self.dataset = next((s for s in self.datasets if s.name == rc.data.name), None)
         self.generator = torch.Generator().manual_seed(rc.train.seed)
+
+    # ---- what the class declares, read without the data ----------------------------------------
+    @classmethod
+    def claims_files(cls, d: DataConfig) -> bool:
+        """Are the paths of ``d`` this task's kind of file (a labelled .tsv, translation
+        pairs)? Asked of the :attr:`own_files` tasks when ``data.name`` is left out; the task
+        of the default data set takes the files no task claims."""
+        return False
+
+    @classmethod
+    def model_from_config(cls, rc: RunConfig) -> tuple[ModelConfig, str]:
+        """The model config training would build, from the config alone (no data read), and
+        where its vocabulary size comes from, in words (``attnlab info RECIPE``)."""
+        d, changes = rc.data, {"family": cls.family}
+        if "model.vocab_size" in rc.explicit:
+            why = "model.vocab_size of the recipe"
+        elif d.tokenizer == "bpe":
+            changes["vocab_size"] = d.vocab_size
+            why = ("data.vocab_size, the size of the BPE tokenizer training learns; a small "
+                   "training text can give a few tokens fewer")
+        else:
+            why = (f"assumed: a {d.tokenizer} tokenizer takes its size from the training "
+                   "text, unknown until training; this is model.vocab_size's default")
+        return rc.model.replace(**changes), why
+
+    @classmethod
+    def check_eval_options(cls, beam: int = 1, stride: int = 0) -> None:
+        """Refuse, before any data is read, an evaluation option this task cannot do."""
+        if beam != 1 and not cls.beam_search:
+            raise UsageError(f"--beam is for translation runs (BLEU); a {cls.kind} run is "
+                             "scored without beam search (leave --beam out)")
+        if stride and not cls.strided:
+            raise UsageError(f"--stride is for language-model runs (perplexity); a {cls.kind} "
+                             "run is scored without it (leave --stride out)")
+
+    def set_eval_options(self, beam: int = 1, length_penalty: float = 0.6,
+                         stride: int = 0) -> dict[str, Any]:
+        """Evaluate with these options (``attnlab eval``): beam search of width ``beam``
+        (:attr:`beam_search`), windows every ``stride`` tokens (:attr:`strided`); returns
+        what they mean for the results, in words (none here)."""
+        self.check_eval_options(beam, stride)
+        return {}
+
+    # ---- the config, read for the task ----------------------------------------------------------
+    def data_words(self) -> str:
+        """The data, as a message names it: ``data.name='sst2'``, or ``your files`` (of this
+        kind of task)."""
+        d = self.rc.data
+        return f"data.name={d.name!r}" if d.name else f"{self.kind} of your own files"
+
+    def data_file(self, key: str) -> Path:
+        """``data.<key>`` if set, else the data set's file for ``key`` (downloaded if
+        needed)."""
+        d = self.rc.data
+        if getattr(d, key):
+            return Path(getattr(d, key))
+        fetched = self.dataset.files.get(key) if self.dataset else None
+        if fetched is None or self.dataset.download is None:
+            raise ConfigError(f"{self.data_words()} needs data.{key}: set it with --set "
+                              f"data.{key}=/path/to/file")
+        return fetch(self.dataset.download, d.cache_dir or None) / fetched
+
+    def resolve_model(self, **derived: Any) -> ModelConfig:
+        """``rc.model`` with the task's family and the data-derived values filled in where
+        the user gave none."""
+        rc = self.rc
+        m, changes = rc.model, {}
+        if "model.family" in rc.explicit and m.family != self.family:
+            raise ConfigError(f"model.family={m.family!r} does not fit {self.data_words()}, "
+                              f"which trains family {self.family!r}; allowed: {self.family!r} "
+                              "(or leave model.family out)")
+        changes["family"] = self.family
+        for key, value in derived.items():
+            if f"model.{key}" not in rc.explicit:
+                changes[key] = value
+            elif key == "vocab_size" and getattr(m, key) < value:
+                raise ConfigError(
+                    f"model.vocab_size={m.vocab_size} is too small for the data: its token ids "
+                    f"go up to {value - 1}, which would be out of range; allowed: >= {value} "
+                    "(or leave model.vocab_size out to take the tokenizer's size)")
+        try:
+            return m.replace(**changes)
+        except ConfigError as e:
+            raise ConfigError(f"model.{e}") from None
 
     def next_batch(self) -> tuple[Tensor, ...]:
         """The next global training micro-batch (CPU tensors; its rows are split over the

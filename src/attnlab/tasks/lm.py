@@ -17,13 +17,21 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from ..config import ConfigError
-from ..data import DataError, DataFileNotFoundError, default_cache_dir, embedded_corpus, read_text
+from ..data import (
+    DataError,
+    DataFileNotFoundError,
+    DatasetInfo,
+    RemoteFile,
+    default_cache_dir,
+    embedded_corpus,
+    read_text,
+)
 from ..data.shards import TOKENIZER, TokenShards, is_token_dir, read_manifest
 from ..errors import UsageError, VocabularyError
 from ..files import atomic_write_bytes
@@ -36,9 +44,20 @@ from ..tokenizers import (
     Tokenizer,
     load_tokenizer,
 )
-from .base import Amp, Progress, Task, data_file, no_progress, resolve_model
+from .base import Amp, DataSet, Progress, Task, no_progress
+from .registry import register
 
 log = logging.getLogger(__name__)
+
+SHAKESPEARE = DatasetInfo(
+    "shakespeare", "Tiny Shakespeare, 1,115,394 characters (char-level LM)",
+    (RemoteFile("input.txt", "https://raw.githubusercontent.com/karpathy/char-rnn/master/"
+                "data/tinyshakespeare/input.txt",
+                "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"),),
+    "tinyshakespeare", "--set data.path=/path/to/input.txt")
+# the default data set: what data.name = "" trains when the config names no file
+EMBEDDED = DataSet("embedded", "the pydoc topics every Python install has (no download)",
+                   default=True)
 
 
 class Tokens(Protocol):
@@ -112,11 +131,18 @@ def _describe(tok: Tokenizer) -> str:
     return f"{tok.kind} tokenizer of {tok.vocab_size} ids"
 
 
+@register
 class LMTask(Task):
-    """Next-token prediction on a text: random windows of ``block_size`` tokens."""
+    """Next-token prediction on a text: random windows of ``block_size`` tokens. The text is
+    ``data.path`` (a file or a prepared DIR) or ``data.mix``, else the data set's file, or
+    the embedded corpus (:data:`EMBEDDED`, the default data set)."""
 
     family = "decoder"
     kind = "language-model"
+    datasets = (EMBEDDED, DataSet.fetched(SHAKESPEARE, path="input.txt"))
+    own_files = True  # any text: a file, a folder, a prepared DIR
+    reads_mix = True
+    strided = True
     eval_data_keys = ("path",)
     metric_names = ("ppl",)
     sampled_eval = True
@@ -131,7 +157,7 @@ class LMTask(Task):
         self.tokenizer = tok = tokenizer
         # GPT-2's pad is its end of text: a pad id would hide every document end from the loss
         pad = tok.pad_id if tok.pad_id != tok.eos_id else None
-        self.model_config = resolve_model(rc, vocab_size=tok.vocab_size, pad_id=pad)
+        self.model_config = self.resolve_model(vocab_size=tok.vocab_size, pad_id=pad)
         self.block = rc.train.block_size or self.model_config.max_len
         if self.block > self.model_config.max_len:
             raise ConfigError(f"train.block_size={self.block} is longer than model.max_len="
@@ -151,6 +177,14 @@ class LMTask(Task):
                              f"block of {self.block} tokens")
         self.stride = stride
 
+    def set_eval_options(self, beam: int = 1, length_penalty: float = 0.6,
+                         stride: int = 0) -> dict[str, Any]:
+        self.check_eval_options(beam, stride)
+        if not stride:
+            return {}
+        self.set_stride(stride)
+        return {"window": self.block, "stride": stride}
+
     @property
     def corpora(self) -> list[Corpus]:
         """The training corpora, found on first use when the tokenizer was given (a run's
@@ -169,13 +203,11 @@ class LMTask(Task):
         d = self.rc.data
         if d.mix:
             return [(m["path"], float(m["weight"])) for m in d.mix]
-        if d.path:
-            return [(d.path, 1.0)]
-        if d.name == "embedded":
+        if d.path or (self.dataset and "path" in self.dataset.files):
+            return [(str(self.data_file("path")), 1.0)]
+        if self.dataset == EMBEDDED:
             return [(str(self._embedded_file()), 1.0)]
-        if d.name == "shakespeare":
-            return [(str(data_file(self.rc, "path", "input.txt")), 1.0)]
-        raise ConfigError(f"data.name={d.name!r} needs data.path (a UTF-8 text file or a "
+        raise ConfigError(f"{self.data_words()} needs data.path (a UTF-8 text file or a "
                           "prepared data dir)")
 
     def _embedded_file(self) -> Path:

@@ -19,33 +19,64 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ConfigError
-from ..data import DataError, Seq2SeqBatches, default_cache_dir, read_parallel
+from ..data import (
+    DataError,
+    DatasetInfo,
+    RemoteFile,
+    Seq2SeqBatches,
+    default_cache_dir,
+    read_parallel,
+)
 from ..data.pairs import (
     TOKENIZER_KINDS,
     PairShards,
     cached_pairs_dir,
+    is_prepared_pairs,
     prepare_pairs_cached,
     read_pairs_manifest,
 )
 from ..data.shards import MANIFEST, TOKENIZER
 from ..decoding import translate_texts
 from ..metrics import bleu
-from ..run_config import RunConfig
+from ..run_config import DataConfig, RunConfig
 from ..tokenizers import Tokenizer, load_tokenizer
-from .base import Amp, EpochTask, Progress, Task, data_file, no_progress, resolve_model
+from .base import Amp, DataSet, EpochTask, Progress, Task, no_progress
+from .registry import register
 
 log = logging.getLogger(__name__)
 TRANSLATE_BATCH = 128  # sentences decoded at once by evaluation
+
+_MULTI30K = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
+_MULTI30K_SHA256 = (
+    ("train", "de", "695df46f6fd14567e69970408a2c129a50e778a910ecb1585a92eb25b2c7accc"),
+    ("train", "en", "4b4d37e774976ef44fecca1738cdeb3b3ba384851a59a755b9c5e6aa7d87b13c"),
+    ("val", "de", "fd0fc009db2446cfc12d96a382aff0d3122cb47577b352d0f7e0bb3a38e2e552"),
+    ("val", "en", "40cd20974079d9afb0e3d27c659a8e059cc2fcf850b4bc23ede13fc36dd8a865"),
+)
+MULTI30K = DatasetInfo(
+    "multi30k", "Multi30k task 1 German-English captions (29,000 train / 1,014 val pairs)",
+    tuple(RemoteFile(f"{split}.{lang}", f"{_MULTI30K}/{split}.{lang}.gz", sha, "gzip")
+          for split, lang, sha in _MULTI30K_SHA256),
+    "multi30k", "--set data.src_path=/path/to/train.de --set data.tgt_path=/path/to/train.en")
+PAIR_KEYS = ("src_path", "tgt_path", "val_src_path", "val_tgt_path", "test_src_path",
+             "test_tgt_path")
 
 
 class Seq2SeqTask(Task):
     """Shared loss, teacher-forced validation loss and decoding of the seq2seq tasks."""
 
     family = "encoder_decoder"
+    beam_search = True
     # How evaluate() decodes: greedy (beam 1, as in training) unless set otherwise
     # (``attnlab eval --beam 4``): a wider search can find what greedy decoding misses.
     beam = 1
     length_penalty = 0.6
+
+    def set_eval_options(self, beam: int = 1, length_penalty: float = 0.6,
+                         stride: int = 0) -> dict[str, str]:
+        self.check_eval_options(beam, stride)
+        self.beam, self.length_penalty = beam, length_penalty
+        return {"decoding": self.decoding()}
 
     def decoding(self) -> str:
         """How evaluate() decodes, in words."""
@@ -72,14 +103,23 @@ class Seq2SeqTask(Task):
         return total / max(n, 1.0)
 
 
+@register
 class TranslationTask(Seq2SeqTask, EpochTask):
     """Parallel text (Multi30k de->en): one joint BPE vocabulary, shared embeddings; the
     training pairs from a prepared pairs DIR (``data.path``, or the cache's of the raw files)."""
 
     kind = "translation"
+    datasets = (DataSet.fetched(MULTI30K, src_path="train.de", tgt_path="train.en",
+                                val_src_path="val.de", val_tgt_path="val.en"),)
+    own_files = True  # line-aligned files (data.src_path + data.tgt_path) or a pairs DIR
     eval_data_keys = ("src_path", "tgt_path")
     metric_names = ("bleu",)
     default_metric = "bleu"
+
+    @classmethod
+    def claims_files(cls, d: DataConfig) -> bool:
+        return any(getattr(d, k) for k in PAIR_KEYS) or bool(
+            d.path and is_prepared_pairs(d.path))
 
     def __init__(self, rc: RunConfig, tokenizer: Tokenizer | None = None):
         super().__init__(rc)
@@ -89,8 +129,9 @@ class TranslationTask(Seq2SeqTask, EpochTask):
             # one file of a pair alone would fetch (or ask for) the other side's file
             if bool(getattr(d, src)) != bool(getattr(d, tgt)):
                 given, missing = (src, tgt) if getattr(d, src) else (tgt, src)
-                fetched = d.name == "multi30k" and not src.startswith("test_")
-                neither = " (or neither, to use the downloaded Multi30k)" if fetched else ""
+                fetched = self.dataset is not None and src in self.dataset.files
+                neither = (f" (or neither, to use the downloaded {self.dataset.name})"
+                           if fetched else "")
                 raise ConfigError(f"data.{given} is set but data.{missing} is not: give "
                                   f"both{neither}")
         if d.path and (d.src_path or d.tgt_path):
@@ -112,7 +153,7 @@ class TranslationTask(Seq2SeqTask, EpochTask):
         tok = self.tokenizer = tokenizer
         if tok.pad_id is None or tok.bos_id is None or tok.eos_id is None:
             raise ConfigError("translation needs a tokenizer with <pad>, <bos> and <eos>")
-        self.model_config = resolve_model(rc, vocab_size=tok.vocab_size, pad_id=tok.pad_id)
+        self.model_config = self.resolve_model(vocab_size=tok.vocab_size, pad_id=tok.pad_id)
 
     # ---- where the training pairs come from --------------------------------------------------
     def _cache(self) -> Path:
@@ -184,13 +225,10 @@ class TranslationTask(Seq2SeqTask, EpochTask):
 
     def _files(self, name: str) -> tuple[Path, Path]:
         d = self.rc.data
-        fetched = d.name == "multi30k"
         if name == "train":
-            return (data_file(self.rc, "src_path", "train.de" if fetched else None),
-                    data_file(self.rc, "tgt_path", "train.en" if fetched else None))
+            return self.data_file("src_path"), self.data_file("tgt_path")
         if name == "val":
-            return (data_file(self.rc, "val_src_path", "val.de" if fetched else None),
-                    data_file(self.rc, "val_tgt_path", "val.en" if fetched else None))
+            return self.data_file("val_src_path"), self.data_file("val_tgt_path")
         if name == "test":
             if not (d.test_src_path and d.test_tgt_path):
                 raise ConfigError("this run has no test split: pass --data SRC TGT (or set "

@@ -11,32 +11,45 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..config import ConfigError
-from ..data import SyntheticData
+from ..config import ConfigError, ModelConfig
+from ..data import SYNTHETIC_NAMES, SyntheticData
 from ..decoding import translate
 from ..run_config import RunConfig
 from ..tokenizers import IdTokenizer, Tokenizer
-from .base import Amp, Progress, no_progress, resolve_model
+from .base import Amp, DataSet, Progress, no_progress
+from .registry import register
 from .seq2seq import Seq2SeqTask
 
 
+@register
 class SyntheticTask(Seq2SeqTask):
     """copy / reverse / sort, generated on the fly; metric: exact-match accuracy of greedy
     decoding, or of beam search where evaluation sets ``beam``."""
 
     kind = "synthetic"
+    # one data set per generator of attnlab.data.synthetic
+    datasets = tuple(DataSet(name, f"sequences of random ids to {name}, generated on the fly")
+                     for name in SYNTHETIC_NAMES)
     metric_names = ("accuracy",)
     default_metric = "accuracy"
+
+    @classmethod
+    def model_from_config(cls, rc: RunConfig) -> tuple[ModelConfig, str]:
+        cfg, why = super().model_from_config(rc)
+        if "model.vocab_size" not in rc.explicit:
+            cfg, why = cfg.replace(vocab_size=rc.data.synth_vocab), "data.synth_vocab of the recipe"
+        return cfg, why
+
     def __init__(self, rc: RunConfig, tokenizer: Tokenizer | None = None):
         super().__init__(rc)
         d = rc.data
         given = [k for k in ("path", "val_path", "src_path", "tgt_path") if getattr(d, k, "")]
         if given:  # generated data: a file would be silently ignored
             raise ConfigError(f"data.{given[0]} is not read by data.name={d.name!r}, which "
-                              "generates its sequences; leave it out (or train on files with "
-                              "data.name='text', 'parallel' or 'tsv')")
+                              "generates its sequences; leave it out (or leave data.name out "
+                              "to train on your files)")
         self.data = SyntheticData(d.name, d.synth_vocab, d.seq_min, d.seq_max)
-        self.model_config = resolve_model(rc, vocab_size=d.synth_vocab, pad_id=self.data.pad_id)
+        self.model_config = self.resolve_model(vocab_size=d.synth_vocab, pad_id=self.data.pad_id)
         # the ids of the data written as text; a resumed run's saved one is the same
         self.tokenizer = tokenizer or IdTokenizer(d.synth_vocab)
         if self.model_config.max_len < d.seq_max + 2:

@@ -6,12 +6,12 @@ trains live in :mod:`attnlab.tasks`; the run dir it writes in :mod:`attnlab.runs
 """
 
 from ..devices import resolve_device
-from ..run_config import DEMO, DataConfig, RunConfig, TrainConfig, apply_overrides, load_config
+from ..run_config import DEMO, DataConfig, RunConfig, TrainConfig, apply_overrides
 from .average import WeightEMA, average_run, ema_run
 from .loop import Trainer, TrainResult
 from .optim import build_optimizer, cosine_lr, inverse_sqrt_lr, lr_at, noam_peak, param_groups
 from .precision import resolve_precision
-from .runner import RunOutcome, evaluate_run, sample_texts, train_run
+from .runner import RunOutcome, evaluate_run, load_config, sample_texts, train_run
 
 __all__ = [
     "DEMO",

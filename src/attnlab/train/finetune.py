@@ -18,8 +18,9 @@ from torch import Tensor, nn
 
 from ..config import ConfigError, ModelConfig
 from ..errors import InputError, MissingFileError
-from ..run_config import RunConfig
+from ..run_config import RunConfig, upgrade
 from ..runs import RunDir, RunError, load_run
+from ..tasks import data_words, names_files, task_class
 from ..tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -89,10 +90,12 @@ def init_config(rc: RunConfig, base: ModelConfig, where: str) -> RunConfig:
         ConfigError: the data trains another family than ``base``'s, or the recipe sets a key
             outside :data:`TUNABLE` to another value than ``base``'s.
     """
-    family = rc.data.family
+    # data.name and files left out: the source's family picks the task (files decide first)
+    named = rc.data.name or names_files(rc.data)
+    family = task_class(rc, family=None if named else base.family).family
     if base.family != family:
         raise ConfigError(f"train.init_from={where} holds a {base.family} model, but "
-                          f"data.name={rc.data.name!r} trains a {family} model; start from a "
+                          f"{data_words(rc.data)} trains a {family} model; start from a "
                           f"{family} run")
     changes = {}
     for f in dataclasses.fields(ModelConfig):
@@ -179,9 +182,9 @@ def keep_split(rc: RunConfig, src_rc: dict | None, where: str) -> RunConfig:
             another split than the source's.
     """
     d = rc.data
-    if not src_rc or d.family != "encoder" or d.val_path:
+    if not src_rc or rc.model.family != "encoder" or d.val_path:
         return rc
-    theirs_d = src_rc.get("data") or {}
+    theirs_d = upgrade(src_rc).get("data") or {}
     if theirs_d.get("val_path") or (theirs_d.get("name"), theirs_d.get("path") or "") != (
             d.name, d.path or ""):
         return rc  # the source held out nothing, or trained on other data

@@ -21,10 +21,11 @@ from ..config import ModelConfig
 from ..devices import resolve_device
 from ..errors import DataFileNotFoundError, UsageError
 from ..files import check_writable
-from ..run_config import SECTIONS, RunConfig
+from ..run_config import SECTIONS, RunConfig, upgrade
+from ..run_config import load_config as load_run_config
 from ..runs import RunDir, RunError, load_run
 from ..speed import use_cpu_sdpa
-from ..tasks import Progress, Task, build_task, task_class
+from ..tasks import Progress, Task, build_task, data_words, resolve_data, task_class
 from ..tokenizers import Tokenizer
 from .distributed import DistInfo, cleanup, describe, env_info, init_distributed
 from .finetune import (
@@ -41,9 +42,6 @@ from .optim import schedule_warnings
 from .precision import Amp, resolve_precision
 
 log = logging.getLogger(__name__)
-# data.name of the runs trained on the user's own files (attnlab.tasks.TASKS): their config
-# names the files, or none at all in a run dir imported from Hugging Face
-OWN_FILES = ("text", "tsv", "parallel")
 FAMILY_WORDS = {"decoder": "a decoder-only", "encoder": "an encoder-only",
                 "encoder_decoder": "an encoder-decoder"}
 
@@ -93,10 +91,20 @@ def _first_difference(saved: dict, new: dict, section: str,
     return None
 
 
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> RunConfig:
+    """:func:`attnlab.run_config.load_config`, with the data checked against the tasks: a
+    ``data.name`` that no task trains (or data a task cannot take) is one
+    :class:`~attnlab.config.ConfigError` now, before anything is read or written."""
+    rc = load_run_config(path, overrides, base)
+    task_class(rc)
+    return rc
+
+
 def check_same_config(run_dir: Path, saved: dict, new: RunConfig) -> None:
     """A checkpoint only continues the model and data it was trained with, and evaluates as
-    it did (:data:`RESUME_TRAIN_KEYS`)."""
-    d = new.to_dict()
+    it did (:data:`RESUME_TRAIN_KEYS`). Old spellings in ``saved`` are read as today's."""
+    saved, d = upgrade(saved), new.to_dict()
     for section, keys in (("model", ()), ("data", ()), ("train", RESUME_TRAIN_KEYS)):
         diff = _first_difference(saved, d, section, keys)
         if diff is not None:
@@ -114,13 +122,14 @@ def resumed_config(run: RunDir, saved: dict, rc: RunConfig) -> RunConfig:
         RunError: ``rc`` trains another model family than the run holds.
     """
     theirs = RunConfig.from_dict(saved)  # (a broken config.json: one line naming the key)
-    if theirs.model.family != rc.data.family:  # a merge of two families would be nonsense
+    family = task_class(rc).family
+    if theirs.model.family != family:  # a merge of two families would be nonsense
         raise RunError(f"run dir {run.path} holds {FAMILY_WORDS[theirs.model.family]} run "
-                       f"(data.name={theirs.data.name!r}), which cannot be resumed with "
-                       f"{FAMILY_WORDS[rc.data.family]} recipe "
-                       f"(data.name={rc.data.name!r}); resume it without a recipe (attnlab "
-                       f"train --out {run.path} --resume) or train into a new --out")
-    mine, merged = rc.to_dict(), {s: dict(saved.get(s) or {}) for s in SECTIONS}
+                       f"({data_words(theirs.data)}), which cannot be resumed with "
+                       f"{FAMILY_WORDS[family]} recipe ({data_words(rc.data)}); resume it "
+                       f"without a recipe (attnlab train --out {run.path} --resume) or train "
+                       "into a new --out")
+    mine, merged = rc.to_dict(), {s: dict(upgrade(saved).get(s) or {}) for s in SECTIONS}
     for key in rc.explicit:
         section, name = key.split(".", 1)
         merged[section][name] = mine[section][name]
@@ -210,9 +219,10 @@ def _train_run(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> RunO
         start = _init_from(start, run)
     # text the source's tokenizer cannot encode fails here, bad data in check_data: before
     # any file is written or any step is taken
-    task = build_task(start.rc, start.tokenizer)
+    # data.name = "" without a file: the default data set, which the run's config records
+    task = build_task(resolve_data(start.rc), start.tokenizer)
     task.check_data()
-    resolved = dataclasses.replace(start.rc, model=task.model_config)
+    resolved = dataclasses.replace(task.rc, model=task.model_config)
     if start.saved is not None:
         check_same_config(run.path, start.saved, resolved)
     trainer = _build_trainer(start, resolved, task, run, info)
@@ -272,7 +282,7 @@ def _announce(trainer: Trainer, rc: RunConfig, info: DistInfo) -> None:
     n_params = sum(p.numel() for p in trainer.model.parameters())
     log.info("training %s model (%.2fM parameters) on %s, %s, %s%s",
              FAMILY_WORDS.get(rc.model.family, rc.model.family),
-             n_params / 1e6, trainer.device, trainer.precision, rc.data.name,
+             n_params / 1e6, trainer.device, trainer.precision, data_words(rc.data),
              describe(info))
     if info.is_main:
         for warning in schedule_warnings(rc.train):
@@ -294,7 +304,7 @@ def _write_results(run: RunDir, result: TrainResult, trainer: Trainer, info: Dis
 
 def _eval_overrides(rc: RunConfig, split: str, data: list[str]) -> RunConfig:
     """Point the ``split`` of ``rc`` at the files given to ``attnlab eval --data``."""
-    task = task_class(rc.data.name)
+    task = task_class(rc)
     keys = task.eval_data_keys
     if not keys:
         raise UsageError(f"a {task.kind} {rc.data.name!r} run makes its own data; --data is "
@@ -343,42 +353,30 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
         it decoded, and the metrics.
     """
     rd = RunDir(run_dir)
-    rc = _eval_data(rd, _eval_config(rd, split, checkpoint, beam), split, data)
+    rc = _eval_data(rd, _eval_config(rd, split, checkpoint, beam, stride), split, data)
     task = _eval_task(rd, rc)
     dev = resolve_device(device, flag="--device")
     run = load_run(rd.path, checkpoint, device=str(dev))
     # the precision and attention kernels training evaluated with, as the Trainer enters them
     amp = Amp(_eval_precision(rd, rc, checkpoint, dev), dev, rc.train.sdpa_backend)
-    window = {}
-    if stride:
-        if not hasattr(task, "set_stride"):
-            raise UsageError(f"--stride is for language-model runs (perplexity); a {task.kind} "
-                             "run is scored without it (leave --stride out)")
-        task.set_stride(stride)
-        window = {"window": task.block, "stride": stride}
-    decoding = {}
-    if hasattr(task, "beam"):
-        task.beam, task.length_penalty = beam, length_penalty
-        decoding = {"decoding": task.decoding()}
+    options = task.set_eval_options(beam, length_penalty, stride)  # (how it decodes, windows)
     use_cpu_sdpa(run.model).eval()  # the attention kernels training evaluated with
     metrics = task.evaluate(run.model, split, dev, amp, 0, progress)
     where = {"data": " ".join(data)} if data else {"split": split}
-    return {**where, "checkpoint": str(run.checkpoint), "precision": amp.precision, **decoding,
-            **window, **metrics}
+    return {**where, "checkpoint": str(run.checkpoint), "precision": amp.precision, **options,
+            **metrics}
 
 
-def _eval_config(rd: RunDir, split: str, checkpoint: str, beam: int) -> RunConfig:
+def _eval_config(rd: RunDir, split: str, checkpoint: str, beam: int, stride: int) -> RunConfig:
     """The run's config, once the arguments of ``attnlab eval`` that need no data check out."""
     if split not in ("val", "test"):
         raise UsageError(f"--split {split!r} is not allowed: val or test")
     rc = RunConfig.from_dict(rd.read_config())
-    cls = task_class(rc.data.name)
+    cls = task_class(rc)
     why = rd.untrained_head(checkpoint)
     if why:
         raise RunError(why)
-    if beam != 1 and not hasattr(cls, "beam"):
-        raise UsageError(f"--beam is for translation runs (BLEU); a {cls.kind} run is scored "
-                         "without beam search (leave --beam out)")
+    cls.check_eval_options(beam, stride)
     if beam < 1:
         raise UsageError(f"--beam must be >= 1, got {beam}")
     return rc
@@ -389,13 +387,15 @@ def _eval_data(rd: RunDir, rc: RunConfig, split: str, data: list[str] | None) ->
     of its own (a model imported from Hugging Face has none)."""
     if data:
         return _eval_overrides(rc, split, data)
-    cls = task_class(rc.data.name)
+    cls = task_class(rc)
     keys = cls.eval_data_keys
-    if rc.data.name in OWN_FILES and not rc.data.mix and not any(
+    # a run's config names its data set, or its own files; one that names neither (a run
+    # dir imported from Hugging Face) has no data to evaluate on
+    if keys and not rc.data.name and not rc.data.mix and not any(
             getattr(rc.data, key) or getattr(rc.data, f"{split}_{key}") for key in keys):
         files = "SRC TGT" if len(keys) == 2 else "FILE"
-        raise RunError(f"run dir {rd.path} has no {split} data of its own (its config has "
-                       f"data.name={rc.data.name!r} and no data.{keys[0]}); "
+        raise RunError(f"run dir {rd.path} has no {split} data of its own (its config names "
+                       f"no data set and no data.{keys[0]}); "
                        f"pass the {cls.kind} data to evaluate on with --data {files}")
     return rc
 
@@ -403,7 +403,7 @@ def _eval_data(rd: RunDir, rc: RunConfig, split: str, data: list[str] | None) ->
 def _eval_task(rd: RunDir, rc: RunConfig) -> Task:
     """The run's task, with the run's tokenizer."""
     tokenizer = rd.load_tokenizer()
-    if tokenizer is None and task_class(rc.data.name).uses_tokenizer:
+    if tokenizer is None and task_class(rc).uses_tokenizer:
         raise RunError(f"run dir {rd.path} has no {rd.tokenizer_file.name}")
     return build_task(rc, tokenizer)
 
