@@ -14,6 +14,8 @@ cannot be resumed.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,20 @@ class WeightEMA:
                                  f", the model {tuple(self.shadow[name].shape)}")
             self.shadow[name].copy_(tensor)
         self.updates = updates
+
+    @contextlib.contextmanager
+    def applied(self, model: nn.Module) -> Iterator[None]:
+        """``model`` holds the average inside the block (to evaluate or save it) and its own
+        weights again after it."""
+        params = dict(unwrap(model).named_parameters())
+        kept = {name: params[name].detach().clone() for name in self.shadow}
+        self.copy_to(model)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, tensor in kept.items():
+                    params[name].copy_(tensor)
 
     def copy_to(self, model: nn.Module) -> None:
         """Load the average into ``model`` (of the same architecture); buffers stay."""

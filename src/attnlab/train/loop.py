@@ -374,6 +374,12 @@ class Trainer:
                            "it cannot be resumed: train into a new --out") from None
 
     # ---- the loop ------------------------------------------------------------------------------
+    def _better(self, a: float, b: float) -> float:
+        """The better of two values of the best metric (``a`` on a tie)."""
+        if self.metric in LOWER_IS_BETTER:
+            return a if a <= b else b
+        return a if a >= b else b
+
     def _improved(self, value: float) -> bool:
         """Whether ``value`` of the best metric beats best/'s."""
         if self.best is None:
@@ -383,14 +389,24 @@ class Trainer:
         return value > self.best["value"]
 
     def _after_eval(self, metrics: dict[str, float]) -> bool:
-        """Track best/ and patience; True when training should stop early."""
+        """Track best/ and patience; True when training should stop early. With a moving
+        average (``ema_`` metrics), the better of the model and its average is the candidate,
+        and best/'s manifest says which (``"weights": "ema"`` or ``"model"``)."""
         value = metrics.get(self.metric)
         if value is None:
             return False
+        weights, ema = "model", metrics.get(f"ema_{self.metric}")
+        if ema is not None and not math.isnan(ema) and (
+                math.isnan(value) or ema == self._better(ema, value)):
+            value, weights = ema, "ema"
         if not math.isnan(value) and self._improved(value):  # nan (diverged): no better
             self.best = {"step": self.step, "metric": self.metric, "value": value}
+            if self.ema is not None:
+                self.best["weights"] = weights
             self.bad_evals = 0
-            self.save("best")
+            with self.ema.applied(self.model) if weights == "ema" \
+                    else contextlib.nullcontext():
+                self.save("best")
             return False
         self.bad_evals += 1
         return 0 < self.cfg.patience <= self.bad_evals
@@ -423,6 +439,9 @@ class Trainer:
         nothing (on resume, rows after last/'s step are dropped and written again)."""
         with self.window.paused():
             metrics = self.evaluate()
+            if self.ema is not None:  # the moving average too: best/ keeps the better one
+                with self.ema.applied(self.model):
+                    metrics.update({f"ema_{k}": v for k, v in self.evaluate().items()})
             stopped = self._after_eval(metrics)
             if stopped and not row:  # the last step: its training loss is logged too
                 row = self._train_row(mon, lr)
@@ -446,7 +465,10 @@ class Trainer:
         the final evaluation (``final_eval_batches``). Ctrl-C or SIGTERM: the step finishes,
         last/ is saved at it, then ``KeyboardInterrupt`` (:mod:`attnlab.train.stop`)."""
         cfg = self.cfg
-        mon = Monitor(self.run, self.task.metric_names, total=cfg.max_steps,
+        names = self.task.metric_names
+        if self.ema is not None:  # the moving average's evaluation, beside the model's
+            names += tuple(f"ema_{n}" for n in ("val_loss", *names))
+        mon = Monitor(self.run, names, total=cfg.max_steps,
                       start=self.step, progress=cfg.progress, tensorboard=cfg.tensorboard,
                       enabled=self.info.is_main)
         if self.started is None:
