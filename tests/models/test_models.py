@@ -460,7 +460,7 @@ def test_loss_options_are_checked_and_last_only_is_for_decoding():
     with pytest.raises(ConfigError, match="loss_only=1 has the wrong type"):
         LossOptions(loss_only=1)
     model = DecoderLM(cfg("decoder"))
-    with pytest.raises(ValueError, match="last_only is for decoding"):
+    with pytest.raises(ValueError, match="last_only=True is for decoding and takes no targets"):
         model(ids(1, 4), ids(1, 4), last_only=True)
 
 

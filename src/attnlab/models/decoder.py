@@ -87,7 +87,8 @@ class DecoderLM(nn.Module):
             or None.
         """
         if last_only and targets is not None:
-            raise ValueError("last_only is for decoding, which has no targets: pass one or other")
+            raise ValueError("last_only=True is for decoding and takes no targets: for a loss, "
+                             "pass targets without last_only")
         h = self.hidden(ids, mask=mask, positions=positions, cache=cache)  # (B, T, D)
         if loss_only(loss, targets):  # training: no (B, T, V) logits (GPT-2's V = 50,257)
             ignored = targets.masked_fill(~counted(targets, self.config.pad_id), IGNORE_INDEX)
