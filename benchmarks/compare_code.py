@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from data_speed import src_env  # noqa: E402  (the benchmarks' shared helpers)
 
 # Runs in the child process, against whichever attnlab PYTHONPATH points to. Only API that
-# both versions share: a positional model call, `new_cache`, `generate` found in either home
+# both versions share: a positional model call, `generate` found in either home
 # (`attnlab.decoding` now, `attnlab.generate` before the decoding package), and the trainer's
 # attention kernels (`attnlab.speed.use_cpu_sdpa` where the tree has a speed layer).
 CHILD = r"""

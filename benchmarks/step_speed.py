@@ -7,8 +7,8 @@
     .venv/bin/python benchmarks/step_speed.py multi30k_de_en --profile --steps 5
 
 Arm A is `attnlab train RECIPE` as shipped (plus any `--set`), with this checkout's attnlab;
-arm B is the same with `--b-set` overrides, with `--b-torch-dropout`: attnlab's dropout
-(`attnlab.nn.dropout`) replaced by `torch.nn.functional.dropout`, or with `--b-src DIR`: the
+arm B is the same with `--b-set` overrides, with `--b-torch-dropout`: attnlab's CPU dropout
+(`attnlab.speed.cpu_dropout`) left out for `torch.nn.functional.dropout`, or with `--b-src DIR`: the
 attnlab of another checkout (DIR/src), such as the commit before a change
 (`git worktree add ../before HEAD~1`). The arms run A B B A A B ... for `--pairs`
 pairs, each a fresh process that trains `--skip` + `--steps` steps (no evaluation) and is
@@ -43,10 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from data_speed import git_head, machine, src_env  # noqa: E402
 from recipes import ROOT, TINY, data_overrides  # noqa: E402
 
-# arm B with --b-torch-dropout: the library's dropout swapped before the models import it
+# arm B with --b-torch-dropout: the trainer keeps the core's dropout (torch's) in the models'
+# drop slots instead of putting attnlab.speed's CPU one there
 TORCH_DROPOUT = (
-    "import sys, torch.nn.functional as F, attnlab.nn as core\n"
-    "core.dropout = lambda x, p: F.dropout(x, p, training=True)\n"
+    "import sys, attnlab.train.loop as loop\n"
+    "loop.use_cpu_dropout = lambda model: model\n"
     "from attnlab.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n")
 DEFAULT = "from attnlab.cli import main; import sys; sys.exit(main(sys.argv[1:]))"
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--b-set", action="append", default=[], metavar="KEY=VALUE",
                    help="for arm B only")
     p.add_argument("--b-torch-dropout", action="store_true",
-                   help="arm B: torch.nn.functional.dropout instead of attnlab.nn.dropout")
+                   help="arm B: torch.nn.functional.dropout instead of attnlab.speed.cpu_dropout")
     p.add_argument("--b-src", type=Path, metavar="DIR",
                    help="arm B: the attnlab of another checkout (DIR/src)")
     p.add_argument("--pairs", type=int, default=4)

@@ -5,7 +5,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnlab import ModelConfig, attention_maps, build_model
-from attnlab.info import estimate, report
+from attnlab.info import count_parameters, estimate, report
 
 
 @pytest.mark.parametrize("family, ffn, dec", [("decoder", "gelu", None),
@@ -24,7 +24,7 @@ def test_forward_flops_match_torch_flop_counter(family, ffn, dec):
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         attention_maps(model, x) if family == "decoder" else attention_maps(model, x, x)
     measured = counter.get_total_flops() / (b * t)
-    est = estimate(cfg, model.num_parameters(), b, t)
+    est = estimate(cfg, count_parameters(model), b, t)
     assert est.flops_per_token_forward == pytest.approx(measured, rel=0.02)
     assert est.flops_per_token_train == 3 * est.flops_per_token_forward
 
@@ -39,19 +39,19 @@ def test_masked_lm_flops_count_its_head_at_the_masked_tokens_only():
         attention_maps(model, x)  # every layer written out, and the head at every token
     every_token = counter.get_total_flops() / (b * t)
     skipped = 2 * 32 * 997 * (1 - 0.15)  # training computes the head at the masked 15% only
-    est = estimate(cfg, model.num_parameters(), b, t)
+    est = estimate(cfg, count_parameters(model), b, t)
     assert est.flops_per_token_forward == pytest.approx(every_token - skipped, rel=0.02)
 
 
 def test_memory_grows_with_batch_and_report_lists_components():
     cfg = ModelConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=2)
     model = build_model(cfg)
-    small, big = (estimate(cfg, model.num_parameters(), b, 32) for b in (1, 8))
-    assert big.train_memory_bytes > small.train_memory_bytes > 16 * model.num_parameters()
+    small, big = (estimate(cfg, count_parameters(model), b, 32) for b in (1, 8))
+    assert big.train_memory_bytes > small.train_memory_bytes > 16 * count_parameters(model)
     assert big.kv_cache_bytes == 8 * small.kv_cache_bytes
-    text = report(cfg, model.num_parameters(by_component=True), 4, 32)
+    text = report(cfg, count_parameters(model, by_component=True), 4, 32)
     assert "decoder.0.attention" in text and "FLOPs per token" in text
-    assert f"{model.num_parameters():,}" in text
+    assert f"{count_parameters(model):,}" in text
 
 
 @pytest.mark.parametrize("family, dec", [("decoder", None),
@@ -64,7 +64,7 @@ def test_kv_cache_bytes_are_those_of_a_filled_cache(family, dec):
     model = build_model(cfg).eval()
     b, t = 3, 20
     ids = torch.randint(1, 40, (b, 1))
-    cache = model.new_cache(b, t)
+    cache = model.decoder.new_cache(b, t)
     with torch.no_grad():
         if family == "decoder":
             model(ids, cache=cache)
@@ -73,4 +73,4 @@ def test_kv_cache_bytes_are_those_of_a_filled_cache(family, dec):
             model.decode(ids, model.encode(src), cache=cache)
     tensors = [*cache.k, *cache.v, *(x for pair in cache.cross if pair for x in pair)]
     actual = sum(x.numel() * x.element_size() for x in tensors)
-    assert estimate(cfg, model.num_parameters(), b, t).kv_cache_bytes == actual
+    assert estimate(cfg, count_parameters(model), b, t).kv_cache_bytes == actual

@@ -286,6 +286,18 @@ def test_each_family_reads_top_to_bottom_in_three_files(family):
     assert sum(path.values()) < 1300, path
 
 
+MAX_CORE_LINES = 1300
+
+
+def test_the_building_blocks_and_the_three_families_stay_under_1300_lines():
+    """``nn.py`` holds building blocks only (speed tricks live in :mod:`attnlab.speed`,
+    parameter counts in :mod:`attnlab.info`, mask helpers nothing runs stay out), so it and
+    ``models/*.py`` read in one sitting: at most 1,300 lines together, docstrings included."""
+    files = [SRC / "attnlab" / "nn.py", *sorted((SRC / "attnlab" / "models").glob("*.py"))]
+    lines = {f.name: len(f.read_text(encoding="utf-8").splitlines()) for f in files}
+    assert len(files) == 5 and sum(lines.values()) <= MAX_CORE_LINES, lines
+
+
 def test_the_read_path_follows_imports(tmp_path):
     write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from .b import x\n",
                      "pkg/b.py": "from .c import y\nx = 1\n", "pkg/c.py": "y = 2\n\n\n"})

@@ -18,14 +18,12 @@ from attnlab.nn import (
     RotaryEmbedding,
     SinusoidalPositions,
     causal_mask,
-    combine_masks,
     dropout,
     fused_attention,
-    left_padding_mask,
-    pad_mask_from_ids,
-    padding_mask,
+    key_mask,
     reference_attention,
     sinusoidal_table,
+    valid_tokens,
 )
 
 torch.manual_seed(0)
@@ -40,21 +38,24 @@ def test_causal_mask_lower_triangular_and_offset():
     assert causal_mask(2, 5).tolist() == [[True] * 4 + [False], [True] * 5]
 
 
-def test_padding_masks():
-    lengths = torch.tensor([2, 4])
-    m = padding_mask(lengths, 4)
-    assert m.shape == (2, 1, 1, 4)
-    assert m[:, 0, 0].tolist() == [[True, True, False, False], [True] * 4]
+def padded(lengths: list[int], s: int) -> torch.Tensor:
+    """(B, 1, 1, S) mask of right-padded rows of ``lengths`` real tokens."""
+    return key_mask(torch.arange(s) < torch.tensor(lengths)[:, None])
+
+
+def test_valid_tokens_and_key_masks():
     ids = torch.tensor([[5, 6, 0, 0], [1, 2, 3, 4]])
-    assert torch.equal(pad_mask_from_ids(ids, 0), m)
-    left = left_padding_mask(lengths, 4)
-    assert left[:, 0, 0].tolist() == [[False, False, True, True], [True] * 4]
-    both = combine_masks(causal_mask(4), m, None)
+    valid = valid_tokens(ids, pad_id=0)  # (B, S)
+    assert valid.tolist() == [[True, True, False, False], [True] * 4]
+    assert valid_tokens(ids, None) is None  # no pad id: every token is real
+    given = torch.ones(2, 4, dtype=torch.bool)
+    assert valid_tokens(ids, 0, given) is given  # a mask the caller gives wins
+    m = key_mask(valid)
+    assert m.shape == (2, 1, 1, 4) and torch.equal(m, padded([2, 4], 4))
+    assert key_mask(None) is None
+    both = causal_mask(4) & m  # masks combine with &, broadcasting to (B, 1, T, S)
     assert both.shape == (2, 1, 4, 4)
     assert both[0, 0].tolist()[3] == [True, True, False, False]
-    assert combine_masks(None, None) is None
-    with pytest.raises(TypeError, match="bool"):
-        combine_masks(torch.zeros(2, 2))
 
 
 # ---- the two attention paths ------------------------------------------------------------------
@@ -65,10 +66,9 @@ def _qkv(b=2, h=3, t=5, s=7, dh=8, dtype=torch.float32):
 
 MASKS = {
     "none": lambda t, s: None,
-    "padding": lambda t, s: padding_mask(torch.tensor([s, s - 3]), s),
+    "padding": lambda t, s: padded([s, s - 3], s),
     "causal": lambda t, s: causal_mask(t, s),
-    "causal+padding": lambda t, s: combine_masks(causal_mask(t, s),
-                                                 padding_mask(torch.tensor([s, s - 1]), s)),
+    "causal+padding": lambda t, s: causal_mask(t, s) & padded([s, s - 1], s),
     "per-query (B,T,S)": lambda t, s: torch.rand(2, t, s) > 0.3,
     "fully masked rows": lambda t, s: (torch.rand(2, 1, t, s) > 0.3).index_fill(
         2, torch.tensor([t - 1]), False),
@@ -149,10 +149,10 @@ def test_heads_must_divide_d_model_unless_head_dim_given():
 def test_mha_cross_attention_lengths_differ():
     mha = MultiHeadAttention(16, 4).eval()
     x, mem = torch.randn(2, 3, 16), torch.randn(2, 9, 16)
-    out, w = mha(x, mem, mask=padding_mask(torch.tensor([9, 4]), 9), need_weights=True)
+    out, w = mha(x, mem, mask=padded([9, 4], 9), need_weights=True)
     assert out.shape == (2, 3, 16) and w.shape == (2, 4, 3, 9)
     assert torch.all(w[1, :, :, 4:] == 0)
-    fused, none = mha(x, mem, mask=padding_mask(torch.tensor([9, 4]), 9))
+    fused, none = mha(x, mem, mask=padded([9, 4], 9))
     assert none is None
     torch.testing.assert_close(fused, out, atol=1e-5, rtol=1e-5)
 
@@ -263,43 +263,18 @@ def test_rope_depends_only_on_relative_position():
 
 
 # ---- dropout --------------------------------------------------------------------------------
-@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
-def test_dropout_keeps_each_element_with_probability_1_minus_p_and_rescales(p):
-    """The 16-bit masks drop p of the elements (within 5 standard deviations of the binomial),
-    in every one of the four columns a 64-bit draw is cut into, and scale the rest by
-    1 / (1 - p): the same law as F.dropout."""
-    torch.manual_seed(1)
-    n = 400_003  # not a multiple of 4: the last draw is cut short
-    y = dropout(torch.ones(n), p)
-    dropped = y == 0
-    tol = 5 * math.sqrt(p * (1 - p) / n)
-    assert abs(dropped.float().mean().item() - p) < tol
-    for col in range(4):  # element i comes from bits 16*(i % 4) .. of its draw
-        part = dropped[col: n - 3: 4].float()
-        assert abs(part.mean().item() - p) < 5 * math.sqrt(p * (1 - p) / part.numel())
-    scale = 1 / (1 - round(p * 32768) / 32768)  # of p as rounded to 1/32768: 0.1 -> 0.100006
-    torch.testing.assert_close(y[~dropped], torch.full_like(y[~dropped], scale))
-    ref = F.dropout(torch.ones(n), p, training=True)
-    assert abs(y.mean().item() - ref.mean().item()) < 2 * tol / (1 - p)  # both keep the mean
-
-
-def test_dropout_gradient_is_the_mask_and_a_seed_repeats_it():
-    x = torch.randn(3, 5, 7, dtype=torch.float64, requires_grad=True)  # p = 0.25: k = 8192
-    torch.manual_seed(3)
-    y = dropout(x, 0.25)
-    g = torch.randn_like(y)
-    y.backward(g)
-    keep = y != 0
-    torch.testing.assert_close(x.grad, torch.where(keep, g / 0.75, 0.0))
-    torch.testing.assert_close(y, torch.where(keep, x / 0.75, 0.0))
-    torch.manual_seed(3)
-    assert torch.equal(dropout(x, 0.25), y)  # same seed, same mask
-    assert not torch.equal(dropout(x, 0.25), y)  # the generator moved on: another mask
-    half = dropout(torch.ones(2, 8, dtype=torch.bfloat16), 0.5)
-    assert half.dtype == torch.bfloat16 and half.shape == (2, 8)
-    assert dropout(torch.ones(0, 4), 0.5).shape == (0, 4)
-    assert torch.equal(dropout(torch.ones(9), 1.0), torch.zeros(9))  # as F.dropout(p=1)
-    assert torch.equal(dropout(torch.ones(9), 1e-6), torch.ones(9))  # p rounds to 0
+def test_dropout_is_torchs_and_every_module_that_drops_holds_it_in_its_slot():
+    """The core's dropout is F.dropout (a seed gives F.dropout's mask); the faster CPU one
+    enters through the ``drop`` slots (tests/speed)."""
+    x = torch.randn(4, 6)
+    torch.manual_seed(5)
+    want = F.dropout(x, 0.3, training=True)
+    torch.manual_seed(5)
+    assert torch.equal(dropout(x, 0.3), want)
+    ffn = FeedForward(8, 16, dropout=0.5).train()
+    assert ffn.drop is dropout
+    ffn.drop = lambda h, p: h * 0.0  # what the slot holds is what the forward calls
+    assert torch.equal(ffn(torch.randn(2, 3, 8)), ffn.w2.bias.expand(2, 3, 8))
 
 
 # ---- feed-forward and norms -------------------------------------------------------------------

@@ -30,6 +30,7 @@ _EXPORTS = {
     "Transformer": ".models",
     "attention_maps": ".interpret",
     "build_model": ".models",
+    "count_parameters": ".info",
     "generate_text": ".decoding",
     "load_run": ".runs",
 }

@@ -24,6 +24,7 @@ FFNKind = Literal["relu", "gelu", "gelu_tanh", "swiglu", "none"]
 PosKind = Literal["sinusoidal", "learned", "rope"]
 Pooling = Literal["cls", "mean", "max", "pooler"]
 EncoderHead = Literal["classify", "mlm"]
+Reduction = Literal["mean", "sum"]
 
 
 def check(cond: bool, name: str, value: Any, allowed: str) -> None:
@@ -213,6 +214,32 @@ class ModelConfig:
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with ``changes``; fields derived before are derived again."""
         return dataclasses.replace(self, **{**dict.fromkeys(self._unset), **changes})
+
+
+@dataclass(frozen=True)
+class LossOptions:
+    """How a model's forward computes its loss: the one ``loss=`` keyword of every family.
+
+    ``label_smoothing``: of the cross-entropy (Szegedy et al. 2016; the paper's 0.1).
+    ``reduction``: ``"mean"`` over the counted targets, or ``"sum"`` (the trainer normalises
+    over several micro-batches). ``loss_only``: return None for the logits and the loss
+    without building them, through the model's ``head_loss`` slot where it has one (training:
+    GPT-2's (B, T, 50,257) logits are never made whole, and the encoder-decoder's head never
+    runs on target padding); needs targets.
+    """
+
+    label_smoothing: float = 0.0
+    reduction: Reduction = "mean"
+    loss_only: bool = False
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        check_literal(self, "reduction", Reduction)
+        check(0.0 <= self.label_smoothing < 1.0, "label_smoothing", self.label_smoothing,
+              "a float in [0, 1)")
+
+
+DEFAULT_LOSS = LossOptions()  # the mean cross-entropy, and the logits
 
 
 def check_keys(cls: type, keys: Iterable[str], section: str) -> None:

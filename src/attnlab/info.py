@@ -1,4 +1,5 @@
-"""What a model costs: parameters by component, FLOPs per token, memory at a batch and length.
+"""What a model costs: parameters by component (:func:`count_parameters`), FLOPs per token,
+memory at a batch and length.
 
 Estimates from the published formulas (:func:`estimate`), so that ``attnlab info`` says
 before a run whether it fits in memory and what a step costs.
@@ -6,9 +7,38 @@ before a run whether it fits in memory and what a step costs.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .config import ModelConfig
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+def count_parameters(model: nn.Module, by_component: bool = False) -> int | dict[str, int]:
+    """Total parameters (shared ones once), or a dict by component: "embeddings", each layer's
+    "<stack>.<i>.attention" / ".cross_attention" / ".ffn", "norms" and "head"."""
+    if not by_component:
+        return sum(p.numel() for p in model.parameters())
+    out: dict[str, int] = defaultdict(int)
+    for name, p in model.named_parameters():  # shared (tied) parameters are listed once
+        parts = name.split(".")
+        if any("norm" in part for part in parts[:-1]):
+            comp = "norms"
+        elif "layers" in parts:
+            i = parts.index("layers")
+            stack, idx, sub = parts[i - 1], parts[i + 1], parts[i + 2]
+            sub = {"self_attn": "attention", "cross_attn": "cross_attention"}.get(sub, sub)
+            comp = f"{stack}.{idx}.{sub}"
+        elif parts[0].endswith("emb") or parts[0] == "embed":
+            comp = "embeddings"
+        else:
+            comp = "head"
+        out[comp] += p.numel()
+    last = [k for k in ("norms", "head") if k in out]  # printed after the blocks
+    return {k: out[k] for k in [*(k for k in out if k not in last), *last]}
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,14 @@ Conventions:
   :class:`MultiHeadAttention`'s ``sdpa`` slot (:mod:`attnlab.speed` does, on CPUs); nothing
   here measures the machine or reads a cache.
 * Softmax, norms, rotations and losses run in at least float32 (:func:`upcast`).
-* Dropout is :func:`dropout`, called only in training with p > 0, so evaluation and
-  decoding make no dropout calls at all.
+* Dropout is called only in training with p > 0, so evaluation and decoding make no
+  dropout calls at all; each module that drops holds :func:`dropout` in its ``drop`` slot,
+  where :mod:`attnlab.speed` puts a faster one for CPUs (training does).
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ModelConfig
+from .config import LossOptions, ModelConfig
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 IGNORE_INDEX = -100  # targets with this value (and pad targets) do not count in the loss
@@ -48,27 +48,9 @@ def upcast(x: Tensor) -> Tensor:
 
 def dropout(x: Tensor, p: float) -> Tensor:
     """Training-time dropout (Srivastava et al. 2014): each element is zeroed with probability
-    ``p`` and the rest scaled by 1 / (1 - p), so the expectation is unchanged.
-
-    On a GPU, and inside ``torch.compile``, this is ``F.dropout``. On a CPU, ``F.dropout``
-    draws one random number per element from the one (serial) generator, and those draws
-    are most of its cost (the figures: docs/benchmarks.md). Here one 64-bit draw gives
-    four 16-bit numbers, each compared with a threshold, and ``p`` is rounded to a multiple
-    of 1/32768 (0.1 -> 0.100006; the scale is of the rounded p, so the expectation stays
-    exact). Both use torch's seeded generator, so a seed gives the same masks every run.
-    """
-    if x.device.type != "cpu" or torch.compiler.is_compiling():
-        return F.dropout(x, p, training=True)
-    k = round(p * 32768)  # drop when a 15-bit uniform < k
-    if k >= 32768:  # p = 1 (or within 1/65536 of it): nothing is kept, as F.dropout
-        return x * 0.0
-    n = x.numel()
-    bits = torch.empty(((n + 3) // 4, 4), dtype=torch.int16)
-    bits.view(torch.int64).random_()  # [0, 2^63): columns 0-2 span int16, column 3 is >= 0
-    # P(keep) = 1 - k/32768 in every column: int16 >= 2k - 32768, or a 15-bit value >= k
-    thresholds = torch.tensor([2 * k - 32768] * 3 + [k], dtype=torch.int16)
-    keep = (bits >= thresholds).view(-1)[:n].view(x.shape)
-    return x * keep.to(x.dtype).mul_(32768 / (32768 - k))  # 1 / (1 - p as rounded)
+    ``p`` and the rest scaled by 1 / (1 - p), so the expectation is unchanged. What a module's
+    ``drop`` slot holds unless :func:`attnlab.speed.use_cpu_dropout` put another there."""
+    return F.dropout(x, p, training=True)
 
 
 # ---- hook sites: where a forward pass can be read or changed --------------------------------
@@ -108,39 +90,18 @@ def causal_mask(t: int, s: int | None = None, *, offset: int | None = None,
     return k <= q + offset  # (T, S)
 
 
-def padding_mask(lengths: Tensor, s: int | None = None) -> Tensor:
-    """(B, 1, 1, S) mask from sequence lengths: key j of row b is real iff j < lengths[b]."""
-    s = int(lengths.max()) if s is None else s
-    keys = torch.arange(s, device=lengths.device)  # (S,)
-    return (keys.unsqueeze(0) < lengths.unsqueeze(1))[:, None, None, :]  # (B, 1, 1, S)
-
-
-def pad_mask_from_ids(ids: Tensor, pad_id: int) -> Tensor:
-    """(B, 1, 1, S) mask that is False at every ``pad_id`` token of ``ids`` (B, S)."""
-    return (ids != pad_id)[:, None, None, :]
-
-
-def left_padding_mask(lengths: Tensor, s: int) -> Tensor:
-    """(B, 1, 1, S) mask for left-padded rows: the real tokens are the last lengths[b]."""
-    keys = torch.arange(s, device=lengths.device)
-    return (keys.unsqueeze(0) >= (s - lengths).unsqueeze(1))[:, None, None, :]
-
-
 def key_mask(valid: Tensor | None) -> Tensor | None:
-    """(B, S) bool of real tokens -> (B, 1, 1, S) attention mask."""
+    """(B, S) bool of real tokens -> (B, 1, 1, S) attention mask (every query may attend to
+    the real keys); combine masks with ``&``, which broadcasts."""
     return None if valid is None else valid[:, None, None, :]
 
 
-def combine_masks(*masks: Tensor | None) -> Tensor | None:
-    """Logical AND of the given masks (broadcasting), ignoring ``None``; ``None`` if none."""
-    out: Tensor | None = None
-    for m in masks:
-        if m is None:
-            continue
-        if m.dtype != torch.bool:
-            raise TypeError(f"attention masks must be bool (True = may attend), got {m.dtype}")
-        out = m if out is None else out & m
-    return out
+def valid_tokens(ids: Tensor, pad_id: int | None, mask: Tensor | None = None) -> Tensor | None:
+    """(B, S) bool, True at real tokens: ``mask`` if given, else ``ids != pad_id`` (None
+    without a pad id: every token is real)."""
+    if mask is None and pad_id is not None:
+        mask = ids != pad_id  # (B, S)
+    return mask
 
 
 def as_4d(mask: Tensor | None) -> Tensor | None:
@@ -407,6 +368,8 @@ class FeedForward(nn.Module):
     (Shazeer 2020: W2 (silu(W1 x) * W3 x)).
     """
 
+    drop = staticmethod(dropout)  # the dropout kernel: a slot (see the module docstring)
+
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu",
                  dropout: float = 0.0, bias: bool = True):
         super().__init__()
@@ -431,7 +394,7 @@ class FeedForward(nn.Module):
         else:
             h = F.silu(h) * self.w3(x)  # (B, T, d_ff)
         if self.training and self.dropout > 0:
-            h = dropout(h, self.dropout)
+            h = self.drop(h, self.dropout)
         return self.w2(h)  # (B, T, D)
 
 
@@ -490,6 +453,8 @@ class ResidualBlock(Sites):
     cross-attention), ``resid_post``, and the sub-layers' outputs ``attn_out``,
     ``cross_out``, ``ffn_out``."""
 
+    drop = staticmethod(dropout)  # the dropout kernel: a slot (see the module docstring)
+
     def __init__(self, cfg: ModelConfig, *sites: str):
         super().__init__(*(s for s in sites if s != "ffn_out" or cfg.ffn != "none"))
         self.pre_norm, self.p_drop = cfg.norm == "pre", cfg.dropout
@@ -501,7 +466,7 @@ class ResidualBlock(Sites):
     def residual(self, x: Tensor, y: Tensor, norm: nn.Module) -> Tensor:
         """x, y (B, T, D) -> the residual stream after the sub-layer (B, T, D)."""
         if self.training and self.p_drop > 0:
-            y = dropout(y, self.p_drop)
+            y = self.drop(y, self.p_drop)
         return x + y if self.pre_norm else norm(x + y)
 
     def feed_forward(self, x: Tensor) -> Tensor:
@@ -640,6 +605,8 @@ class Embeddings(Sites):
     here, they rotate queries and keys inside attention), then optionally a norm (BERT).
     Hook sites: ``embed`` (B, T, D) and ``pos_embed`` ((T, D) or (B, T, D); not for rope)."""
 
+    drop = staticmethod(dropout)  # the dropout kernel: a slot (see the module docstring)
+
     def __init__(self, vocab_size: int, cfg: ModelConfig):
         kind = {"sinusoidal": SinusoidalPositions, "learned": LearnedPositions}.get(cfg.pos)
         super().__init__(*(("embed", "pos_embed") if kind else ("embed",)))
@@ -661,7 +628,7 @@ class Embeddings(Sites):
         if self.norm is not None:
             x = self.norm(x)
         if self.training and self.p_drop > 0:
-            x = dropout(x, self.p_drop)
+            x = self.drop(x, self.p_drop)
         return x
 
 
@@ -787,6 +754,7 @@ class Decoder(Stack):
 
     def __init__(self, cfg: ModelConfig, n_layers: int, cross: bool = True):
         super().__init__(cfg, [DecoderLayer(cfg, cross) for _ in range(n_layers)])
+        self.max_len = cfg.max_len
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, positions: Tensor | None = None,
@@ -801,10 +769,14 @@ class Decoder(Stack):
                       is_causal=is_causal, positions=positions, cache=cache, layer=i)
         return self.final(x)
 
-    def new_cache(self, batch: int, max_len: int, device, dtype) -> KVCache:
-        attn = self.layers[0].self_attn
-        return KVCache(len(self.layers), batch, attn.n_heads, attn.head_dim, max_len,
-                       device, dtype)
+    def new_cache(self, batch: int, max_len: int | None = None,
+                  dtype: torch.dtype | None = None) -> KVCache:
+        """An empty :class:`KVCache` for ``batch`` rows of up to ``max_len`` positions (default:
+        the model's), on the stack's device, in its dtype unless ``dtype`` is given."""
+        first = self.layers[0]
+        p = first.norm1.weight  # not a linear layer's: inference may quantize those
+        return KVCache(len(self.layers), batch, first.self_attn.n_heads, first.self_attn.head_dim,
+                       max_len or self.max_len, p.device, dtype or p.dtype)
 
 
 # ---- around the stacks: init, loss, the hook sites by name --------------------------------------
@@ -847,36 +819,20 @@ def token_loss(logits: Tensor, targets: Tensor, pad_id: int | None = None,
                            reduction=reduction)
 
 
+def loss_only(options: LossOptions, targets: Tensor | None) -> bool:
+    """Whether a forward returns the loss alone, without building the logits
+    (``options.loss_only``, which needs targets)."""
+    if options.loss_only and targets is None:
+        raise ValueError("LossOptions(loss_only=True) needs targets: there is no loss without")
+    return options.loss_only
+
+
 def projected_loss(h: Tensor, weight: Tensor, targets: Tensor, *,
                    label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
     """:func:`token_loss` of the projection ``h @ weight.T`` (N, V): a model's ``head_loss``
     slot, where :mod:`attnlab.speed` puts the fused one (the same loss and gradients)."""
     return token_loss(h @ weight.t(), targets, label_smoothing=label_smoothing,
                       reduction=reduction)
-
-
-def count_parameters(model: nn.Module, by_component: bool = False) -> int | dict[str, int]:
-    """Total parameters (shared ones once), or a dict by component: "embeddings", each layer's
-    "<stack>.<i>.attention" / ".cross_attention" / ".ffn", "norms" and "head"."""
-    if not by_component:
-        return sum(p.numel() for p in model.parameters())
-    out: dict[str, int] = defaultdict(int)
-    for name, p in model.named_parameters():  # shared (tied) parameters are listed once
-        parts = name.split(".")
-        if any("norm" in part for part in parts[:-1]):
-            comp = "norms"
-        elif "layers" in parts:
-            i = parts.index("layers")
-            stack, idx, sub = parts[i - 1], parts[i + 1], parts[i + 2]
-            sub = {"self_attn": "attention", "cross_attn": "cross_attention"}.get(sub, sub)
-            comp = f"{stack}.{idx}.{sub}"
-        elif parts[0].endswith("emb") or parts[0] == "embed":
-            comp = "embeddings"
-        else:
-            comp = "head"
-        out[comp] += p.numel()
-    last = [k for k in ("norms", "head") if k in out]  # printed after the blocks
-    return {k: out[k] for k in [*(k for k in out if k not in last), *last]}
 
 
 def stack_sites(prefix: str, emb: Embeddings, stack: Stack) -> dict[str, tuple[Sites, str]]:

@@ -391,7 +391,7 @@ def test_info_memory_is_in_the_runs_precision_and_an_encoder_has_no_kv_cache(run
                                                                             capsys):
     """An encoder reads its input in one pass (no KV cache line); a bf16 run holds 2 bytes a
     parameter, not fp32's 4; counts have thousands separators."""
-    from attnlab.info import estimate, human_bytes
+    from attnlab.info import count_parameters, estimate, human_bytes
 
     def memory(out: str) -> dict[str, str]:
         pairs = (line.strip().rsplit(":", 1) for line in out.splitlines()
@@ -405,7 +405,7 @@ def test_info_memory_is_in_the_runs_precision_and_an_encoder_has_no_kv_cache(run
     out = capsys.readouterr().out
     assert "memory, inference (fp32 + KV cache)" in memory(out)
     model = build_model(ModelConfig.from_dict(RunDir(runs["decoder"]).read_config()["model"]))
-    n = model.num_parameters()
+    n = count_parameters(model)
     assert out.splitlines()[0].startswith(f"model: decoder, {n:,} parameters, ")
     bf16 = tmp_path / "bf16"
     make_run(bf16, "decoder")

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from attnlab.cli import main
-from attnlab.config import ConfigError
+from attnlab.config import DEFAULT_LOSS, ConfigError
 from attnlab.data import LMData
 from attnlab.data import prepare as prepare_module
 from attnlab.data.prepare import prepare
@@ -202,18 +202,21 @@ def test_a_mix_draws_rows_by_weight_deterministically_and_resumably(tmp_path):
 
 
 class Bigram(torch.nn.Module):
-    """A model with DecoderLM's interface: logits, and the mean loss given targets."""
+    """A model with DecoderLM's interface: logits, and the loss given targets (its options in
+    ``loss``)."""
 
     def __init__(self, vocab):
         super().__init__()
         self.table = torch.nn.Embedding(vocab, vocab)
         torch.nn.init.normal_(self.table.weight, generator=torch.Generator().manual_seed(0))
 
-    def forward(self, x, targets=None):
+    def forward(self, x, targets=None, *, loss=DEFAULT_LOSS):
         logits = self.table(x)  # (B, T, V)
         if targets is None:
             return logits, None
-        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten(),
+                                       label_smoothing=loss.label_smoothing,
+                                       reduction=loss.reduction)
 
 
 def test_a_mix_reports_the_weighted_mean_of_its_corpora_val_losses(tmp_path):

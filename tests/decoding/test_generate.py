@@ -63,7 +63,7 @@ def test_kv_cache_logits_equal_full_recomputation(pos):
     model = tiny_lm(pos=pos)
     ids, mask = pad(PROMPTS, 0, left=True)
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    cache = model.new_cache(len(PROMPTS))
+    cache = model.decoder.new_cache(len(PROMPTS))
     with torch.no_grad():
         step_logits = [model(ids, mask=mask, positions=positions, cache=cache,
                              last_only=True)[0][:, -1]]
@@ -87,7 +87,7 @@ def test_cache_derives_positions_of_left_padded_rows(pos):
     model = tiny_lm(pos=pos)
     ids, mask = pad(PROMPTS, 0, left=True)
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    explicit, derived = model.new_cache(len(PROMPTS)), model.new_cache(len(PROMPTS))
+    explicit, derived = model.decoder.new_cache(len(PROMPTS)), model.decoder.new_cache(len(PROMPTS))
     derived.pad = (~mask).sum(-1)
     rows = torch.tensor([3, 1, 1])
     with torch.no_grad():

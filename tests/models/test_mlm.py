@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from attnlab.cli import main
-from attnlab.config import ConfigError, ModelConfig
+from attnlab.config import ConfigError, LossOptions, ModelConfig
 from attnlab.interpret import attention_maps
 from attnlab.models import MaskedLM, build_model
 from attnlab.runs import load_run, read_metrics
@@ -75,6 +75,8 @@ def test_mask_tokens_follows_bert_and_replays_from_the_generator():
 
 
 def test_masked_lm_logits_and_loss_at_the_targets_equal_the_full_pass():
+    """Given targets, the logits keep their (B, S, V) shape and the loss is of the N masked
+    positions; asked for the loss only, the head runs on those N positions alone."""
     torch.manual_seed(0)
     cfg = ModelConfig(family="encoder", head="mlm", vocab_size=40, **{**TINY, "dropout": 0.0})
     model = build_model(cfg).eval()
@@ -86,10 +88,16 @@ def test_masked_lm_logits_and_loss_at_the_targets_equal_the_full_pass():
     targets[0, 2], targets[1, 5], targets[2, 0] = 7, 9, 11
     full, none = model(ids)  # (B, S, V)
     assert full.shape == (3, 10, 40) and none is None
-    at, loss = model(ids, targets)  # (N, V)
+    at, loss = model(ids, targets)  # (B, S, V)
     picked = targets != -100
-    torch.testing.assert_close(at, full[picked])
+    torch.testing.assert_close(at, full)
     torch.testing.assert_close(loss, F.cross_entropy(full[picked], targets[picked]))
+    rows = []
+    model.head.register_forward_hook(lambda m, inp, out: rows.append(inp[0].shape[:-1]))
+    none, only = model(ids, targets, loss=LossOptions(0.1, "sum", loss_only=True))
+    assert none is None and rows == [(int(picked.sum()),)]
+    torch.testing.assert_close(only, F.cross_entropy(full[picked], targets[picked],
+                                                     label_smoothing=0.1, reduction="sum"))
     hidden = model.hidden_states(ids)  # the head is the tied embedding matrix and a bias
     torch.testing.assert_close(full, hidden @ model.emb.tok.weight.T + model.head.bias)
     maps = attention_maps(model, ids, layers=[1])

@@ -15,6 +15,9 @@ from attnlab import (
     attention_maps,
     build_model,
 )
+from attnlab.config import ConfigError, LossOptions
+from attnlab.info import count_parameters
+from attnlab.nn import valid_tokens
 from attnlab.speed import linear_cross_entropy, use_fused_loss
 
 V = 23
@@ -117,7 +120,9 @@ def test_transformer_source_padding_invariance(variant):
     torch.testing.assert_close(a, c[:, :5], atol=1e-5, rtol=1e-5)
 
 
-def test_transformer_given_targets_runs_its_head_on_the_counted_targets_only():
+def test_transformer_loss_only_runs_its_head_on_the_counted_targets_only():
+    """Given targets, the logits keep their (B, T, V) shape and the loss is torch's over the
+    counted targets; asked for the loss only, the head runs on no target padding."""
     torch.manual_seed(0)
     model = Transformer(cfg("encoder_decoder", norm="pre"))
     src, tgt = ids(3, 6), ids(3, 5)
@@ -129,16 +134,16 @@ def test_transformer_given_targets_runs_its_head_on_the_counted_targets_only():
     model.head.register_forward_hook(lambda m, inp, out: rows.append(inp[0].shape[:-1]))
     full, none = model(src, tgt)
     picked = (targets != 0) & (targets != -100)
-    at, loss = model(src, tgt, targets, label_smoothing=0.1)
-    assert none is None and full.shape == (3, 5, V) and at.shape == (int(picked.sum()), V)
-    assert rows == [(3, 5), (int(picked.sum()),)]
-    torch.testing.assert_close(at, full[picked])
+    at, loss = model(src, tgt, targets, loss=LossOptions(label_smoothing=0.1))
+    assert none is None and full.shape == at.shape == (3, 5, V)
+    assert rows == [(3, 5), (3, 5)]
+    torch.testing.assert_close(at, full)
     # torch's own loss over the full pass, pads ignored, and the gradients it gives
     want = torch.nn.functional.cross_entropy(
         full.reshape(-1, V), targets.masked_fill(targets == 0, -100).reshape(-1),
         ignore_index=-100, label_smoothing=0.1)
     torch.testing.assert_close(loss, want)
-    total = model(src, tgt, targets, label_smoothing=0.1, reduction="sum")[1]
+    total = model(src, tgt, targets, loss=LossOptions(0.1, "sum"))[1]
     torch.testing.assert_close(total, want * picked.sum())
     params = [p for p in model.parameters() if p.requires_grad]
     got = torch.autograd.grad(loss, params)
@@ -149,12 +154,16 @@ def test_transformer_given_targets_runs_its_head_on_the_counted_targets_only():
     for slot in ("as built", "fused"):
         if slot == "fused":
             use_fused_loss(model)
-        none, only = model(src, tgt, targets, label_smoothing=0.1, return_logits=False)
+        none, only = model(src, tgt, targets, loss=LossOptions(0.1, loss_only=True))
         assert none is None and len(rows) == 3  # the head module itself did not run
         torch.testing.assert_close(only, want)
         for g, w in zip(torch.autograd.grad(only, params), got):
             torch.testing.assert_close(g, w)
     assert model.head_loss is linear_cross_entropy
+    model.head_loss = lambda h, w, t, **kw: rows.append(h.shape[:-1]) or linear_cross_entropy(
+        h, w, t, **kw)
+    model(src, tgt, targets, loss=LossOptions(loss_only=True))
+    assert rows[-1] == (int(picked.sum()),)  # the projection of the counted targets only
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
@@ -165,20 +174,19 @@ def test_decoder_lm_loss_only_through_its_head_loss_slot_is_torchs_loss(smoothin
     targets[0, 5:] = 0  # pads
     targets[2, 1] = -100  # a target left out by hand
     picked = (targets != 0) & (targets != -100)
-    logits, loss = model(x, targets, label_smoothing=smoothing)
+    logits, loss = model(x, targets, loss=LossOptions(smoothing))
     want = torch.nn.functional.cross_entropy(
         logits.reshape(-1, V), targets.masked_fill(~picked, -100).reshape(-1),
         ignore_index=-100, label_smoothing=smoothing)
     torch.testing.assert_close(loss, want)
-    total = model(x, targets, label_smoothing=smoothing, reduction="sum")[1]
+    total = model(x, targets, loss=LossOptions(smoothing, "sum"))[1]
     torch.testing.assert_close(total, want * picked.sum())
     params = list(model.parameters())
     got = torch.autograd.grad(want, params)
     for slot in ("as built", "fused"):  # the fused one training puts there: the same
         if slot == "fused":
             use_fused_loss(model)
-        none, only = model(x, targets, label_smoothing=smoothing, reduction="sum",
-                           return_logits=False)
+        none, only = model(x, targets, loss=LossOptions(smoothing, "sum", loss_only=True))
         assert none is None
         torch.testing.assert_close(only, want * picked.sum())
         for g, w in zip(torch.autograd.grad(only / picked.sum(), params), got):
@@ -209,24 +217,25 @@ def test_a_left_padded_prefill_through_a_cache_counts_positions_from_the_real_to
     padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), x], 1)
     mask = torch.cat([padded != 0, torch.ones(1, 1, dtype=torch.bool)], 1)
     lm = DecoderLM(cfg("decoder", pos=pos)).eval()
-    cache = lm.new_cache(1)
+    cache = lm.decoder.new_cache(1)
     first = lm(padded, mask=mask[:, :-1], cache=cache)[0][:, 3:]
     torch.testing.assert_close(first, lm(x)[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(lm(nxt, mask=mask, cache=cache)[0],  # (the mask of every key)
                                lm(torch.cat([x, nxt], 1))[0][:, -1:], atol=1e-5, rtol=0)
     mt = Transformer(cfg("encoder_decoder", pos=pos)).eval()
     memory = mt.encode(ids(1, 4))
-    cached = mt.decode(padded, memory, tgt_mask=mask[:, :-1], cache=mt.new_cache(1))[:, 3:]
+    cached = mt.decode(padded, memory, tgt_mask=mask[:, :-1], cache=mt.decoder.new_cache(1))[:, 3:]
     torch.testing.assert_close(cached, mt.decode(x, memory), atol=1e-5, rtol=0)
 
 
 def test_a_bf16_cache_serves_an_fp32_model():
-    """new_cache(dtype=bf16) halves the cache of an fp32 model: keys and values are stored in
-    bf16 and read back in the model's dtype (it failed with a dtype mismatch in attention)."""
+    """decoder.new_cache(dtype=bf16) halves the cache of an fp32 model: keys and values are
+    stored in bf16 and read back in the model's dtype (it failed with a dtype mismatch in
+    attention)."""
     model = DecoderLM(cfg("decoder")).eval()
     x = ids(2, 9)
     full, _ = model(x)
-    cache = model.new_cache(2, dtype=torch.bfloat16)
+    cache = model.decoder.new_cache(2, dtype=torch.bfloat16)
     parts = [model(x[:, :4], cache=cache)[0]]
     for t in range(4, 9):
         parts.append(model(x[:, t:t + 1], cache=cache)[0])
@@ -241,7 +250,7 @@ def test_decoder_kv_cache_equals_full(variant):
     model = DecoderLM(cfg("decoder", **variant)).eval()
     x = ids(2, 9)
     full, _ = model(x)
-    cache = model.new_cache(2)
+    cache = model.decoder.new_cache(2)
     parts = [model(x[:, :4], cache=cache)[0]]
     for t in range(4, 9):
         parts.append(model(x[:, t:t + 1], cache=cache)[0])
@@ -256,9 +265,9 @@ def test_transformer_kv_cache_equals_full(variant):
     model = Transformer(cfg("encoder_decoder", **variant)).eval()
     src, tgt = torch.cat([ids(2, 7), torch.zeros(2, 2, dtype=torch.long)], 1), ids(2, 6)
     full, _ = model(src, tgt)
-    src_mask = model.src_valid(src)
+    src_mask = valid_tokens(src, model.config.pad_id)
     memory = model.encode(src)
-    cache = model.new_cache(2)
+    cache = model.decoder.new_cache(2)
     steps = [model.decode(tgt[:, t:t + 1], memory, src_mask, cache=cache) for t in range(6)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
 
@@ -268,7 +277,7 @@ def test_cache_reorder_selects_rows(rows):
     """Same, fewer (sentences leaving the batch) or more rows, then two more steps."""
     model = DecoderLM(cfg("decoder")).eval()
     x = ids(3, 4)
-    cache = model.new_cache(3)
+    cache = model.decoder.new_cache(3)
     model(x, cache=cache)
     cache.reorder(torch.tensor(rows))
     nxt = ids(len(rows), 2)
@@ -409,12 +418,58 @@ def test_dropout_acts_in_training_only(family):
     assert not torch.allclose(model(*args)[0], model(*args)[0])
 
 
+# ---- one model API: forward(ids..., targets) -> (logits, loss) -----------------------------------
+FAMILY_CALLS = {  # family, head -> (the forward's inputs, targets, the logits' shape)
+    ("decoder", "classify"): lambda: ((ids(2, 6),), ids(2, 6), (2, 6, V)),
+    ("encoder_decoder", "classify"): lambda: ((ids(2, 7), ids(2, 6)), ids(2, 6), (2, 6, V)),
+    ("encoder", "classify"): lambda: ((ids(2, 7),), torch.tensor([1, 0]), (2, 2)),
+    ("encoder", "mlm"): lambda: ((ids(2, 7),), torch.full((2, 7), -100).index_fill(1, torch.tensor(
+        [2, 5]), 3), (2, 7, V)),
+}
+
+
+@pytest.mark.parametrize("family, head", list(FAMILY_CALLS))
+def test_every_family_returns_its_logits_and_its_own_loss_under_one_set_of_loss_options(
+        family, head):
+    """The logits keep their shape with or without targets; the loss is torch's cross-entropy
+    of them (label smoothing, sum); loss_only gives None and the same loss, and needs targets."""
+    torch.manual_seed(0)
+    model = build_model(cfg(family, head=head)).eval()
+    inputs, targets, shape = FAMILY_CALLS[family, head]()
+    alone, none = model(*inputs)
+    logits, loss = model(*inputs, targets, loss=LossOptions(0.1, "sum"))
+    assert none is None and alone.shape == logits.shape == shape
+    torch.testing.assert_close(logits, alone)
+    pads = family != "encoder" or head == "mlm"  # (a class 0 is not a pad)
+    flat = targets.masked_fill(pads & (targets == 0), -100).reshape(-1)  # pads do not count
+    want = torch.nn.functional.cross_entropy(logits.reshape(flat.numel(), -1), flat,
+                                             label_smoothing=0.1, reduction="sum")
+    torch.testing.assert_close(loss, want)
+    nothing, only = model(*inputs, targets, loss=LossOptions(0.1, "sum", loss_only=True))
+    assert nothing is None
+    torch.testing.assert_close(only, want)
+    with pytest.raises(ValueError, match="loss_only=True\\) needs targets"):
+        model(*inputs, loss=LossOptions(loss_only=True))
+
+
+def test_loss_options_are_checked_and_last_only_is_for_decoding():
+    with pytest.raises(ConfigError, match="reduction='none' is not allowed"):
+        LossOptions(reduction="none")
+    with pytest.raises(ConfigError, match="label_smoothing=1.0 is not allowed"):
+        LossOptions(label_smoothing=1.0)
+    with pytest.raises(ConfigError, match="loss_only=1 has the wrong type"):
+        LossOptions(loss_only=1)
+    model = DecoderLM(cfg("decoder"))
+    with pytest.raises(ValueError, match="last_only=True is for decoding and takes no targets"):
+        model(ids(1, 4), ids(1, 4), last_only=True)
+
+
 # ---- bookkeeping ------------------------------------------------------------------------------
 @pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder"])
 def test_parameter_counts_by_component(family):
     model = build_model(cfg(family, tie_embeddings=False))
-    parts = model.num_parameters(by_component=True)
-    assert sum(parts.values()) == model.num_parameters() == sum(
+    parts = count_parameters(model, by_component=True)
+    assert sum(parts.values()) == count_parameters(model) == sum(
         p.numel() for p in model.parameters())
     stack = "decoder" if family == "decoder" else "encoder"
     assert parts[f"{stack}.0.attention"] == 4 * (32 * 32 + 32)

@@ -1,26 +1,36 @@
-"""The speed layer: attention kernels for bf16/fp16 on a CPU (the core's ``sdpa`` slot), the
-output projection fused with its loss (the ``head_loss`` slot), and that the core imports none
-of it. The probes of the decoding steps are tested with decoding
-(tests/decoding/test_generate.py), training's precision probe in tests/train/test_precision.py."""
+"""The speed layer: attention kernels for bf16/fp16 on a CPU (the core's ``sdpa`` slot),
+dropout for CPUs (the ``drop`` slots), the output projection fused with its loss (the
+``head_loss`` slot), and that the core imports none of it. The probes of the decoding steps
+are tested with decoding (tests/decoding/test_generate.py), training's precision probe in
+tests/train/test_precision.py."""
 
 import functools
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab import DecoderLM, ModelConfig, attention_maps
+from attnlab import DecoderLM, ModelConfig, attention_maps, build_model
 from attnlab.nn import (
     MultiHeadAttention,
     as_4d,
     causal_mask,
-    combine_masks,
+    dropout,
     fused_attention,
-    padding_mask,
+    key_mask,
     reference_attention,
 )
 from attnlab.speed import attention as speed_attention
-from attnlab.speed import cpu_sdpa, cpu_sdpa_in, linear_cross_entropy, probe, use_cpu_sdpa
+from attnlab.speed import (
+    cpu_dropout,
+    cpu_sdpa,
+    cpu_sdpa_in,
+    linear_cross_entropy,
+    probe,
+    use_cpu_dropout,
+    use_cpu_sdpa,
+)
 from attnlab.speed.attention import one_query_in_fp32
 
 torch.manual_seed(0)
@@ -35,8 +45,8 @@ def _qkv(b=2, h=3, t=5, s=7, dh=8, dtype=torch.float32):
 
 
 MASKS = {
-    "causal+padding": lambda t, s: combine_masks(causal_mask(t, s),
-                                                 padding_mask(torch.tensor([s, s - 1]), s)),
+    "causal+padding": lambda t, s: causal_mask(t, s) & key_mask(
+        torch.arange(s) < torch.tensor([s, s - 1])[:, None]),
     "fully masked rows": lambda t, s: (torch.rand(2, 1, t, s) > 0.3).index_fill(
         2, torch.tensor([t - 1]), False),
 }
@@ -189,6 +199,71 @@ def test_the_core_imports_no_probe_and_no_cache():
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True).stdout
     assert "attnlab.speed" not in loaded and "attnlab.models" in loaded
+
+
+# ---- dropout for CPUs -----------------------------------------------------------------------
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_cpu_dropout_keeps_each_element_with_probability_1_minus_p_and_rescales(p):
+    """The 16-bit masks drop p of the elements (within 5 standard deviations of the binomial),
+    in every one of the four columns a 64-bit draw is cut into, and scale the rest by
+    1 / (1 - p): the same law as F.dropout."""
+    torch.manual_seed(1)
+    n = 400_003  # not a multiple of 4: the last draw is cut short
+    y = cpu_dropout(torch.ones(n), p)
+    dropped = y == 0
+    tol = 5 * math.sqrt(p * (1 - p) / n)
+    assert abs(dropped.float().mean().item() - p) < tol
+    for col in range(4):  # element i comes from bits 16*(i % 4) .. of its draw
+        part = dropped[col: n - 3: 4].float()
+        assert abs(part.mean().item() - p) < 5 * math.sqrt(p * (1 - p) / part.numel())
+    scale = 1 / (1 - round(p * 32768) / 32768)  # of p as rounded to 1/32768: 0.1 -> 0.100006
+    torch.testing.assert_close(y[~dropped], torch.full_like(y[~dropped], scale))
+    ref = F.dropout(torch.ones(n), p, training=True)
+    assert abs(y.mean().item() - ref.mean().item()) < 2 * tol / (1 - p)  # both keep the mean
+
+
+def test_cpu_dropout_gradient_is_the_mask_and_a_seed_repeats_it():
+    x = torch.randn(3, 5, 7, dtype=torch.float64, requires_grad=True)  # p = 0.25: k = 8192
+    torch.manual_seed(3)
+    y = cpu_dropout(x, 0.25)
+    g = torch.randn_like(y)
+    y.backward(g)
+    keep = y != 0
+    torch.testing.assert_close(x.grad, torch.where(keep, g / 0.75, 0.0))
+    torch.testing.assert_close(y, torch.where(keep, x / 0.75, 0.0))
+    torch.manual_seed(3)
+    assert torch.equal(cpu_dropout(x, 0.25), y)  # same seed, same mask
+    assert not torch.equal(cpu_dropout(x, 0.25), y)  # the generator moved on: another mask
+    half = cpu_dropout(torch.ones(2, 8, dtype=torch.bfloat16), 0.5)
+    assert half.dtype == torch.bfloat16 and half.shape == (2, 8)
+    assert cpu_dropout(torch.ones(0, 4), 0.5).shape == (0, 4)
+    assert torch.equal(cpu_dropout(torch.ones(9), 1.0), torch.zeros(9))  # as F.dropout(p=1)
+    assert torch.equal(cpu_dropout(torch.ones(9), 1e-6), torch.ones(9))  # p rounds to 0
+
+
+@pytest.mark.parametrize("family, head", [("decoder", "classify"), ("encoder_decoder", "classify"),
+                                          ("encoder", "classify"), ("encoder", "mlm")])
+def test_use_cpu_dropout_fills_every_drop_slot_and_the_model_then_runs_on_it(family, head):
+    """Every module that drops (embeddings, residual connections, feed-forward, the classifier's
+    pooled vector) holds the core's dropout until use_cpu_dropout puts the CPU one there;
+    then a training forward draws its masks from it (a seed repeats them)."""
+    cfg = ModelConfig(family=family, head=head, vocab_size=11, d_model=16, n_heads=2,
+                      n_layers=1, max_len=8, dropout=0.3)
+    model = build_model(cfg).train()
+    slots = [m for m in model.modules() if hasattr(m, "drop")]
+    assert len(slots) >= 3 and all(m.drop is dropout for m in slots)
+    ids = torch.randint(1, 11, (2, 8))
+    inputs = (ids, ids) if family == "encoder_decoder" else (ids,)
+    assert use_cpu_dropout(model) is model and all(m.drop is cpu_dropout for m in slots)
+    torch.manual_seed(4)
+    first, _ = model(*inputs)
+    torch.manual_seed(4)
+    assert torch.equal(model(*inputs)[0], first)
+    calls = []
+    for m in slots:
+        m.drop = lambda x, p: calls.append(p) or x
+    model(*inputs)
+    assert calls and set(calls) == {0.3}
 
 
 # ---- the output projection fused with its loss -----------------------------------------------

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from attnlab import ModelConfig, build_model
 from attnlab.decoding.lm import generate
-from attnlab.nn import causal_mask, fused_attention, padding_mask, reference_attention
+from attnlab.nn import causal_mask, fused_attention, key_mask, reference_attention
 from attnlab.runs import RunDir, read_metrics
 from attnlab.train import RunConfig, resolve_precision, train_run
 
@@ -61,7 +61,8 @@ def test_the_gpu_kernels_equal_the_written_out_attention(dtype, case):
     q, k, v = qkv(dtype, t=t)
     mask, causal = None, case in ("causal", "kv_cache_causal")
     if case == "padding":
-        mask = padding_mask(torch.tensor([128, 77], device="cuda"), 128)  # (B, 1, 1, S)
+        lengths = torch.tensor([128, 77], device="cuda")
+        mask = key_mask(torch.arange(128, device="cuda") < lengths[:, None])  # (B, 1, 1, S)
     backend = SDPBackend.FLASH_ATTENTION if case in ("none", "causal") else \
         SDPBackend.EFFICIENT_ATTENTION
     with sdpa_kernel([backend]):  # the named kernel or an error, never a silent fallback

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from attnlab.config import ConfigError
+from attnlab.config import DEFAULT_LOSS, ConfigError
 from attnlab.data import pad
-from attnlab.models import build_model
+from attnlab.models import build_model, token_loss
 from attnlab.runs import RunDir, RunError, read_metrics
 from attnlab.tasks import build_task
 from attnlab.train import RunConfig, Trainer, train_run
@@ -360,7 +360,8 @@ def test_tensorboard_keeps_the_checkpoint_step_on_resume(tmp_path):
 
 
 class Bigram(torch.nn.Module):
-    """Logits from the current token alone: each target's loss is the same in any window."""
+    """Logits from the current token alone: each target's loss is the same in any window. A
+    model as the tasks use one: ``forward(ids, targets, loss=LossOptions)`` -> (logits, loss)."""
 
     def __init__(self, vocab: int, fill: float | None = None):
         super().__init__()
@@ -368,8 +369,10 @@ class Bigram(torch.nn.Module):
         if fill is not None:
             torch.nn.init.constant_(self.table.weight, fill)
 
-    def forward(self, x):
-        return self.table(x), None
+    def forward(self, x, targets=None, *, loss=DEFAULT_LOSS):
+        logits = self.table(x)  # (B, T, V)
+        return logits, None if targets is None else token_loss(
+            logits, targets, None, loss.label_smoothing, loss.reduction)
 
 
 @pytest.mark.parametrize("length", [41, 47, 60])  # targets: 5 windows of 8; 5 + 6; 7 + 3

@@ -150,14 +150,14 @@ def cmd_info(args: argparse.Namespace) -> int:
                          "give at most that (or a config with a larger model.max_len)")
     import torch
 
-    from ..info import report
+    from ..info import count_parameters, report
     from ..models import build_model
 
     with torch.device("meta"):  # count parameters without allocating them
         model = build_model(cfg)
     if vocabulary:
         print(vocabulary)
-    print(report(cfg, model.num_parameters(by_component=True), args.batch, length, precision))
+    print(report(cfg, count_parameters(model, by_component=True), args.batch, length, precision))
     return 0
 
 

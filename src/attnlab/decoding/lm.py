@@ -163,7 +163,8 @@ def _token_steps(model: nn.Module, ids: Tensor, lengths: list[int], max_new_toke
     window = ContextWindow(ids, lengths, max_len=max_len, max_new_tokens=max_new_tokens,
                            use_cache=use_cache)
     p = ids.size(1)
-    cache = model.new_cache(ids.size(0), min(max_len, p + max_new_tokens)) if use_cache else None
+    cache = model.decoder.new_cache(ids.size(0), min(max_len, p + max_new_tokens)) \
+        if use_cache else None
     kernels = {}  # decoding_kernels of steps of one token (True) and of more (False)
     with direct_attributes(model), cpu_sdpa_in(model):
         for _ in range(max_new_tokens):
@@ -200,7 +201,7 @@ def stream(model: nn.Module, prompts, max_new_tokens: int = 100, *, temperature:
                       tokenizer.vocab_size)
     check_int("max_new_tokens", max_new_tokens, 0)
     check_int("num_samples", num_samples, 1)
-    if not hasattr(model, "new_cache") or getattr(model.config, "family", None) != "decoder":
+    if getattr(getattr(model, "config", None), "family", None) != "decoder":
         raise ValueError("generate needs a decoder-only model (family='decoder', DecoderLM)")
     vocab = model.config.vocab_size
     if eos_id is not None:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ..config import check_int
 from ..data.batching import check_texts, pad, warn_if_cut
+from ..nn import valid_tokens
 from ..speed import cpu_sdpa_in, decoding_kernels, direct_attributes
 
 if TYPE_CHECKING:
@@ -94,10 +95,10 @@ def greedy_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, *,
     """
     _check_model(model)
     memory = model.encode(src, src_mask)  # (B, S, D)
-    valid = model.src_valid(src, src_mask)
+    valid = valid_tokens(src, model.config.pad_id, src_mask)
     b, dev = src.size(0), src.device
     n, room, _ = _row_limits(max_len, b, dev)  # (B,) tokens each sentence may take
-    cache = model.new_cache(b, n)
+    cache = model.decoder.new_cache(b, n)
     out = torch.full((b, n), eos_id, dtype=torch.long, device=dev)  # (B, N)
     rows = torch.arange(b, device=dev)  # the original sentence of each live row
     nxt = torch.full((b,), bos_id, dtype=torch.long, device=dev)
@@ -193,10 +194,10 @@ class BeamSearch:
         b, dev = src.size(0), src.device
         self.model, self.k, self.alpha, self.eos_id = model, beam, length_penalty, eos_id
         self.n, self.room, self.ends = _row_limits(max_len, b, dev)  # (B,) tokens each may take
-        valid = model.src_valid(src, src_mask)
+        valid = valid_tokens(src, model.config.pad_id, src_mask)
         self.memory = model.encode(src, valid).repeat_interleave(beam, dim=0)  # (B*K, S, D)
         self.valid = None if valid is None else valid.repeat_interleave(beam, dim=0)  # (B*K, S)
-        self.cache = model.new_cache(b * beam, self.n)
+        self.cache = model.decoder.new_cache(b * beam, self.n)
         self.scores = torch.zeros(b, beam, device=dev)
         self.scores[:, 1:] = float("-inf")  # all beams start equal: expand only the first
         self.seqs = torch.zeros(b * beam, self.n, dtype=torch.long, device=dev)

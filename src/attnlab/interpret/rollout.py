@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UsageError
+from ..nn import valid_tokens
 from .hooks import attention_maps
 
 HEAD_FUSIONS = ("mean", "max", "min")
@@ -96,17 +97,17 @@ def cross_rollout(self_layers: list[Tensor], cross_layers: list[Tensor], encoder
     return d_s
 
 
-def valid_tokens(model: nn.Module, inputs: tuple[Tensor, ...],
-                 kwargs: dict[str, Any]) -> dict[str, Tensor | None]:
+def valid_keys(model: nn.Module, inputs: tuple[Tensor, ...],
+               kwargs: dict[str, Any]) -> dict[str, Tensor | None]:
     """The (B, S) bool of real keys per stack ("encoder", "decoder"), as the model masks them:
     ``mask=`` (the encoder's default: ``ids != pad_id``), ``src_mask=`` / ``tgt_mask=``."""
     cfg = model.config
     if cfg.family == "encoder_decoder":
-        return {"encoder": model.src_valid(inputs[0], kwargs.get("src_mask")),
+        return {"encoder": valid_tokens(inputs[0], cfg.pad_id, kwargs.get("src_mask")),
                 "decoder": kwargs.get("tgt_mask")}
     mask = kwargs.get("mask")
-    if cfg.family == "encoder" and mask is None and cfg.pad_id is not None:
-        mask = inputs[0] != cfg.pad_id
+    if cfg.family == "encoder":
+        mask = valid_tokens(inputs[0], cfg.pad_id, mask)
     return {cfg.family: mask}
 
 
@@ -129,7 +130,7 @@ def attention_rollout(model: nn.Module, *inputs: Tensor, head_fusion: str = "mea
                          "encoder-decoder)")
     with torch.no_grad():
         maps = attention_maps(model, *inputs, **kwargs)
-        valid = valid_tokens(model, inputs, kwargs)
+        valid = valid_keys(model, inputs, kwargs)
         fused = {stack: [fuse_heads(w.float(), head_fusion) for _, w in sorted(by.items())]
                  for stack, by in maps.items()}
         out = {stack: stack_rollout(fused[stack], valid[stack])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import ModelConfig
-from ..nn import count_parameters, token_loss
+from ..nn import token_loss
 from .decoder import DecoderLM
 from .encoder import EncoderClassifier, MaskedLM
 from .encoder_decoder import Transformer
@@ -19,4 +19,4 @@ def build_model(config: ModelConfig) -> nn.Module:
 
 
 __all__ = ["DecoderLM", "EncoderClassifier", "MaskedLM",
-           "Transformer", "build_model", "count_parameters", "token_loss"]
+           "Transformer", "build_model", "token_loss"]

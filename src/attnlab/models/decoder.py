@@ -5,10 +5,9 @@ Shapes: B batch, T new tokens, S keys (cached + new), D d_model, H heads, V voca
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..config import DEFAULT_LOSS, LossOptions, ModelConfig
 from ..nn import (
     IGNORE_INDEX,
     Decoder,
@@ -17,10 +16,10 @@ from ..nn import (
     Sites,
     check_ids,
     check_positions,
-    count_parameters,
     counted,
     init_weights,
     key_mask,
+    loss_only,
     projected_loss,
     stack_sites,
     token_loss,
@@ -63,10 +62,9 @@ class DecoderLM(nn.Module):
 
     def forward(self, ids: Tensor, targets: Tensor | None = None, *, mask: Tensor | None = None,
                 positions: Tensor | None = None, cache: KVCache | None = None,
-                last_only: bool = False, label_smoothing: float = 0.0,
-                reduction: str = "mean", return_logits: bool = True,
+                last_only: bool = False, loss: LossOptions = DEFAULT_LOSS,
                 ) -> tuple[Tensor | None, Tensor | None]:
-        """Next-token logits and, given targets, the mean cross-entropy.
+        """Next-token logits and, given targets, the cross-entropy.
 
         Args:
             ids: token ids.
@@ -74,42 +72,36 @@ class DecoderLM(nn.Module):
             mask: bool, True at real tokens of the keys (left-padded prompts); S counts
                 cached positions too.
             positions: absolute positions; default: after the cached ones.
-            cache: a :class:`KVCache` from :meth:`new_cache` for step-by-step decoding.
-            last_only: return the logits of the last position only.
-            label_smoothing: of the loss. reduction: ``"mean"`` over the counted targets, or
-                ``"sum"``.
-            return_logits: False (with targets): None and the loss, from ``self.head_loss``
-                (a slot: :func:`~attnlab.nn.projected_loss`, or the fused one training puts
-                there), so the (B, T, V) logits need never be made whole (GPT-2's V = 50,257).
+            cache: a :class:`KVCache` from ``decoder.new_cache`` for step-by-step decoding.
+            last_only: the logits of the last position only (decoding: no targets).
+            loss: :class:`~attnlab.config.LossOptions`: label smoothing, reduction, and
+                ``loss_only`` (training), which returns None for the logits and the loss from
+                ``self.head_loss`` (a slot: :func:`~attnlab.nn.projected_loss`, or the fused one
+                training puts there), so the (B, T, V) logits are never made whole.
 
         Shape:
             ids, targets (B, T); mask (B, S); positions (T,) or (B, T).
 
         Returns:
-            logits (B, T, V) ((B, 1, V) with ``last_only``) and the loss (scalar) or None.
+            logits (B, T, V) ((B, 1, V) with ``last_only``) or None, and the loss (scalar)
+            or None.
         """
+        if last_only and targets is not None:
+            raise ValueError("last_only=True is for decoding and takes no targets: for a loss, "
+                             "pass targets without last_only")
         h = self.hidden(ids, mask=mask, positions=positions, cache=cache)  # (B, T, D)
-        if targets is not None and not return_logits:  # the loss only (training)
+        if loss_only(loss, targets):  # training: no (B, T, V) logits (GPT-2's V = 50,257)
             ignored = targets.masked_fill(~counted(targets, self.config.pad_id), IGNORE_INDEX)
             return None, self.head_loss(h.flatten(0, 1), self.head.weight, ignored.flatten(),
-                                        label_smoothing=label_smoothing, reduction=reduction)
+                                        label_smoothing=loss.label_smoothing,
+                                        reduction=loss.reduction)
         if last_only and h.size(1) > 1:
             h = h[:, -1:]  # (B, 1, D)
         logits = self.head(h)  # (B, T, V)
-        loss = None if targets is None else token_loss(logits, targets, self.config.pad_id,
-                                                       label_smoothing, reduction)
-        return logits, loss
+        return logits, None if targets is None else token_loss(
+            logits, targets, self.config.pad_id, loss.label_smoothing, loss.reduction)
 
     def hook_sites(self) -> dict[str, tuple[Sites, str]]:
         """Every hook site by name: ``embed``, ``blocks.{i}.attn.pattern``, ... (see
         :func:`~attnlab.nn.stack_sites`; read and changed through :mod:`attnlab.interpret`)."""
         return stack_sites("", self.emb, self.decoder)
-
-    def new_cache(self, batch: int, max_len: int | None = None,
-                  dtype: torch.dtype | None = None) -> KVCache:
-        """An empty :class:`KVCache` for ``batch`` rows of up to ``max_len`` positions."""
-        p = self.emb.tok.weight  # not the head's: inference may replace the head's weight
-        return self.decoder.new_cache(batch, max_len or self.config.max_len, p.device,
-                                      dtype or p.dtype)
-
-    num_parameters = count_parameters  # (by_component=False): the total, or a dict by part

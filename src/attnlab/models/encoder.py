@@ -6,24 +6,23 @@ Shapes: B batch, S length, D d_model, H heads, C classes, V vocab, N masked posi
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..config import DEFAULT_LOSS, LossOptions, ModelConfig
 from ..nn import (
     Embeddings,
     Encoder,
     Sites,
     check_ids,
-    count_parameters,
     counted,
     dropout,
     init_weights,
     key_mask,
+    loss_only,
     stack_sites,
     token_loss,
     token_positions,
-    upcast,
+    valid_tokens,
 )
 
 
@@ -39,11 +38,6 @@ class EncoderStack(nn.Module):
         self.emb = Embeddings(config.vocab_size, config)
         self.encoder = Encoder(config, config.n_layers)
 
-    def _valid(self, ids: Tensor, mask: Tensor | None) -> Tensor | None:
-        if mask is None and self.config.pad_id is not None:
-            mask = ids != self.config.pad_id  # (B, S)
-        return mask
-
     def encode(self, ids: Tensor, *, valid: Tensor | None) -> Tensor:
         """Hidden states (B, S, D); ``valid`` (B, S): True at real tokens."""
         check_ids(ids)
@@ -54,20 +48,20 @@ class EncoderStack(nn.Module):
     def hidden_states(self, ids: Tensor, mask: Tensor | None = None) -> Tensor:
         """Per-token final hidden states (B, S, D). ``mask`` (B, S): True at real tokens;
         by default every token that is not ``pad_id``."""
-        return self.encode(ids, valid=self._valid(ids, mask))
+        return self.encode(ids, valid=valid_tokens(ids, self.config.pad_id, mask))
 
     def hook_sites(self) -> dict[str, tuple[Sites, str]]:
         """Every hook site by name: ``embed``, ``blocks.{i}.attn.pattern``, ... (see
         :func:`~attnlab.nn.stack_sites`; read and changed through :mod:`attnlab.interpret`)."""
         return stack_sites("", self.emb, self.encoder)
 
-    num_parameters = count_parameters  # (by_component=False): the total, or a dict by part
-
 
 class EncoderClassifier(EncoderStack):
     """Embeddings, a bidirectional encoder stack, pooling ([CLS] = first token, the mean or
     the per-feature maximum over real tokens, or BERT's ``pooler``: tanh of a D x D linear map
     of [CLS]), dropout and a linear classification ``head``."""
+
+    drop = staticmethod(dropout)  # the dropout kernel: a slot (see attnlab.nn)
 
     def __init__(self, config: ModelConfig):
         super().__init__(config, "classify")
@@ -100,29 +94,31 @@ class EncoderClassifier(EncoderStack):
     def _logits(self, h: Tensor, mask: Tensor | None) -> Tensor:
         pooled = self.pool(h, mask)  # (B, D)
         if self.training and self.config.dropout > 0:
-            pooled = dropout(pooled, self.config.dropout)
+            pooled = self.drop(pooled, self.config.dropout)
         return self.head(pooled)  # (B, C)
 
-    def forward(self, ids: Tensor, labels: Tensor | None = None, *,
-                mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Class logits and, given labels, the mean cross-entropy.
+    def forward(self, ids: Tensor, targets: Tensor | None = None, *, mask: Tensor | None = None,
+                loss: LossOptions = DEFAULT_LOSS) -> tuple[Tensor | None, Tensor | None]:
+        """Class logits and, given targets, the cross-entropy.
 
         Args:
             ids: token ids (with [CLS] first for cls and pooler pooling).
-            labels: class indices in [0, n_classes).
+            targets: class indices in [0, n_classes).
             mask: bool, True at real tokens; default: ``ids != pad_id``.
+            loss: :class:`~attnlab.config.LossOptions` (label smoothing, reduction;
+                ``loss_only``: None for the logits).
 
         Shape:
-            ids, mask (B, S); labels (B,).
+            ids, mask (B, S); targets (B,).
 
         Returns:
-            logits (B, C) and the loss (scalar) or None.
+            logits (B, C) or None, and the loss (scalar) or None.
         """
-        mask = self._valid(ids, mask)
-        h = self.encode(ids, valid=mask)  # (B, S, D)
-        logits = self._logits(h, mask)  # (B, C)
-        loss = None if labels is None else F.cross_entropy(upcast(logits), labels)
-        return logits, loss
+        mask = valid_tokens(ids, self.config.pad_id, mask)
+        logits = self._logits(self.encode(ids, valid=mask), mask)  # (B, C)
+        out = None if targets is None else token_loss(logits, targets, None,
+                                                      loss.label_smoothing, loss.reduction)
+        return (None if loss_only(loss, targets) else logits), out
 
 
 class MaskedLM(EncoderStack):
@@ -139,13 +135,18 @@ class MaskedLM(EncoderStack):
     def _logits(self, h: Tensor, mask: Tensor | None) -> Tensor:
         return self.head(h)  # (..., V)
 
-    def forward(self, ids: Tensor, targets: Tensor | None = None, *,
-                mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Logits (B, S, V) of ``ids`` (B, S) and None; given ``targets`` (B, S: original ids
-        at masked positions, else -100), only those N positions' logits (N, V) and mean loss."""
+    def forward(self, ids: Tensor, targets: Tensor | None = None, *, mask: Tensor | None = None,
+                loss: LossOptions = DEFAULT_LOSS) -> tuple[Tensor | None, Tensor | None]:
+        """Logits (B, S, V) of ``ids`` (B, S) and, given ``targets`` (B, S: the original ids at
+        masked positions, else -100), the cross-entropy of those N positions; ``loss``:
+        :class:`~attnlab.config.LossOptions` (``loss_only``, training: None for the logits, and
+        the head run on the N positions only)."""
         h = self.hidden_states(ids, mask)  # (B, S, D)
-        if targets is None:
-            return self._logits(h, None), None
-        picked = counted(targets)  # (B, S)
-        logits = self._logits(h[picked], None)  # (N, V)
-        return logits, token_loss(logits, targets[picked])
+        if loss_only(loss, targets):
+            picked = counted(targets)  # (B, S)
+            logits = self._logits(h[picked], None)  # (N, V)
+            return None, token_loss(logits, targets[picked], None, loss.label_smoothing,
+                                    loss.reduction)
+        logits = self._logits(h, None)  # (B, S, V)
+        return logits, None if targets is None else token_loss(
+            logits, targets, None, loss.label_smoothing, loss.reduction)

@@ -6,10 +6,9 @@ Shapes: B batch, S source length, T target length (new tokens), T_total target k
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..config import DEFAULT_LOSS, LossOptions, ModelConfig
 from ..nn import (
     Decoder,
     Embeddings,
@@ -18,14 +17,15 @@ from ..nn import (
     Sites,
     check_ids,
     check_positions,
-    count_parameters,
     counted,
     init_weights,
     key_mask,
+    loss_only,
     projected_loss,
     stack_sites,
     token_loss,
     token_positions,
+    valid_tokens,
 )
 
 
@@ -52,16 +52,10 @@ class Transformer(nn.Module):
         if config.tie_embeddings:
             self.head.weight = self.tgt_emb.tok.weight  # (V, D)
 
-    def src_valid(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor | None:
-        """(B, S) bool, True at real source tokens: ``src_mask`` or ``src != pad_id``."""
-        if src_mask is None and self.config.pad_id is not None:
-            src_mask = src != self.config.pad_id
-        return src_mask
-
     # ---- the two halves ---------------------------------------------------------------------
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """Source ids (B, S) -> memory (B, S, D). ``src_mask`` (B, S): True at real tokens."""
-        return self.source_memory(src, valid=self.src_valid(src, src_mask))
+        return self.source_memory(src, valid=valid_tokens(src, self.config.pad_id, src_mask))
 
     def source_memory(self, src: Tensor, *, valid: Tensor | None) -> Tensor:
         """Memory (B, S, D) of ``src``; ``valid`` (B, S): True at real tokens (or None)."""
@@ -79,7 +73,7 @@ class Transformer(nn.Module):
             tgt: target ids. memory: :meth:`encode`'s output.
             src_mask: bool, True at real source tokens. tgt_mask: bool, True at real target
                 keys (only needed for left padding); T_total counts cached positions too.
-            cache: a :class:`KVCache` from :meth:`new_cache` holding the earlier steps.
+            cache: a :class:`KVCache` from ``decoder.new_cache`` holding the earlier steps.
             positions: absolute target positions; default: after the cached ones.
             last_only: the logits of the last position only.
 
@@ -112,42 +106,37 @@ class Transformer(nn.Module):
 
     def forward(self, src: Tensor, tgt: Tensor, targets: Tensor | None = None, *,
                 src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
-                label_smoothing: float = 0.0, reduction: str = "mean",
-                return_logits: bool = True) -> tuple[Tensor | None, Tensor | None]:
-        """Teacher-forced logits; given targets, only the counted positions' logits and
-        their mean cross-entropy: the head (the largest matrix product of a small model)
-        is not run on target padding.
+                loss: LossOptions = DEFAULT_LOSS) -> tuple[Tensor | None, Tensor | None]:
+        """Teacher-forced logits and, given targets, their cross-entropy.
 
         Args:
             src: source ids. tgt: decoder inputs (``<bos> y1 .. y_{T-1}``).
             targets: next tokens (``y1 .. y_T``); pad and -100 positions are ignored.
             src_mask: bool, True at real tokens; default ``src != pad_id``.
             tgt_mask: bool for left-padded targets; right padding needs none (causal).
-            label_smoothing: of the loss (Szegedy et al. 2016; the paper's 0.1).
-            reduction: ``"mean"`` over the counted targets, or ``"sum"``.
-            return_logits: False: None and the loss, from ``self.head_loss`` (a slot:
-                :func:`~attnlab.nn.projected_loss`, or the fused one training puts there).
+            loss: :class:`~attnlab.config.LossOptions`: label smoothing (the paper's 0.1),
+                reduction, and ``loss_only`` (training), which returns None for the logits and
+                the loss from ``self.head_loss`` (a slot: :func:`~attnlab.nn.projected_loss`,
+                or the fused one training puts there) of the counted targets only: the head,
+                the largest matrix product of a small model, is not run on target padding.
 
         Shape:
             src, src_mask (B, S); tgt, targets, tgt_mask (B, T).
 
         Returns:
-            logits (B, T, V) and None; given targets, logits (N, V) of the N counted
-            positions (``logits[counted(targets, pad_id)]`` of the full pass) and the loss;
-            None and the loss with ``return_logits=False``.
+            logits (B, T, V) or None, and the loss (scalar) or None.
         """
-        src_valid = self.src_valid(src, src_mask)
+        src_valid = valid_tokens(src, self.config.pad_id, src_mask)
         memory = self.source_memory(src, valid=src_valid)  # (B, S, D)
         h = self.hidden(tgt, memory, src_valid=src_valid, tgt_valid=tgt_mask)  # (B, T, D)
-        if targets is None:
-            return self.head(h), None  # (B, T, V)
-        picked = counted(targets, self.config.pad_id)  # (B, T)
-        if not return_logits:  # the loss only (training): head_loss may be a fused one
+        if loss_only(loss, targets):
+            picked = counted(targets, self.config.pad_id)  # (B, T)
             return None, self.head_loss(h[picked], self.head.weight, targets[picked],
-                                        label_smoothing=label_smoothing, reduction=reduction)
-        logits = self.head(h[picked])  # (N, V)
-        return logits, token_loss(logits, targets[picked], label_smoothing=label_smoothing,
-                                  reduction=reduction)
+                                        label_smoothing=loss.label_smoothing,
+                                        reduction=loss.reduction)
+        logits = self.head(h)  # (B, T, V)
+        return logits, None if targets is None else token_loss(
+            logits, targets, self.config.pad_id, loss.label_smoothing, loss.reduction)
 
     def hook_sites(self) -> dict[str, tuple[Sites, str]]:
         """Every hook site by name: ``encoder.embed``, ``encoder.blocks.{i}.resid_post``,
@@ -155,12 +144,3 @@ class Transformer(nn.Module):
         and changed through :mod:`attnlab.interpret`)."""
         return (stack_sites("encoder.", self.src_emb, self.encoder)
                 | stack_sites("decoder.", self.tgt_emb, self.decoder))
-
-    def new_cache(self, batch: int, max_len: int | None = None,
-                  dtype: torch.dtype | None = None) -> KVCache:
-        """An empty :class:`KVCache` for ``batch`` rows of up to ``max_len`` target positions."""
-        p = self.tgt_emb.tok.weight  # not the head's: inference may replace the head
-        return self.decoder.new_cache(batch, max_len or self.config.max_len, p.device,
-                                      dtype or p.dtype)
-
-    num_parameters = count_parameters  # (by_component=False): the total, or a dict by part

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nn import LOW_PRECISION, MultiHeadAttention, causal_mask, dropout
+from ..nn import LOW_PRECISION, MultiHeadAttention, causal_mask
+from .dropout import cpu_dropout
 from .probe import fastest, machine_key
 
 # Longest whole sequence that low-precision attention on a CPU computes as two matrix products.
@@ -93,7 +94,7 @@ def short_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
                            alpha=1 / math.sqrt(dh))  # (B*H, T, T)
     weights = torch.softmax(scores, dim=-1)  # (B*H, T, T)
     if dropout_p > 0:
-        weights = dropout(weights, dropout_p)
+        weights = cpu_dropout(weights, dropout_p)
     return (weights @ v).view(b, h, t, -1)  # (B, H, T, Dh)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..config import ConfigError, ModelConfig
+from ..config import ConfigError, LossOptions, ModelConfig
 from ..data import DatasetInfo, fetch
 from ..errors import UsageError
 from ..nn import counted
@@ -206,10 +206,14 @@ class Task:
         raise NotImplementedError
 
     def loss_sum(self, model: nn.Module, batch: tuple[Tensor, ...],
-                 label_smoothing: float = 0.0) -> Tensor:
+                 label_smoothing: float = 0.0, *, loss_only: bool = True) -> Tensor:
         """The loss of ``batch`` summed over its :meth:`count` targets, so the trainer can
-        normalise over accumulated micro-batches and processes."""
-        raise NotImplementedError
+        normalise over accumulated micro-batches and processes: the model's own loss of
+        ``model(*batch)`` (every task's batch is the forward's inputs, then its targets).
+
+        ``loss_only``: the model's path that does not build the logits (training's: the
+        ``head_loss`` slot); False: the loss of the whole logits (an LM's evaluation)."""
+        return model(*batch, loss=LossOptions(label_smoothing, "sum", loss_only))[1]
 
     def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
                  max_batches: int = 0, progress: Progress | None = None) -> dict[str, float]:

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import ConfigError, ModelConfig
+from ..config import ConfigError, LossOptions, ModelConfig
 from ..data import (
     ClassificationBatches,
     DatasetInfo,
@@ -36,6 +35,8 @@ SST2 = DatasetInfo(
     (RemoteFile("train.tsv", "https://dl.fbaipublicfiles.com/glue/data/SST-2.zip", None,
                 "zip", "SST-2/train.tsv", tsv_rows=67_349),),
     "sst2", "--set data.path=/path/to/train.tsv")
+
+SUM = LossOptions(reduction="sum")  # evaluation: sums over the targets, divided at the end
 
 
 @register
@@ -126,12 +127,6 @@ class ClassifyTask(EpochTask):
     def _make_train_batches(self) -> ClassificationBatches:
         return self.batches("train", self.rc.train.batch_size, True)
 
-    def loss_sum(self, model: nn.Module, batch, label_smoothing: float = 0.0) -> Tensor:
-        ids, labels = batch
-        logits, _ = model(ids)  # (B, C); the mask is ids != pad_id
-        return F.cross_entropy(logits.float(), labels, reduction="sum",
-                               label_smoothing=label_smoothing)
-
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
                  max_batches: int = 0, progress: Progress | None = None) -> dict[str, float]:
@@ -142,8 +137,8 @@ class ClassifyTask(EpochTask):
         for ids, y in self.batches(split, self.eval_batch_size(), shuffle=False):
             ids, y = ids.to(device), y.to(device)
             with amp():
-                logits, _ = model(ids)  # (B, C)
-            total += float(F.cross_entropy(logits.float(), y, reduction="sum"))
+                logits, loss = model(ids, y, loss=SUM)  # (B, C); the mask is ids != pad_id
+            total += float(loss)
             preds += logits.argmax(-1).tolist()
             labels += y.tolist()
             progress(1)
@@ -244,12 +239,6 @@ class MaskedLMTask(ClassifyTask):
     def count(self, batch: tuple[Tensor, ...]) -> Tensor:
         return (batch[-1] != IGNORE_INDEX).sum().float()
 
-    def loss_sum(self, model: nn.Module, batch, label_smoothing: float = 0.0) -> Tensor:
-        inputs, targets = batch
-        logits, _ = model(inputs, targets)  # (N, V) at the masked positions
-        return F.cross_entropy(logits.float(), targets[targets != IGNORE_INDEX],
-                               reduction="sum", label_smoothing=label_smoothing)
-
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
                  max_batches: int = 0, progress: Progress | None = None) -> dict[str, float]:
@@ -260,11 +249,11 @@ class MaskedLMTask(ClassifyTask):
         for ids, _ in self.batches(split, self.eval_batch_size(), shuffle=False):
             inputs, targets = (t.to(device) for t in self._mask_each(ids))
             with amp():
-                logits, _ = model(inputs, targets)  # (N, V)
-            wanted = targets[targets != IGNORE_INDEX]
-            total += float(F.cross_entropy(logits.float(), wanted, reduction="sum"))
-            correct += int((logits.argmax(-1) == wanted).sum())
-            n += wanted.numel()
+                logits, loss = model(inputs, targets, loss=SUM)  # (B, S, V)
+            picked = targets != IGNORE_INDEX  # (B, S)
+            total += float(loss)
+            correct += int((logits[picked].argmax(-1) == targets[picked]).sum())
+            n += int(picked.sum())
             progress(1)
         return {"val_loss": total / n, "accuracy": correct / n}
 

@@ -36,7 +36,6 @@ from ..data.shards import TOKENIZER, TokenShards, is_token_dir, read_manifest
 from ..errors import UsageError, VocabularyError
 from ..files import atomic_write_bytes
 from ..metrics import perplexity
-from ..models import token_loss
 from ..nn import IGNORE_INDEX
 from ..run_config import RunConfig
 from ..tokenizers import (
@@ -419,18 +418,6 @@ class LMTask(Task):
                          for i, s in zip(which.tolist(), starts.tolist())])  # (B, T + 1)
         return w[:, :-1].clone(), w[:, 1:].clone()  # (B, T), (B, T): no shared storage
 
-    def loss_sum(self, model: nn.Module, batch, label_smoothing: float = 0.0) -> Tensor:
-        x, y = batch
-        if torch.is_grad_enabled():
-            # Training: the loss from the model's head_loss slot, without the (B, T, V) logits
-            # made whole (GPT-2's V = 50,257): the fused loss training puts there, or, in a
-            # compiled model, the projection and the loss fused by the compiler. Evaluation
-            # sums the loss of each target exactly, below.
-            return model(x, y, label_smoothing=label_smoothing, reduction="sum",
-                         return_logits=False)[1]
-        logits, _ = model(x)  # (B, T, V)
-        return token_loss(logits, y, self.model_config.pad_id, label_smoothing, "sum")
-
     # ---- evaluation --------------------------------------------------------------------------
     def _batches(self, data: Tokens, max_batches: int) -> Iterator[tuple[Tensor, Tensor]]:
         """``max_batches`` batches of random windows (the same ones every time), or every
@@ -463,8 +450,8 @@ class LMTask(Task):
         n = 0.0
         for batch in self._batches(data, max_batches):
             x, y = (t.to(device) for t in batch)
-            with amp():
-                total += self.loss_sum(model, (x, y)).double()
+            with amp():  # the loss of every target from its logits (training: loss_only)
+                total += self.loss_sum(model, (x, y), loss_only=False).double()
             n += float(self.count((x, y)))
             progress(1)
         return float(total) / max(n, 1)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from ..config import ConfigError
 from ..data import (
@@ -84,12 +84,6 @@ class Seq2SeqTask(Task):
             return "greedy"
         return f"beam search, beam {self.beam}, length penalty {self.length_penalty:g}"
 
-    def loss_sum(self, model: nn.Module, batch, label_smoothing: float = 0.0) -> Tensor:
-        src, tgt_in, tgt_out = batch  # source pads masked from src != pad_id
-        _, loss = model(src, tgt_in, tgt_out, label_smoothing=label_smoothing, reduction="sum",
-                        return_logits=False)
-        return loss  # from the model's head_loss slot (fused in training), counted targets only
-
     def _val_loss(self, model: nn.Module, batches, device: torch.device, amp: Amp,
                   progress: Progress) -> float:
         """Teacher-forced mean loss per target token over ``batches``."""
@@ -97,7 +91,7 @@ class Seq2SeqTask(Task):
         for batch in batches:
             batch = tuple(t.to(device) for t in batch)
             with amp():
-                total += float(self.loss_sum(model, batch))
+                total += float(self.loss_sum(model, batch))  # (the head: counted targets only)
             n += float(self.count(batch))
             progress(1)
         return total / max(n, 1.0)

@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..models import build_model
 from ..run_config import RunConfig
 from ..runs import RunDir, RunError
-from ..speed import use_cpu_sdpa, use_fused_loss
+from ..speed import use_cpu_dropout, use_cpu_sdpa, use_fused_loss
 from ..tasks import Task
 from .average import WeightEMA
 from .distributed import DistInfo, all_gather_objects, all_reduce_sum, any_process, shard, wrap_ddp
@@ -179,7 +179,7 @@ class Trainer:
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)  # process-wide, as torch has it
         seed_everything(self.cfg.seed)  # the same initial weights on every process
-        self.model = use_cpu_sdpa(build_model(task.model_config).to(self.device))
+        self.model = use_cpu_dropout(use_cpu_sdpa(build_model(task.model_config).to(self.device)))
         if not self.cfg.compile:  # (a compiled model's projection and loss: fused by inductor)
             use_fused_loss(self.model)
         if self.info.enabled:  # then each process its own random stream (dropout masks)
