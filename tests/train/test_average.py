@@ -179,3 +179,35 @@ def test_moving_average_refusals_name_what_is_allowed(tmp_path, capsys):
     assert main(["average", str(run.path), "--last", "2", "--ema", "--out",
                  str(tmp_path / "x")]) == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+
+def test_best_holds_the_better_of_the_model_and_its_moving_average(tmp_path, monkeypatch):
+    """Each evaluation scores the model and its moving average; best/ keeps whichever scores
+    better, its manifest says which, and the model trains on untouched by the swap."""
+    from attnlab.train import loop
+
+    ema_wins = True
+
+    def scripted(self, split="val", max_batches=None):  # lower is better; falls with the step
+        params = dict(self.model.named_parameters())
+        averaged = all(torch.equal(params[k], v.to(params[k].dtype))
+                       for k, v in self.ema.shadow.items())
+        return {"val_loss": (1.0 if averaged == ema_wins else 2.0) / self.step, "ppl": 1.0}
+
+    monkeypatch.setattr(loop.Trainer, "evaluate", scripted)
+    last = {}
+    for ema_wins in (True, False):
+        run = lm_run(tmp_path, f"ema_{ema_wins}", ema_decay=0.8, keep_checkpoints=0)
+        rows = [r for r in run.read_metrics() if r.get("val_loss") is not None]
+        assert [r["step"] for r in rows] == [2, 4, 6, 8, 10]
+        assert all(r["ema_val_loss"] is not None for r in rows)
+        meta = run.checkpoint_meta("best")
+        assert meta["step"] == 10 and meta["value"] == pytest.approx(0.1)
+        assert meta["weights"] == ("ema" if ema_wins else "model")
+        best = weights(run.find_checkpoint("best"))
+        last[ema_wins] = weights(run.find_checkpoint("last"))
+        for k, v in run.load_state()["ema"]["weights"].items():
+            assert torch.equal(best[k], v if ema_wins else last[ema_wins][k]), k
+    # the swaps put the model's own weights back: both runs trained the same
+    assert all(torch.equal(last[True][k], v) for k, v in last[False].items())
