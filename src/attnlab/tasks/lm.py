@@ -392,6 +392,11 @@ class LMTask(Task):
         for c in self.corpora:
             self._checked(c.train, "train", c.source if len(self.corpora) > 1 else "")
         self._eval_parts("val")
+        test = self.rc.data.test_path  # read by `attnlab eval --split test`: a typo shows now
+        if test and not Path(test).exists():
+            raise DataFileNotFoundError(f"data.test_path: {test} does not exist; allowed: a "
+                                        "UTF-8 text file, a folder of them or a prepared data "
+                                        "dir")
 
     # ---- batches -----------------------------------------------------------------------------
     def _windows(self, data: Tokens, starts: list[int]) -> tuple[Tensor, Tensor]:
