@@ -168,3 +168,57 @@ def test_amp_is_the_one_forward_context_of_training_and_evaluation():
     for module in (loop, runner):  # neither builds its own context
         source = inspect.getsource(module)
         assert "Amp(" in source and "autocast(" not in source, module.__name__
+
+
+def test_bf16_is_chosen_only_when_it_wins_clearly_and_in_most_rounds():
+    """A busy machine made a 3% "win" stick (and then a 4x slower run): fp32 stays unless
+    bf16 is faster by the margin and in most rounds."""
+    clock, calls = FakeClock(), []
+    assert prec.fastest(make_step(clock, {"fp32": 1.0, "bf16": 0.97}, calls), "close",
+                        clock=clock) == "fp32"
+    assert prec.fastest(make_step(clock, {"fp32": 1.0, "bf16": 0.7}, calls), "clear",
+                        clock=clock) == "bf16"
+    # one lucky bf16 call (its fastest is far below fp32's) but slower in most rounds
+    bf16 = iter([1.0, 0.5, 1.2, 1.2, 1.2, 1.2])  # warm-up, then 5 timed calls
+
+    def step(precision):
+        clock.now += 1.0 if precision == "fp32" else next(bf16)
+
+    assert prec.fastest(step, "lucky", clock=clock) == "fp32"
+
+
+def test_a_choice_that_trains_much_slower_than_measured_is_measured_again(tmp_path, caplog,
+                                                                        monkeypatch):
+    """An "auto" run says once what it chose and how to choose; at its second log row, bf16
+    steps far slower than the cached measurement drop the cache entry (the next run measures
+    again) and say so."""
+    import logging
+
+    from attnlab.train import RunConfig, loop, train_run
+
+    text = tmp_path / "t.txt"
+    text.write_text("to be or not to be, that is the question.\n" * 40)
+    rc = RunConfig.from_dict({
+        "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "max_len": 16},
+        "data": {"path": str(text)},
+        "train": {"device": "cpu", "precision": "auto", "progress": False, "warmup_steps": 1,
+                  "tensorboard": False, "max_steps": 6, "log_every": 2, "eval_every": 0,
+                  "batch_size": 4}})
+    with caplog.at_level(logging.INFO, logger="attnlab"):
+        train_run(rc, tmp_path / "a")
+    said = [r.getMessage() for r in caplog.records if "train.precision auto:" in r.getMessage()]
+    assert len(said) == 1 and "--set train.precision=fp32 or bf16" in said[0], said
+    assert " ms" in said[0]  # with what was measured
+
+    def cached_bf16(step, key, **kwargs):  # a cache that says bf16 takes a microsecond
+        probe._write_cache(probe.cache_file(), key,
+                           {"precision": "bf16", "ms": {"fp32": 0.002, "bf16": 0.001}})
+        return "bf16"
+
+    monkeypatch.setattr(loop, "fastest", cached_bf16)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="attnlab"):
+        train_run(rc, tmp_path / "b")
+    warned = [r.getMessage() for r in caplog.records if "measured again" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+    assert probe._read_cache(probe.cache_file()) == {}  # the next run measures

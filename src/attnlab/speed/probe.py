@@ -78,8 +78,24 @@ def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
         atomic_write_json(path, {**_read_cache(path), key: entry}, indent=1)
 
 
+def cached(key: str) -> dict[str, Any] | None:
+    """The cached entry of ``key`` (the answer's field, ``ms`` of each candidate, ...), or
+    None."""
+    entry = _read_cache(cache_file()).get(key)
+    return entry if isinstance(entry, dict) else None
+
+
+def forget(key: str) -> None:
+    """Drop the cached answer of ``key``: the next :func:`fastest` measures again."""
+    path = cache_file()
+    entries = _read_cache(path)
+    if entries.pop(key, None) is not None:
+        with contextlib.suppress(OSError):
+            atomic_write_json(path, entries, indent=1)
+
+
 def fastest(step: Callable[[str], None], key: str, candidates: Sequence[str], *,
-            field: str, what: str, rounds: int = 5,
+            field: str, what: str, rounds: int = 5, margin: float = 0.0,
             clock: Callable[[], float] = time.perf_counter,
             reduce: Callable[[list[float]], list[float]] = lambda t: t) -> str:
     """The one of ``candidates`` whose ``step(candidate)`` takes least time, cached under
@@ -89,6 +105,9 @@ def fastest(step: Callable[[str], None], key: str, candidates: Sequence[str], *,
     in machine load falls on all. A candidate's time is its fastest call: on a shared machine
     the slow calls measure the other jobs. ``reduce`` combines times over processes, which
     must agree: all measure unless every one has a cached answer, then take the most common.
+    With a ``margin`` (0.1: 10%), the first candidate (the default) stays unless another is
+    faster by more than the margin AND faster by it in most rounds: a choice measured while
+    the machine was busy does not stick on a close call.
     """
     path = cache_file()
     hit = _read_cache(path).get(key)
@@ -99,14 +118,24 @@ def fastest(step: Callable[[str], None], key: str, candidates: Sequence[str], *,
     for c in candidates:
         step(c)
     best_s = [math.inf] * len(candidates)
+    wins = [0.0] * len(candidates)  # rounds each beat the default by the margin
     for r in range(rounds):
         order = range(len(candidates)) if r % 2 == 0 else reversed(range(len(candidates)))
+        took = [0.0] * len(candidates)
         for i in order:
             t0 = clock()
             step(candidates[i])
-            best_s[i] = min(best_s[i], clock() - t0)
-    best_s = reduce(best_s)
-    best = candidates[min(range(len(candidates)), key=best_s.__getitem__)]
+            took[i] = clock() - t0
+            best_s[i] = min(best_s[i], took[i])
+        wins = [w + (t < (1 - margin) * took[0]) for w, t in zip(wins, took)]
+    n = len(candidates)
+    summed = reduce(best_s + wins + [1.0])  # over processes: times, wins, processes
+    best_s, wins, procs = summed[:n], summed[n:2 * n], summed[-1]
+    i = min(range(n), key=best_s.__getitem__)
+    if i and margin > 0 and not (best_s[i] < (1 - margin) * best_s[0]
+                                 and wins[i] > rounds * procs / 2):
+        i = 0  # not a clear win: the default stays
+    best = candidates[i]
     ms = {c: round(1000 * t, 2) for c, t in zip(candidates, best_s)}
     # a note for -v (debug): the first run of a command on a machine is no time to print it
     log.debug("%s: %s (fastest of %d rounds, ms: %s; cached in %s)", what, best, rounds,

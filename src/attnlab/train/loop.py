@@ -27,13 +27,13 @@ from ..errors import ConfigError
 from ..models import build_model
 from ..run_config import RunConfig
 from ..runs import RunDir, RunError
-from ..speed import use_cpu_dropout, use_cpu_sdpa, use_fused_loss
+from ..speed import probe, use_cpu_dropout, use_cpu_sdpa, use_fused_loss
 from ..tasks import Task
 from .average import WeightEMA
 from .distributed import DistInfo, all_gather_objects, all_reduce_sum, any_process, shard, wrap_ddp
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, optimizer_kind, set_lr
-from .precision import Amp, fastest, probe_key, resolve_precision
+from .precision import STALE, Amp, fastest, probe_key, resolve_precision, stale
 from .stop import StopSignals
 
 log = logging.getLogger(__name__)
@@ -117,6 +117,7 @@ class LogWindow:
                "elapsed_s": now - started}
         self.logged.append((step, row["train_loss"]))
         steps, self.shown = step - self.shown, step
+        self.took = now - self.clock  # seconds of training in this row (evaluation left out)
         self.loss_sum, self.steps, self.clock = 0.0, 0, now
         self.tokens.zero_()
         return row, steps
@@ -184,6 +185,7 @@ class Trainer:
             use_fused_loss(self.model)
         if self.info.enabled:  # then each process its own random stream (dropout masks)
             torch.manual_seed(self.cfg.seed + self.info.rank)
+        self.auto_key: str | None = None  # the probe's cache key of a measured "auto"
         self.precision = resolve_precision(self.cfg.precision, self.device,
                                            self._measure_precision, precision)
         self.amp = Amp(self.precision, self.device, self.cfg.sdpa_backend)  # around each forward
@@ -200,6 +202,7 @@ class Trainer:
         self.bad_evals = 0
         self.window = LogWindow(self.device, self.info)
         self.started: float | None = None  # when training began (resumed: its elapsed earlier)
+        self.rows = 0  # log rows written by this process's fit (the first has the warm-up)
         metric = self.cfg.best_metric
         self.metric = task.default_metric if metric == "auto" else metric
         if self.metric not in ("val_loss", *task.metric_names):
@@ -227,7 +230,29 @@ class Trainer:
             choice = fastest(step, key, reduce=lambda t: all_reduce_sum(
                 torch.tensor(t, dtype=torch.float64, device=self.device), self.info).tolist())
         self.task.load_state_dict(data)
+        if choice != "fp32":  # bf16 is checked against the steps' real time (fp32 is safe)
+            self.auto_key = key
+        if self.info.is_main:  # once per run: what was chosen, from what, and how to change it
+            ms = (probe.cached(key) or {}).get("ms", {})
+            measured = ", ".join(f"{p} {v:g} ms" for p, v in ms.items())
+            log.info("train.precision auto: %s (forward + backward on this machine: %s); "
+                     "--set train.precision=fp32 or bf16 chooses", choice,
+                     measured or "cached")
         return choice
+
+    def _check_auto_precision(self, step_s: float) -> None:
+        """Once per run, at the second log row: a ``precision = "auto"`` choice of bf16 whose
+        steps take :data:`~attnlab.train.precision.STALE` times the measured forward + backward
+        is dropped from the cache (the next run measures again), and the user is told."""
+        key, self.auto_key = self.auto_key, None
+        slower = stale(key, self.precision, step_s, self.cfg.grad_accum)
+        if slower is not None and slower > STALE:
+            probe.forget(key)
+            if self.info.is_main:
+                log.warning("train.precision auto chose %s, but a step takes %.1fx its "
+                            "measured forward + backward: the choice is measured again on "
+                            "the next run (--set train.precision=fp32 or bf16 chooses now)",
+                            self.precision, slower)
 
     # ---- one optimizer step ------------------------------------------------------------------
     def accumulate(self, micro: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor,
@@ -429,6 +454,9 @@ class Trainer:
     def _train_row(self, mon: Monitor, lr: float) -> dict[str, float]:
         """The training columns of this step's row; the progress bar moves up to this step."""
         row, steps = self.window.row(self.step, lr=lr, started=self.started)
+        self.rows += 1
+        if self.rows == 2 and self.auto_key is not None:  # the first row has the warm-up
+            self._check_auto_precision(self.window.took / max(steps, 1))
         mon.progress(steps, loss=row["train_loss"], lr=lr, tok_s=round(row["tokens_per_s"]))
         return row
 

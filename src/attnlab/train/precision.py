@@ -23,6 +23,11 @@ from ..errors import ConfigError
 from ..speed import probe
 
 CANDIDATES = ("fp32", "bf16")
+# bf16 must beat fp32 by this fraction (and in most rounds) to be chosen
+MARGIN = 0.1
+# a step this many times slower than the measured forward + backward (optimizer step and
+# logging included) means the cached choice no longer fits this machine
+STALE = 3.0
 
 
 def autocast(precision: str, device: torch.device,
@@ -98,9 +103,22 @@ def fastest(step: Callable[[str], None], key: str, rounds: int = 5,
             reduce: Callable[[list[float]], list[float]] = lambda t: t) -> str:
     """The precision of ``CANDIDATES`` whose ``step(precision)`` (a forward + backward pass)
     takes least time, cached under ``key`` (:func:`attnlab.speed.fastest`: how it is timed,
-    and how ``reduce`` makes distributed processes agree)."""
+    and how ``reduce`` makes distributed processes agree). fp32 stays unless bf16 is faster
+    by :data:`MARGIN` and in most rounds (a busy machine measures noise, and a wrong bf16
+    choice can cost far more than it could gain)."""
     return probe.fastest(step, key, CANDIDATES, field="precision", what="precision auto",
-                         rounds=rounds, clock=clock, reduce=reduce)
+                         rounds=rounds, margin=MARGIN, clock=clock, reduce=reduce)
+
+
+def stale(key: str, precision: str, step_s: float, micro_batches: int) -> float | None:
+    """How many times slower than measured an ``auto`` choice trains: a training step of
+    ``step_s`` seconds (``micro_batches`` forward + backward passes) against the cached
+    forward + backward time of ``precision`` under ``key``; None if nothing is cached."""
+    entry = probe.cached(key)
+    ms = (entry or {}).get("ms", {}).get(precision)
+    if not ms:
+        return None
+    return step_s / (micro_batches * ms / 1000)
 
 
 def resolve_precision(name: str, device: torch.device,
