@@ -26,29 +26,6 @@ from .precision import Amp, resolve_precision
 log = logging.getLogger(__name__)
 
 
-def _eval_overrides(rc: RunConfig, split: str, data: list[str]) -> RunConfig:
-    """Point the ``split`` of ``rc`` at the files given to ``attnlab eval --data``."""
-    task = task_class(rc)
-    keys = task.eval_data_keys
-    if not keys:
-        raise UsageError(f"a {task.kind} {rc.data.name!r} run makes its own data; --data is "
-                         "not allowed")
-    if len(data) != len(keys):
-        what = "SRC TGT (two line-aligned files)" if len(keys) == 2 else "one file"
-        raise UsageError(f"--data for a {task.kind} run takes {what}, got {len(data)} paths")
-    for path in data:
-        if not Path(path).is_file():
-            raise DataFileNotFoundError(f"--data file {path} does not exist")
-    trained_on = [Path(p) for p in (rc.data.path, rc.data.src_path, rc.data.tgt_path)
-                  if p and Path(p).is_file()]
-    for path in data:
-        if any(os.path.samefile(path, t) for t in trained_on):
-            log.warning("--data %s is the file this run trained on: the %s metrics include "
-                        "text the model has seen (leave --data out to evaluate the held-out "
-                        "%s split)", path, split, split)
-    return rc.replace("data", **{f"{split}_{key}": path for key, path in zip(keys, data)})
-
-
 def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None = None,
                  checkpoint: str = "best", device: str = "auto", beam: int = 1,
                  length_penalty: float = 0.6, stride: int = 0,
@@ -124,6 +101,29 @@ def _eval_data(rd: RunDir, rc: RunConfig, split: str, data: list[str] | None) ->
     return rc
 
 
+def _eval_overrides(rc: RunConfig, split: str, data: list[str]) -> RunConfig:
+    """Point the ``split`` of ``rc`` at the files given to ``attnlab eval --data``."""
+    task = task_class(rc)
+    keys = task.eval_data_keys
+    if not keys:
+        raise UsageError(f"a {task.kind} {rc.data.name!r} run makes its own data; --data is "
+                         "not allowed")
+    if len(data) != len(keys):
+        what = "SRC TGT (two line-aligned files)" if len(keys) == 2 else "one file"
+        raise UsageError(f"--data for a {task.kind} run takes {what}, got {len(data)} paths")
+    for path in data:
+        if not Path(path).is_file():
+            raise DataFileNotFoundError(f"--data file {path} does not exist")
+    trained_on = [Path(p) for p in (rc.data.path, rc.data.src_path, rc.data.tgt_path)
+                  if p and Path(p).is_file()]
+    for path in data:
+        if any(os.path.samefile(path, t) for t in trained_on):
+            log.warning("--data %s is the file this run trained on: the %s metrics include "
+                        "text the model has seen (leave --data out to evaluate the held-out "
+                        "%s split)", path, split, split)
+    return rc.replace("data", **{f"{split}_{key}": path for key, path in zip(keys, data)})
+
+
 def _eval_task(rd: RunDir, rc: RunConfig) -> Task:
     """The run's task, with the run's tokenizer."""
     tokenizer = rd.load_tokenizer()
@@ -141,5 +141,3 @@ def _eval_precision(rd: RunDir, rc: RunConfig, checkpoint: str, dev: torch.devic
         name = "fp32"
     return resolve_precision(name, dev, recorded=rd.checkpoint_meta(checkpoint).get(
         "precision"))
-
-
