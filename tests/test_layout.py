@@ -1,8 +1,9 @@
 """The package layout: the README's layer order and no import cycles, each family's read path,
-and one owner of the run dir's files.
+one owner of the run dir's files, and a short way from ``attnlab train`` to the training step.
 
-Both checks read the source with ``ast`` (nothing is imported), so they see every import,
-including the ones inside functions, and every string literal.
+The checks of the source read it with ``ast`` (nothing is imported), so they see every import,
+including the ones inside functions, and every string literal; the way to the training step
+is traced in a tiny real training.
 """
 
 from __future__ import annotations
@@ -431,3 +432,101 @@ def test_a_rename_outside_files_is_found(tmp_path, code, found):
     write(tmp_path, {"pkg/__init__.py": "", "pkg/files.py": "import os, tempfile\n"
                      "def f(a, b):\n    os.replace(a, b)\n", "pkg/offender.py": code})
     assert rename_calls(tmp_path, "pkg") == found
+
+
+# ---- from the command to the training step ----------------------------------------------------
+MAX_CALLS_TO_STEP = 5  # (nanoGPT: none, one script; litgpt: about four)
+Stack = list[tuple[int, str]]  # a call stack, outermost first: (id of the frame, its name)
+
+
+def step_chain(forward: Stack, backward: Stack, update: Stack,
+               top: str = "attnlab.cli.train.cmd_train") -> list[str]:
+    """The frames from ``top`` down to the training step, both included: the function that
+    calls the loss's backward itself, and under which the model's forward and the optimizer's
+    update of the same step ran (each stack ends in that call)."""
+    def below_top(stack: Stack) -> list[str]:
+        names = [name for _, name in stack]
+        return names[names.index(top):] if top in names else names
+
+    step = backward[-2]  # the caller of Tensor.backward
+    for what, stack in (("forward", forward), ("optimizer's update", update)):
+        assert step in stack, (f"{step[1]} calls backward, but the {what} does not run under "
+                               f"it: {' -> '.join(below_top(stack))}")
+    chain = below_top(backward[:-1])
+    assert chain[0] == top, f"{top} does not run the step: {chain}"
+    return chain
+
+
+def traced_stacks(argv: list[str]) -> tuple[Stack, Stack, Stack]:
+    """Run ``attnlab *argv`` in this process under ``sys.setprofile``: the call stacks at the
+    first optimizer update and at the last forward of the model and the last backward before
+    it."""
+    import sys
+
+    import torch
+
+    from attnlab.cli import main
+
+    models, backward = str(SRC / "attnlab" / "models"), torch.Tensor.backward.__code__
+    seen: dict[str, Stack] = {}
+    alive = []  # the frames recorded, held so that no id is used again while this runs
+
+    def stack(frame) -> Stack:
+        out = []
+        while frame is not None:
+            alive.append(frame)
+            out.append((id(frame), f"{frame.f_globals.get('__name__')}.{frame.f_code.co_qualname}"))
+            frame = frame.f_back
+        return out[::-1]
+
+    def profile(frame, event, arg) -> None:
+        code = frame.f_code
+        if event != "call" or "update" in seen:
+            return
+        if code.co_name == "forward" and code.co_filename.startswith(models):
+            seen["forward"] = stack(frame)
+        elif code is backward:
+            seen["backward"] = stack(frame)
+        elif code.co_name == "step" and isinstance(frame.f_locals.get("self"),
+                                                   torch.optim.Optimizer):
+            seen["update"] = stack(frame)
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        assert main(argv) == 0
+    finally:
+        sys.setprofile(previous)
+    return seen["forward"], seen["backward"], seen["update"]
+
+
+def test_attnlab_train_reaches_the_training_step_in_at_most_five_calls(tmp_path, capsys):
+    """From ``cmd_train`` (the CLI command) to the function that runs forward, backward and
+    the optimizer's update, traced in a real one-step training of a tiny model: at most
+    :data:`MAX_CALLS_TO_STEP` calls, so a reader follows ``attnlab train`` to the step
+    without passing through wrappers that only hand their arguments on."""
+    tiny = ["model.d_model=16", "model.n_heads=2", "model.n_layers=1", "train.max_steps=1",
+            "train.batch_size=4", "train.precision=fp32", "train.progress=false",
+            "train.tensorboard=false", "train.eval_batches=1", "train.final_eval_batches=1",
+            "data.val_size=8"]
+    argv = ["train", "reverse", *(f"--set={s}" for s in tiny), "--out", str(tmp_path / "run")]
+    chain = step_chain(*traced_stacks(argv))
+    assert chain[-1].endswith(".train_step"), chain
+    assert len(chain) - 1 <= MAX_CALLS_TO_STEP, " -> ".join(chain)
+
+
+def test_the_step_chain_can_fail():
+    def stack(*names: str) -> Stack:
+        return [(hash(name), name) for name in names]
+
+    outer = ("main", "cmd_train", "a", "b", "c", "d", "e", "step")
+    chain = step_chain(stack(*outer, "loss", "forward"), stack(*outer, "backward"),
+                       stack(*outer, "scaler.step", "opt.step"), top="cmd_train")
+    assert chain == ["cmd_train", "a", "b", "c", "d", "e", "step"]  # 6 calls: too many
+    # forward and backward in a helper of the step: the helper is no training step
+    with pytest.raises(AssertionError, match="accumulate calls backward, but the optimizer"):
+        step_chain(stack(*outer, "accumulate", "forward"), stack(*outer, "accumulate", "backward"),
+                   stack(*outer, "opt.step"), top="cmd_train")
+    with pytest.raises(AssertionError, match="does not run the step"):
+        step_chain(stack("main", "x", "forward"), stack("main", "x", "backward"),
+                   stack("main", "x", "opt.step"), top="cmd_train")

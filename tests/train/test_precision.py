@@ -153,7 +153,7 @@ def test_amp_is_the_one_forward_context_of_training_and_evaluation():
     precision, and the attention kernels of train.sdpa_backend."""
     import inspect
 
-    from attnlab.train import loop, runner
+    from attnlab.train import evaluate, loop
 
     cpu = torch.device("cpu")
     with prec.Amp("bf16", cpu)():
@@ -165,7 +165,7 @@ def test_amp_is_the_one_forward_context_of_training_and_evaluation():
         assert torch.backends.cuda.math_sdp_enabled()
         assert not torch.backends.cuda.flash_sdp_enabled()
     assert torch.backends.cuda.flash_sdp_enabled()
-    for module in (loop, runner):  # neither builds its own context
+    for module in (loop, evaluate):  # neither builds its own context
         source = inspect.getsource(module)
         assert "Amp(" in source and "autocast(" not in source, module.__name__
 

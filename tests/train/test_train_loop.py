@@ -104,11 +104,22 @@ def test_tokens_per_s_counts_training_time_only(tmp_path, monkeypatch):
     assert result.wall_s == pytest.approx(12 + 2 * 100 + 100)  # + the final evaluation
 
 
-def test_accumulated_micro_batches_equal_one_big_batch_with_uneven_padding(tmp_path):
+def stepping_on(grad_accum: int, batches: list) -> Trainer:
+    """A trainer of the copy task (no dropout, no clipping) whose steps take ``batches`` in
+    turn and, instead of updating the weights, keep the gradients the optimizer is given (in
+    its ``grads``)."""
     rc = RunConfig.from_dict({"model": {**TINY, "dropout": 0.0, "max_len": 16},
                               "data": {"name": "copy", "synth_vocab": 12},
-                              "train": {**TRAIN, "grad_accum": 4}})
+                              "train": {**TRAIN, "grad_accum": grad_accum, "grad_clip": 0.0}})
     trainer = Trainer(rc, build_task(rc))
+    feed, trainer.grads = iter(batches), []
+    trainer.task.next_batch = lambda: next(feed)
+    trainer.optimizer.step = lambda *a, **k: trainer.grads.append(
+        [p.grad.clone() for p in trainer.model.parameters()])
+    return trainer
+
+
+def test_accumulated_micro_batches_equal_one_big_batch_with_uneven_padding(tmp_path):
     gen = torch.Generator().manual_seed(0)
     rows = []  # (src, tgt) of very different lengths: micro-batches pad very differently
     for n in (1, 2, 9, 3, 8, 2, 1, 9, 5, 1, 4, 7):
@@ -121,23 +132,20 @@ def test_accumulated_micro_batches_equal_one_big_batch_with_uneven_padding(tmp_p
         return src, tgt[:, :-1], tgt[:, 1:]
 
     micro = [batch(rows[i:i + 3]) for i in range(0, 12, 3)]
-
-    def grads(batches):
-        trainer.optimizer.zero_grad(set_to_none=True)
-        loss, n = trainer.accumulate(batches)
-        return loss, n, [p.grad.clone() for p in trainer.model.parameters()]
-
-    loss_a, n_a, g_a = grads(micro)
-    loss_b, n_b, g_b = grads([batch(rows)])
+    four, one = stepping_on(4, micro), stepping_on(1, [batch(rows)])
+    for a, b in zip(four.model.parameters(), one.model.parameters()):
+        assert torch.equal(a, b)  # the same weights (the same seed) to start from
+    (loss_a, n_a), (loss_b, n_b) = four.train_step(), one.train_step()
+    (g_a,), (g_b,) = four.grads, one.grads  # one optimizer step each
     assert float(n_a) == float(n_b) == sum(len(t) - 1 for _, t in rows)
     assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-6)
     for a, b in zip(g_a, g_b):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     # averaging per-micro-batch means instead would NOT match: the test can tell them apart
-    trainer.optimizer.zero_grad(set_to_none=True)
+    four.optimizer.zero_grad(set_to_none=True)
     for b in micro:
-        (trainer.task.loss_sum(trainer.model, b) / trainer.task.count(b) / 4).backward()
-    wrong = [p.grad for p in trainer.model.parameters()]
+        (four.task.loss_sum(four.model, b) / four.task.count(b) / 4).backward()
+    wrong = [p.grad for p in four.model.parameters()]
     assert not all(torch.allclose(a, b, rtol=1e-3) for a, b in zip(wrong, g_b))
 
 

@@ -255,10 +255,16 @@ class Trainer:
                             self.precision, slower)
 
     # ---- one optimizer step ------------------------------------------------------------------
-    def accumulate(self, micro: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor,
-                                                                          torch.Tensor]:
-        """Backward over this process's micro-batches; gradients as of ONE batch holding all of
-        them (over all processes). Returns (mean loss per target, number of targets)."""
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over ``grad_accum`` micro-batches: forward and backward of each,
+        then the update. Returns (mean loss per target, number of targets).
+
+        The gradients are those of ONE batch holding every micro-batch of every process: each
+        micro-batch's loss is its SUM over targets divided by the targets of all of them."""
+        pin = self.device.type == "cuda"  # a pinned copy is asynchronous: the GPU keeps busy
+        micro = [tuple((t.pin_memory() if pin else t).to(self.device, non_blocking=True)
+                       for t in shard(self.task.next_batch(), self.info))
+                 for _ in range(self.cfg.grad_accum)]
         local = sum(self.task.count(b) for b in micro)
         n = all_reduce_sum(local.clone(), self.info)  # targets over all micro-batches, ranks
         scale = self.info.world_size / n  # DDP averages gradients over ranks
@@ -270,15 +276,6 @@ class Trainer:
                     loss_sum = self.task.loss_sum(self.fwd, batch, self.cfg.label_smoothing)
                 self.scaler.scale(loss_sum * scale).backward()
             total += loss_sum.detach()
-        return total / n, n
-
-    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step over ``grad_accum`` micro-batches; (mean loss, targets)."""
-        pin = self.device.type == "cuda"  # a pinned copy is asynchronous: the GPU keeps busy
-        micro = [tuple((t.pin_memory() if pin else t).to(self.device, non_blocking=True)
-                       for t in shard(self.task.next_batch(), self.info))
-                 for _ in range(self.cfg.grad_accum)]
-        loss, n = self.accumulate(micro)
         if self.cfg.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
@@ -287,7 +284,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
             self.ema.update()
-        return loss, n
+        return total / n, n
 
     def _first_step_compiled(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The first step of a compiled model; on a compilation error, eager from here on."""
@@ -441,16 +438,6 @@ class Trainer:
         every ``every`` steps (0: never) and at the last."""
         return bool(every and self.step % every == 0) or self.step == self.cfg.max_steps
 
-    def _step(self) -> float:
-        """Take the next optimizer step (the first of a compiled model with its fallback);
-        returns its learning rate."""
-        lr = lr_at(self.step, self.cfg)
-        set_lr(self.optimizer, lr)
-        loss, n = self._first_step_compiled() if self.compile_pending else self.train_step()
-        self.step += 1
-        self.window.add(loss, n)
-        return lr
-
     def _train_row(self, mon: Monitor, lr: float) -> dict[str, float]:
         """The training columns of this step's row; the progress bar moves up to this step."""
         row, steps = self.window.row(self.step, lr=lr, started=self.started)
@@ -508,7 +495,13 @@ class Trainer:
         try:
             with StopSignals() as signals:  # Ctrl-C, SIGTERM: stop after the step, saved
                 while self.step < cfg.max_steps and not stopped:
-                    lr = self._step()
+                    lr = lr_at(self.step, cfg)
+                    set_lr(self.optimizer, lr)
+                    # (a compiled model's first step falls back to eager if compiling fails)
+                    loss, n = (self._first_step_compiled() if self.compile_pending
+                               else self.train_step())
+                    self.step += 1
+                    self.window.add(loss, n)
                     row = self._train_row(mon, lr) if self._due(cfg.log_every) else {}
                     saved = self._due(cfg.eval_every)
                     if saved:
