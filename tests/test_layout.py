@@ -530,3 +530,88 @@ def test_the_step_chain_can_fail():
     with pytest.raises(AssertionError, match="does not run the step"):
         step_chain(stack("main", "x", "forward"), stack("main", "x", "backward"),
                    stack("main", "x", "opt.step"), top="cmd_train")
+
+
+# ---- a thin CLI: what varies by family lives with the run, the task, viz or interpret --------
+FAMILIES_NAMED = {"decoder", "encoder", "encoder_decoder"}
+# (module, function, comparison) of attnlab.cli allowed to compare a model's family with a
+# family name. Each refuses a command that does not fit the run, and says why:
+ALLOWED_FAMILY_CHECKS = {
+    # --target (viz attention, interpret): only an encoder-decoder reads a target
+    ("attnlab.cli.common", "check_target", 'family != "encoder_decoder"'),
+    # interpret lens / attribute / patch need a model that predicts tokens, not a classifier
+    ("attnlab.cli.interpret", "_load", "cfg.family in LM_HEAD"),
+    # interpret ablate --text refuses a masked LM: its loss needs masked positions
+    ("attnlab.cli.interpret", "ablate_batch", 'cfg.family == "encoder"'),
+    # interpret ablate --split is for language-model runs (fails before the task is built)
+    ("attnlab.cli.interpret", "split_batch", 'family != "decoder"'),
+    # interpret patch of a translation run needs --target (the translation so far)
+    ("attnlab.cli.interpret", "patch_inputs", 'run.model.config.family == "encoder_decoder"'),
+}
+
+
+def _names_family(node: ast.AST, constants: set[str]) -> bool:
+    """Whether ``node`` is a family name: a string literal, a set / tuple / list / dict
+    literal holding one, or a module-level name bound to such a literal."""
+    if isinstance(node, ast.Constant):
+        return node.value in FAMILIES_NAMED
+    if isinstance(node, (ast.Set, ast.Tuple, ast.List)):
+        return any(_names_family(e, constants) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        return any(k is not None and _names_family(k, constants) for k in node.keys)
+    return isinstance(node, ast.Name) and node.id in constants
+
+
+def _is_family(node: ast.AST) -> bool:
+    """``x.family`` or a variable named ``family``."""
+    return (isinstance(node, ast.Attribute) and node.attr == "family") or (
+        isinstance(node, ast.Name) and node.id == "family")
+
+
+def family_checks(root: Path, package: str, allowed=frozenset()) -> list[tuple[str, str, str]]:
+    """(module, function, comparison) for each comparison in ``package.cli`` of a model's
+    family (``.family``, ``family``) with a family name, except those in ``allowed``."""
+    found = []
+    for name, path in modules(root, f"{package}/cli").items():
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+        constants = {t.id for node in tree.body if isinstance(node, ast.Assign)
+                     for t in node.targets if isinstance(t, ast.Name)
+                     and _names_family(node.value, set())}
+        stack: list[tuple[ast.AST, str]] = [(tree, "<module>")]  # (node, its function)
+        while stack:
+            node, func = stack.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                func = node.name
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(map(_is_family, sides)) and any(
+                        _names_family(s, constants) for s in sides):
+                    found.append((name, func, ast.get_source_segment(text, node)))
+            stack += [(child, func) for child in ast.iter_child_nodes(node)]
+    return sorted(set(found) - set(allowed))
+
+
+def test_the_cli_does_not_switch_on_the_model_family():
+    """What varies by family (the inputs of a text, the attention views, the batch an
+    analysis measures, the samples after training) has its home below the CLI (the run,
+    viz, interpret, the task); the CLI compares a family only to refuse a command that does
+    not fit the run: :data:`ALLOWED_FAMILY_CHECKS`, each with its reason, all still there."""
+    assert family_checks(SRC, "attnlab", ALLOWED_FAMILY_CHECKS) == []
+    assert ALLOWED_FAMILY_CHECKS <= set(family_checks(SRC, "attnlab"))
+
+
+def test_a_family_switch_in_the_cli_is_found(tmp_path):
+    write(tmp_path, {"pkg/__init__.py": "", "pkg/cli/__init__.py": "",
+                     "pkg/cli/a.py": 'LM = {"decoder", "encoder_decoder"}\n'
+                     "def f(cfg, family):\n"
+                     '    if cfg.family == "encoder":\n        return 1\n'
+                     "    if family in LM or cfg.family in ('decoder',):\n        return 2\n"
+                     '    return cfg.head == "mlm", family == cfg.family\n',
+                     "pkg/other.py": 'def g(cfg):\n    return cfg.family == "decoder"\n'})
+    assert family_checks(tmp_path, "pkg") == [
+        ("pkg.cli.a", "f", "cfg.family == \"encoder\""),
+        ("pkg.cli.a", "f", "cfg.family in ('decoder',)"),
+        ("pkg.cli.a", "f", "family in LM")]
+    allowed = {("pkg.cli.a", "f", "family in LM")}
+    assert len(family_checks(tmp_path, "pkg", allowed)) == 2

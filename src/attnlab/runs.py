@@ -5,7 +5,8 @@ it (the layout is listed beside the names below). Weights are safetensors
 (:mod:`attnlab.weights`), the training state JSON + safetensors (:mod:`attnlab.state_tree`),
 so loading never unpickles; the model is rebuilt from the config. Every file and checkpoint
 folder is written atomically (:mod:`attnlab.files`): a kill at any moment leaves a complete
-copy that :meth:`RunDir.checkpoint_dir` finds.
+copy that :meth:`RunDir.checkpoint_dir` finds. A loaded :class:`Run` turns a text into its
+model's inputs as training read them (:meth:`Run.inputs`), for every family.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torch import nn
 from .config import ModelConfig
 from .data.synthetic import SYNTHETIC_NAMES
 from .devices import resolve_device
-from .errors import RunError
+from .errors import RunError, UsageError
 from .files import atomic_write_json, interrupted_copy, write_dir_atomic
 from .metrics_log import Row, read_metrics
 from .models import build_model
@@ -294,6 +295,76 @@ class Run:
             raise RunError(f"{RunDir(self.run_dir).config_file}: data.label_names is {names!r}, "
                            f"but the model has {n} classes: give one name per class")
         return [str(x) for x in names]
+
+    # ---- a text as the model read its inputs in training ---------------------------------------
+    def encode(self, text: str, name: str = "text") -> list[int]:
+        """``text`` as the model read its inputs in training: an encoder's text as the
+        classifier reads it (``[CLS]`` first for ``cls`` pooling), a translation source with
+        the run's ``data.src_add_special``, a decoder's text bare. ``name`` is what errors
+        call it (an empty text; one longer than the model's ``max_len``)."""
+        from .decoding.classify import encoder_input
+
+        cfg, tok = self.model.config, self._text_tokenizer()
+        if not text or (cfg.family != "decoder" and not text.strip()):
+            raise UsageError(f"{name} is empty: give the text whose attention to show")
+        if cfg.family == "encoder":
+            ids = encoder_input(tok, cfg, text)
+        elif cfg.family == "encoder_decoder":
+            ids = tok.encode(text.strip(), add_special=bool(self.data.get("src_add_special",
+                                                                          False)))
+        else:
+            ids = tok.encode(text)
+        return self._fits(ids, len(ids), name)
+
+    def encode_target(self, text: str, name: str = "target") -> list[int]:
+        """A translation target as the decoder reads it in training: ``<bos> ... <eos>``."""
+        if not text or not text.strip():
+            raise UsageError(f"{name} is empty: give the text whose attention to show")
+        ids = self._text_tokenizer().encode(text.strip(), add_special=True)
+        return self._fits(ids, len(ids) - 1, name)  # the decoder reads <bos> ... (not <eos>)
+
+    def target_ids(self, src: list[int], target: str | None = None,
+                   name: str = "target") -> list[int]:
+        """An encoder-decoder's target ids for source ids ``src``, as ``<bos> ... <eos>``:
+        ``target`` encoded, else the model's greedy translation (what ``attnlab translate``
+        gives: greedy, its length limit)."""
+        if target is not None:
+            return self.encode_target(target, name)
+        from .decoding import translate
+        from .decoding.translate import decode_limit
+
+        tok = self._text_tokenizer()
+        # the decoder reads <bos> + the output: at most max_len positions
+        limit = min(decode_limit(self.model, len(src)), max(1, self.model.config.max_len - 1))
+        out = translate(self.model, [src], beam=1, max_len=limit, bos_id=tok.bos_id,
+                        eos_id=tok.eos_id, pad_id=tok.pad_id)[0]
+        return [tok.bos_id, *out, tok.eos_id]
+
+    def inputs(self, text: str, target: str | None = None,
+               names: tuple[str, str] = ("text", "target")) -> tuple[torch.Tensor,
+                                                                    torch.Tensor | None]:
+        """The model's input for ``text``: ``(ids (1, T), None)``; an encoder-decoder's is
+        ``(target ids (1, T), source ids (1, S))``, the target ``<bos> ... <eos>`` of
+        :meth:`target_ids` (``target``, default the greedy translation of ``text``).
+        ``names``: what errors call the text and the target."""
+        ids = self.encode(text, names[0])
+        if self.model.config.family != "encoder_decoder":
+            return torch.tensor([ids]), None
+        return torch.tensor([self.target_ids(ids, target, names[1])]), torch.tensor([ids])
+
+    def _text_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise RunError(f"{self.run_dir} has no {RunDir(self.run_dir).tokenizer_file.name}: "
+                           "cannot turn a text into tokens")
+        return self.tokenizer
+
+    def _fits(self, ids: list[int], read: int, name: str) -> list[int]:
+        """``ids``, once the ``read`` positions the model reads fit in its ``max_len``."""
+        limit = self.model.config.max_len
+        if read > limit:
+            raise UsageError(f"{name} is {read} tokens long as the model reads it, but it "
+                             f"attends to at most {limit} (max_len); shorten it")
+        return ids
 
 
 def load_run(run_dir: str | Path, which: str = "best", device: str = "cpu") -> Run:

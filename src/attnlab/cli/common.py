@@ -104,47 +104,27 @@ def load_text_run(run_dir: str, checkpoint: str):
     return run
 
 
-def encode_text(run, text: str, target: bool = False) -> list[int]:
-    """``text`` as the model read its inputs in training: an encoder's text as the classifier
-    reads it, a translation source with the run's ``data.src_add_special``, a decoder's text
-    bare; a translation ``target`` as <bos> ... <eos>."""
-    from ..decoding.classify import encoder_input
-
-    flag = "--target" if target else "--text"
-    if not text or (run.model.config.family != "decoder" and not text.strip()):
-        raise UsageError(f"{flag} is empty: give the text whose attention to show")
-    cfg, tok = run.model.config, run.tokenizer
-    if target:
-        ids = tok.encode(text.strip(), add_special=True)
-    elif cfg.family == "encoder":
-        ids = encoder_input(tok, cfg, text)
-    elif cfg.family == "encoder_decoder":
-        ids = tok.encode(text.strip(), add_special=bool(run.data.get("src_add_special", False)))
-    else:
-        ids = tok.encode(text)
-    limit = run.model.config.max_len
-    read = len(ids) - 1 if target else len(ids)  # the decoder reads <bos> ... (not <eos>)
-    if read > limit:
-        raise UsageError(f"{flag} is {read} tokens long as the model reads it, but it attends "
-                         f"to at most {limit} (max_len); shorten it")
-    return ids
+# what errors call the text and the target of these commands
+TEXT_FLAGS = ("--text", "--target")
 
 
-def target_ids(run, src: list[int], target: str | None) -> list[int]:
-    """The target ids whose attention is drawn: ``target`` as given, else the model's greedy
-    translation of ``src``, both as ``<bos> ... <eos>``."""
-    tok = run.tokenizer
-    if target is not None:
-        return encode_text(run, target, target=True)
-    from ..decoding import translate
-    from ..decoding.translate import decode_limit
+def check_target(run, args: argparse.Namespace) -> None:
+    """Refuse ``--target`` for a run that reads no target (all but encoder-decoders)."""
+    family = run.model.config.family
+    if args.target is not None and family != "encoder_decoder":
+        raise UsageError(f"--target is for encoder-decoder runs; {args.run_dir} is a "
+                         f"{family} run: drop --target")
 
-    # what `attnlab translate` gives (greedy, its length limit); the decoder reads <bos> + the
-    # output, at most max_len positions
-    limit = min(decode_limit(run.model, len(src)), max(1, run.model.config.max_len - 1))
-    out = translate(run.model, [src], beam=1, max_len=limit, bos_id=tok.bos_id,
-                    eos_id=tok.eos_id, pad_id=tok.pad_id)[0]
-    return [tok.bos_id, *out, tok.eos_id]
+
+def check_layers_heads(cfg, layers: list[int] | None, heads: list[int] | None) -> None:
+    """Each ``--layer`` and ``--head`` in range of the model (an encoder-decoder's stacks
+    may differ in depth: a layer one lacks is the other's only)."""
+    depth = max(cfg.n_layers, cfg.n_decoder_layers or 0)
+    for values, n, what in ((layers, depth, "layer"), (heads, cfg.n_heads, "head")):
+        for v in values or []:
+            if not 0 <= v < n:
+                raise UsageError(f"--{what} {v} is out of range: the model has {n} {what}s "
+                                 f"(0..{n - 1})")
 
 
 def check_out_path(path: str, flag: str, example: str) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..config import ModelConfig
 from ..errors import ConfigError, UsageError
-from .common import check_out_path, encode_text, load_text_run, target_ids
+from .common import TEXT_FLAGS, check_layers_heads, check_out_path, check_target, load_text_run
 
 log = logging.getLogger("attnlab")
 
@@ -162,59 +162,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 # ---- viz ------------------------------------------------------------------------------------
-def _check_index(values: list[int] | None, n: int, what: str) -> list[int] | None:
-    """``values`` (``--layer`` or ``--head``), each checked to be in ``0..n-1``."""
-    for v in values or []:
-        if not 0 <= v < n:
-            raise UsageError(f"--{what} {v} is out of range: the model has {n} {what}s "
-                             f"(0..{n - 1})")
-    return values
-
-
-def collect_views(run, args) -> list:
-    """One :class:`attnlab.viz.AttentionView` (weights (L, H, T, S)) per attention kind:
-    encoder self, decoder self and cross-attention for an encoder-decoder run, with the
-    source and target tokens labelled."""
-    import torch
-
-    from ..interpret import attention_maps
-    from ..viz import AttentionView
-
-    model, cfg, tok = run.model, run.model.config, run.tokenizer
-    # (an encoder-decoder's stacks may differ in depth: a layer one lacks is the other's only)
-    n_layers = cfg.n_layers if cfg.family != "encoder_decoder" else max(cfg.n_layers,
-                                                                          cfg.n_decoder_layers)
-    layers = _check_index(args.layer, n_layers, "layer")
-    heads = _check_index(args.head, cfg.n_heads, "head")
-    layers = True if layers is None else layers
-    with torch.no_grad():
-        if cfg.family == "decoder":
-            ids = encode_text(run, args.text)
-            maps = attention_maps(model, torch.tensor([ids]), layers=layers, heads=heads)
-            toks = tok.token_strings(ids)
-            kinds = [("decoder self-attention", "decoder", toks, toks, None, None)]
-        elif cfg.family == "encoder":
-            ids = encode_text(run, args.text)
-            maps = attention_maps(model, torch.tensor([ids]), layers=layers, heads=heads)
-            toks = tok.token_strings(ids)
-            kinds = [("encoder self-attention", "encoder", toks, toks, None, None)]
-        else:
-            src = encode_text(run, args.text)
-            tgt = target_ids(run, src, args.target)
-            maps = attention_maps(model, torch.tensor([src]), torch.tensor([tgt[:-1]]),
-                                  layers=layers, heads=heads)
-            s, t = tok.token_strings(src), tok.token_strings(tgt[:-1])
-            kinds = [("encoder self-attention (source)", "encoder", s, s, "source", "source"),
-                     ("decoder self-attention (target)", "decoder", t, t, "target", "target"),
-                     ("cross-attention (target x source)", "cross", t, s, "target", "source")]
-    head_ids = sorted(set(heads)) if heads else list(range(cfg.n_heads))  # as the maps keep them
-    views = []
-    for name, stack, q, k, q_label, k_label in kinds:
-        views.append(AttentionView(name, q, k, maps.stacked(stack)[:, 0],  # (L, H, T, S)
-                                   sorted(maps[stack]), head_ids, q_label, k_label))
-    return views
-
-
 # More heatmaps than this in one grid take seconds to draw; the command says so first.
 BIG_GRID = 24
 
@@ -237,10 +184,10 @@ def cmd_viz_attention(args: argparse.Namespace) -> int:
             raise UsageError(f"--out and --html are both {args.out}: give two files (the "
                              "heatmaps would overwrite the page)")
     run = load_text_run(args.run_dir, args.checkpoint)
-    if args.target is not None and run.model.config.family != "encoder_decoder":
-        raise UsageError(f"--target is for encoder-decoder runs; {args.run_dir} is a "
-                         f"{run.model.config.family} run: drop --target")
-    views = collect_views(run, args)
+    check_target(run, args)
+    check_layers_heads(run.model.config, args.layer, args.head)
+    views = viz.attention_views(run, args.text, args.target, layers=args.layer,
+                                heads=args.head, names=TEXT_FLAGS)
     if args.html:  # first: a page over the size limit fails before any file is written
         print(viz.write_attention_html(args.html, views, title=f"attnlab: {args.run_dir}"))
     if args.out:

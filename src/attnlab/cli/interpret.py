@@ -15,8 +15,7 @@ import math
 from typing import Any
 
 from ..errors import UsageError
-from .common import check_out_path, encode_text, load_text_run, target_ids
-from .inspect import collect_views
+from .common import TEXT_FLAGS, check_layers_heads, check_out_path, check_target, load_text_run
 
 LM_HEAD = {"decoder", "encoder_decoder"}  # families whose model predicts tokens (+ masked LM)
 FORMAT = "{:>8.4f}"
@@ -85,19 +84,12 @@ def _load(args: argparse.Namespace):
         check_out_path(args.html, "--html", f"{args.action}.html")
     run = load_text_run(args.run_dir, args.checkpoint)
     cfg = run.model.config
-    if args.target is not None and cfg.family != "encoder_decoder":
-        raise UsageError(f"--target is for encoder-decoder runs; {args.run_dir} is a "
-                         f"{cfg.family} run: drop --target")
+    check_target(run, args)
     lm = cfg.family in LM_HEAD or cfg.head == "mlm"
     if args.action in ("lens", "attribute", "patch") and not lm:
         raise UsageError(f"interpret {args.action} needs an LM head (a model that predicts "
                          f"tokens); {args.run_dir} is an encoder classifier")
-    depth = max(cfg.n_layers, cfg.n_decoder_layers or 0)
-    for values, n, what in ((args.layer, depth, "layer"), (args.head, cfg.n_heads, "head")):
-        for v in values or []:
-            if not 0 <= v < n:
-                raise UsageError(f"--{what} {v} is out of range: the model has {n} {what}s "
-                                 f"(0..{n - 1})")
+    check_layers_heads(cfg, args.layer, args.head)
     return run
 
 
@@ -116,13 +108,7 @@ def one_token(run, text: str, flag: str) -> int:
 def _inputs(run, args: argparse.Namespace, text: str) -> tuple[Any, Any]:
     """(ids (1, T), src (1, S) or None) for ``text``: an encoder-decoder reads it as the
     source and ``--target`` (default its greedy output) as the ids."""
-    import torch
-
-    ids = encode_text(run, text)
-    if run.model.config.family != "encoder_decoder":
-        return torch.tensor([ids]), None
-    tgt = target_ids(run, ids, args.target)
-    return torch.tensor([tgt]), torch.tensor([ids])
+    return run.inputs(text, args.target, names=TEXT_FLAGS)
 
 
 def _strings(run, ids) -> list[str]:
@@ -144,10 +130,10 @@ def cmd_interpret(args: argparse.Namespace) -> int:
         result, text_table, analyses, text = ANALYSIS[args.action](run, args)
     page = None
     if args.html:
-        from ..viz.explorer import write_attention_html
+        from ..viz import attention_views, write_attention_html
 
-        views = collect_views(run, argparse.Namespace(text=text, target=args.target,
-                                                      layer=args.layer, head=args.head))
+        views = attention_views(run, text, args.target, layers=args.layer, heads=args.head,
+                                names=TEXT_FLAGS)
         page = write_attention_html(args.html, views, title=f"attnlab: {args.run_dir}",
                                     analyses=analyses)
     print(json.dumps(plain(result), allow_nan=False) if args.json else text_table)
@@ -246,7 +232,7 @@ def attribute(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
                       note="each head's direct share of the logit (difference)")]
     if result.cross_heads is not None:
         grids.append(HeadGrid(f"direct attribution (cross-attention): {what}",
-                              result.cross_heads[..., 0], view=_cross_view(run)))
+                              result.cross_heads[..., 0], view=_views(run).get("cross")))
     lines = [f"direct logit attribution of {what} at position {args.position}: "
              f"{float(result.logit[0]):.4f} = the shares below",
              f"embeddings {float(result.embed[0]):.4f}, biases {float(result.bias[0]):.4f}",
@@ -257,10 +243,11 @@ def attribute(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
     return result, "\n".join(lines), grids, args.text
 
 
-def _cross_view(run) -> str | None:
-    """The name of the cross-attention view of ``viz attention`` (encoder-decoder runs)."""
-    return "cross-attention (target x source)" if (
-        run.model.config.family == "encoder_decoder") else None
+def _views(run) -> dict[str, str]:
+    """Each attention stack -> the name of its view on the page (as ``viz attention``)."""
+    from ..viz import view_names
+
+    return view_names(run.model)
 
 
 def grid_table(title: str, grid: Any, cols: list[str] | None = None) -> str:
@@ -278,7 +265,7 @@ def ablate_batch(run, args: argparse.Namespace) -> tuple[Any, str]:
     """The batch ``interpret ablate`` measures: ``--text``, ``--file`` or ``--split val``
     (a language model's, as ``attnlab eval`` reads it), and the text the page shows."""
 
-    from ..interpret.ablation import Batch, lm_batch, seq2seq_batch
+    from ..interpret.ablation import text_batch
 
     given = [f for f in ("text", "file", "split") if getattr(args, f) is not None]
     if len(given) != 1:
@@ -293,14 +280,7 @@ def ablate_batch(run, args: argparse.Namespace) -> tuple[Any, str]:
         raise UsageError("interpret ablate --text of a masked LM: its loss needs masked "
                          "positions; use attnlab.interpret.ablate from Python")
     ids, src = _inputs(run, args, text)
-    if cfg.family == "decoder":
-        if ids.size(1) < 2:
-            raise UsageError("--text is one token: the loss needs at least two")
-        return lm_batch(ids), text
-    if cfg.family == "encoder_decoder":
-        return seq2seq_batch(src, ids), text
-    label = run.model(ids)[0].argmax(-1)  # (1,): the classifier's own answer
-    return Batch((ids,), label), text
+    return text_batch(run.model, ids, src, name="--text"), text
 
 
 def _read(path: str) -> str:
@@ -319,8 +299,6 @@ def _read(path: str) -> str:
 def split_batch(run, run_dir: str, batches: int):
     """``batches`` batches of the run's val split as ``attnlab eval --batches`` samples it
     (the run's task and tokenizer, windows of its block), as one LM batch."""
-    import torch
-
     from ..interpret.ablation import lm_batch
     from ..run_config import RunConfig
     from ..runs import RunDir
@@ -338,12 +316,10 @@ def split_batch(run, run_dir: str, batches: int):
         raise UsageError(f"--split is for language-model runs; {run_dir} is a {task.kind} "
                          "run: give --text or --file")
     data = task.split("val")
-    n = batches * task.eval_batch_size()
     if len(data) <= task.block + 1:
         raise UsageError(f"the val split of {run_dir} is {len(data)} tokens, shorter than one "
                          f"window of {task.block + 1}")
-    gen = torch.Generator().manual_seed(rc.train.seed + 7919)  # as evaluation samples
-    starts = torch.randint(len(data) - task.block, (n,), generator=gen).tolist()
+    starts = task.sampled_starts(data, batches)  # the windows evaluation samples
     return lm_batch(data.windows(starts, task.block + 1))
 
 
@@ -354,11 +330,7 @@ def ablate(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
 
     batch, text = ablate_batch(run, args)
     result = run_ablate(run.model, batch, kind=args.kind, layers=args.layer, heads=args.head)
-    views = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
-             "cross": "cross-attention (target x source)"}
-    if run.model.config.family == "encoder_decoder":
-        views = {k: v.replace("self-attention", "self-attention (" + (
-            "source" if k == "encoder" else "target") + ")") for k, v in views.items()}
+    views = _views(run)
     grids, lines = [], [f"{args.kind} ablation of {args.run_dir}: loss "
                         f"{result.base_loss:.4f}; each number is the loss with that part "
                         "ablated minus it (> 0: it mattered)"]
@@ -404,18 +376,14 @@ def patch_inputs(run, args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any
     """(clean, corrupted, the shared input) of ``interpret patch``: two texts of one token
     length; an encoder-decoder's are sources, and ``--target`` (the translation so far, whose
     next token is the answer) is the decoder input both runs share."""
-    import torch
-
-    if run.model.config.family != "encoder_decoder":
-        clean, corrupted, shared = _inputs(run, args, args.clean)[0], \
-            _inputs(run, args, args.corrupted)[0], {}
-    else:
-        if args.target is None:
-            raise UsageError("interpret patch of a translation run needs --target: the "
-                             "translation so far, whose next token is --answer or --wrong")
-        clean = torch.tensor([encode_text(run, args.clean)])
-        corrupted = torch.tensor([encode_text(run, args.corrupted)])
-        shared = {"tgt": torch.tensor([target_ids(run, [], args.target)[:-1]])}  # no <eos>
+    if args.target is None and run.model.config.family == "encoder_decoder":
+        raise UsageError("interpret patch of a translation run needs --target: the "
+                         "translation so far, whose next token is --answer or --wrong")
+    (clean, src), (corrupted, src_corrupted) = (_inputs(run, args, text)
+                                                for text in (args.clean, args.corrupted))
+    shared = {}
+    if src is not None:  # the sources differ; the target so far (no <eos>) is shared
+        clean, corrupted, shared = src, src_corrupted, {"tgt": clean[:, :-1]}
     if clean.shape != corrupted.shape:
         raise UsageError(f"--clean is {clean.size(1)} tokens and --corrupted is "
                          f"{corrupted.size(1)}: give two texts of the same token length")

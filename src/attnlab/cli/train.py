@@ -259,9 +259,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserInterrupt(interrupted_line(run) if env_info().is_main else None) from None
     if outcome.is_main:  # under torchrun, the first process alone prints
         _print_results(outcome, out)
-        if rc.train.samples and outcome.config.model.family == "decoder" \
-                and outcome.tokenizer is not None:
-            _print_samples(outcome)
+        for i, text in enumerate(outcome.samples()):
+            print(f"\n--- sample {i + 1} ---\n{text.strip()}")
     return 0
 
 
@@ -310,17 +309,6 @@ def _print_results(outcome, out: Path) -> None:
               f"-> {out / 'best'}")
 
 
-def _print_samples(outcome) -> None:
-    """A few samples of a trained LM, each from a new line (or from its first token, for a
-    vocabulary without a newline)."""
-    from ..train import sample_texts
-
-    tokenizer = outcome.tokenizer
-    prompt = "\n" if "\n" in _vocab_text(tokenizer) else tokenizer.decode([0])
-    for i, text in enumerate(sample_texts(outcome.model, tokenizer, outcome.config, prompt)):
-        print(f"\n--- sample {i + 1} ---\n{text.strip()}")
-
-
 class UserInterrupt(KeyboardInterrupt):
     """Ctrl-C during training, with the line that says what was kept and how to resume (None:
     another process says it)."""
@@ -340,15 +328,6 @@ def interrupted_line(run) -> str:
 def _scope(batches: int) -> str:
     """What ``batches`` val batches mean, in words."""
     return "the whole val split" if batches == 0 else f"{batches} sampled val batches"
-
-
-def _vocab_text(tokenizer) -> str:
-    """Every token of ``tokenizer`` decoded, to look for a newline among them (empty when
-    the ids do not decode alone)."""
-    try:
-        return tokenizer.decode(list(range(tokenizer.vocab_size)))
-    except ValueError:
-        return ""
 
 
 @contextlib.contextmanager

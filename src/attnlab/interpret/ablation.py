@@ -94,6 +94,28 @@ def seq2seq_batch(src: Tensor, tgt: Tensor) -> Batch:
     return Batch((src, tgt[:, :-1]), tgt[:, 1:])
 
 
+def text_batch(model: nn.Module, ids: Tensor, src: Tensor | None = None,
+               name: str = "the text") -> Batch:
+    """The batch whose loss an ablation of one input measures, by what ``model`` predicts:
+    a decoder LM's next tokens of ``ids`` (1, T + 1) (:func:`lm_batch`), an encoder-decoder's
+    target ``ids`` (``<bos>`` first) from source ``src`` (1, S) (:func:`seq2seq_batch`), a
+    classifier's own answer on ``ids`` (its label). ``name``: what the error calls a
+    one-token text. A masked LM's loss needs masked positions: build its :class:`Batch`."""
+    cfg = model.config
+    if src is not None:
+        return seq2seq_batch(src, ids)
+    if cfg.family == "decoder":
+        if ids.size(1) < 2:
+            raise UsageError(f"{name} is one token: the loss needs at least two")
+        return lm_batch(ids)
+    if cfg.head == "mlm":
+        raise UsageError("text_batch of a masked LM: its loss needs masked positions; build "
+                         "a Batch((masked ids,), targets) instead")
+    with torch.no_grad():
+        label = logits_of(model(ids)).argmax(-1)  # (1,): the classifier's own answer
+    return Batch((ids,), label)
+
+
 def logits_of(out: Any) -> Tensor:
     """The logits of a model's output: ``(logits, loss)`` -> logits; a tensor as is."""
     return out[0] if isinstance(out, tuple) else out

@@ -432,9 +432,7 @@ class LMTask(Task):
         ones ignored there). Read a batch at a time."""
         bs = self.eval_batch_size()
         if max_batches:
-            gen = torch.Generator().manual_seed(self.rc.train.seed + 7919)
-            starts = torch.randint(len(data) - self.block, (max_batches * bs,),
-                                   generator=gen).tolist()
+            starts = self.sampled_starts(data, max_batches)
         else:
             starts = list(range(0, len(data) - self.block, self.stride))
         seen = 0 if max_batches else self.block - self.stride  # targets the window before scored
@@ -447,6 +445,14 @@ class LMTask(Task):
             x, y = self._windows(data, [len(data) - 1 - self.block])
             y[:, :self.block - left] = IGNORE_INDEX  # scored by the windows before
             yield x, y
+
+    def sampled_starts(self, data: Tokens, max_batches: int) -> list[int]:
+        """Where the windows of ``max_batches`` sampled evaluation batches start in ``data``
+        (random, the same ones every time: ``attnlab eval --batches``, ``interpret ablate
+        --split``)."""
+        gen = torch.Generator().manual_seed(self.rc.train.seed + 7919)
+        return torch.randint(len(data) - self.block, (max_batches * self.eval_batch_size(),),
+                             generator=gen).tolist()
 
     def _mean_loss(self, model: nn.Module, data: Tokens, device: torch.device, amp: Amp,
                    max_batches: int, progress: Progress) -> float:

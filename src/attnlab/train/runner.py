@@ -37,6 +37,7 @@ from .finetune import (
 from .loop import Trainer, TrainResult
 from .monitor import plot_curves
 from .optim import schedule_warnings
+from .sample import sample_texts
 
 log = logging.getLogger(__name__)
 FAMILY_WORDS = {"decoder": "a decoder-only", "encoder": "an encoder-only",
@@ -53,6 +54,26 @@ class RunOutcome:
     run_dir: Path
     config: RunConfig
     is_main: bool = True
+
+    def samples(self) -> list[str]:
+        """``train.samples`` continuations from the trained model, each from a new line (or
+        from its first token, for a vocabulary without a newline); none unless it is a
+        language model with a tokenizer."""
+        tokenizer = self.tokenizer
+        if not self.config.train.samples or self.config.model.family != "decoder" \
+                or tokenizer is None:
+            return []
+        prompt = "\n" if "\n" in _vocab_text(tokenizer) else tokenizer.decode([0])
+        return sample_texts(self.model, tokenizer, self.config, prompt)
+
+
+def _vocab_text(tokenizer: Tokenizer) -> str:
+    """Every token of ``tokenizer`` decoded, to look for a newline among them (empty when
+    the ids do not decode alone)."""
+    try:
+        return tokenizer.decode(list(range(tokenizer.vocab_size)))
+    except ValueError:
+        return ""
 
 
 def check_run_dir(run: RunDir, resume: bool) -> None:
