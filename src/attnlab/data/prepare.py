@@ -335,8 +335,10 @@ def prepare(sources: Sequence[str | Path] | str | Path, out: str | Path,
         workers: tokenizing processes; 0 = one per core.
         errors: ``"strict"`` (an undecodable byte is an error) or ``"replace"``.
         progress: show a progress bar (MB/s, tokens) on stderr.
-        include, exclude: glob patterns that choose among the files of folders and patterns
-            (a file named on its own is read).
+        include: glob patterns: only the files of folders and patterns that match one are
+            read (a file named on its own is always read).
+        exclude: glob patterns: the files (and folders) of folders and patterns that match
+            one are skipped.
 
     Returns:
         ``out``, laid out as::
