@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 
 from attnlab import ModelConfig, Transformer
-from attnlab.data import read_lines, read_parallel
+from attnlab.data import default_cache_dir, read_lines, read_parallel
 from attnlab.decoding import inference_layout, translate_texts
 from attnlab.runs import Run, load_run
 
-DATA = Path("/work/shared/data/multi30k")
+DATA = default_cache_dir() / "multi30k"  # where `attnlab data fetch multi30k` puts it
 
 
 def random_run(data: Path, d_model: int, layers: int) -> Run:
@@ -50,7 +50,9 @@ def random_run(data: Path, d_model: int, layers: int) -> Run:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("run_dir", nargs="?", help="a trained multi30k run dir (default: random)")
-    p.add_argument("--data", type=Path, default=DATA, help="folder with val.de / val.en")
+    p.add_argument("--data", type=Path, default=DATA,
+                   help="folder with val.de / val.en (default: attnlab's data cache, which "
+                   "`attnlab data fetch multi30k` fills)")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--length-penalty", type=float, default=0.6)
     p.add_argument("--batch-size", type=int, default=64)
@@ -59,6 +61,9 @@ def main() -> None:
     p.add_argument("--d-model", type=int, default=128, help="random model width")
     p.add_argument("--layers", type=int, default=2, help="random model depth")
     args = p.parse_args()
+    if not (args.data / "val.de").is_file():
+        p.error(f"no {args.data / 'val.de'}: fetch Multi30k with `attnlab data fetch multi30k`, "
+                "or give --data DIR, a folder holding {train,val}.{de,en}")
     torch.set_num_threads(args.threads)
     run = load_run(args.run_dir) if args.run_dir else random_run(args.data, args.d_model,
                                                                  args.layers)

@@ -2,7 +2,7 @@
 own ``BertModel`` and a plain PyTorch loop, on attnlab's honest held-out split.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/finetune_peer.py \\
-        --data ../shared/data/sst2/train.tsv                 # the recipe: 3000 steps
+        --data DATA/sst2/train.tsv                           # the recipe: 3000 steps
     .venv/bin/python benchmarks/finetune_peer.py --smoke     # tiny made-up data: checks it runs
 
 What it answers: is the accuracy `attnlab train sst2_minilm` reaches a limit of attnlab's
@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.data import default_cache_dir
 from attnlab.data.labelled import read_labelled_tsv, split_sentences
 from attnlab.interop.pretrained import MINILM, resolve_source
 
@@ -97,7 +98,9 @@ def smoke_data(tmp: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", type=Path, default=Path("../shared/data/sst2/train.tsv"))
+    p.add_argument("--data", type=Path, default=default_cache_dir() / "sst2" / "train.tsv",
+                   help="SST-2's train.tsv (default: attnlab's data cache, which "
+                   "`attnlab data fetch sst2` fills)")
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--eval-every", type=int, default=500)
     p.add_argument("--lr", type=float, default=5e-5)
@@ -119,6 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     tmp = tempfile.TemporaryDirectory()
     if args.smoke:
         args.data, args.steps, args.eval_every = smoke_data(Path(tmp.name)), 4, 2
+    elif not args.data.is_file():
+        p.error(f"no {args.data}: fetch SST-2 with `attnlab data fetch sst2`, or give --data "
+                "DATA/sst2/train.tsv")
     torch.manual_seed(args.seed)
     rows = read_labelled_tsv(args.data, num_labels=2)
     train, held = split_sentences(rows, 0.1, args.split_seed)

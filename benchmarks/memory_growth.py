@@ -1,7 +1,7 @@
 """Resident memory of a training run over time: does it stay flat after warm-up?
 
     .venv/bin/python benchmarks/memory_growth.py multi30k_de_en --steps 600 \
-        --set data.src_path=../shared/data/multi30k/train.de ... (see below)
+        --set data.src_path=DATA/multi30k/train.de ... (see below)
 
 Runs ``attnlab train RECIPE`` in a child process (with ``--set`` overrides; evaluation is off
 unless asked for, so the curve shows the training steps alone) and samples the child's
@@ -10,9 +10,10 @@ last step logged in the run's metrics. Prints one row per sample, then the growt
 first sample after ``--warmup`` steps and the last one before the final step (what follows is
 the final evaluation), in MB and MB per 100 steps. Linux only.
 
-For Multi30k from a local copy of the data::
+For Multi30k from a local copy of the data (``attnlab data fetch multi30k`` puts one in
+attnlab's data cache, ``~/.cache/attnlab/data/multi30k``)::
 
-    D=../shared/data/multi30k
+    D=~/.cache/attnlab/data/multi30k
     .venv/bin/python benchmarks/memory_growth.py multi30k_de_en --steps 600 \
         --set data.src_path=$D/train.de --set data.tgt_path=$D/train.en \
         --set data.val_src_path=$D/val.de --set data.val_tgt_path=$D/val.en

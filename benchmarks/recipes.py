@@ -12,8 +12,11 @@ with `--average N`, the same scores of the mean of the last N evaluation checkpo
 its moving average (`attnlab average --ema`). Then the wall time of each command, and of the
 recipe end to end: training, then (with `--average` or `--ema`) averaging, then the last
 evaluation of the weights it ends on (with `--beam`, the beam's; with `--stride N`, a language
-model's loss in windows every N tokens, `attnlab eval --stride`). Data: the local copies under
-`--data-dir` (default ../shared/data).
+model's loss in windows every N tokens, `attnlab eval --stride`). Data: attnlab's data cache
+(`$ATTNLAB_DATA`, else ~/.cache/attnlab/data), which `attnlab data fetch NAME` fills, or
+`--data-dir DATA`, a folder of local copies of the data sets (DATA/tinyshakespeare/input.txt,
+DATA/multi30k/{train,val}.{de,en}, DATA/sst2/train.tsv); a missing file stops the script
+before training, naming the `attnlab data fetch` that gets it.
 `--tiny` trains a few steps of a small model (for the tests).
 """
 
@@ -47,19 +50,59 @@ def attnlab(*args: str) -> str:
     return res.stdout
 
 
-def data_overrides(recipe: str, data_dir: Path) -> list[str]:
-    """The ``--set`` overrides that point ``recipe`` at its local data under ``data_dir``: the
-    files its data set declares, in the data set's folder there (as ``data fetch --from``)."""
+def _data_set(recipe: str):
+    """The downloadable data set ``recipe`` trains on, or None (generated, embedded, none)."""
     from attnlab.recipes import find_recipe
     from attnlab.run_config import load_config
     from attnlab.tasks import data_sets
 
     name = load_config(str(find_recipe(recipe))).data.name
     _, ds = data_sets().get(name, (None, None))
-    if ds is None or ds.download is None:  # generated, embedded, or no data set named
+    return None if ds is None or ds.download is None else ds
+
+
+def data_folder(recipe: str, data_dir: Path | None) -> Path | None:
+    """Where the files of ``recipe``'s data set are: under ``data_dir`` (a folder of local
+    copies, the data set's folder there as ``attnlab data fetch --from`` reads it:
+    ``tinyshakespeare/``, ``multi30k/``, ``sst2/``; or one named as in the cache), or, with no
+    ``data_dir``, in attnlab's data cache (``attnlab data fetch NAME`` fills it). None: the
+    recipe reads no files."""
+    from attnlab.data import default_cache_dir
+
+    ds = _data_set(recipe)
+    if ds is None:
+        return None
+    if data_dir is None:
+        return default_cache_dir() / ds.download.name
+    local, cached = data_dir / ds.download.local_dir, data_dir / ds.download.name
+    return cached if cached.is_dir() and not local.is_dir() else local
+
+
+def data_overrides(recipe: str, data_dir: Path | None = None) -> list[str]:
+    """The ``--set`` overrides that point ``recipe`` at its local data: the files its data set
+    declares, in :func:`data_folder`."""
+    folder = data_folder(recipe, data_dir)
+    if folder is None:  # generated, embedded, or no data set named
         return []
-    return [f"data.{key}={data_dir / ds.download.local_dir / file}"
-            for key, file in ds.files.items()]
+    return [f"data.{key}={folder / file}" for key, file in _data_set(recipe).files.items()]
+
+
+def check_data(recipe: str, data_dir: Path | None, overrides: list[str] = ()) -> None:
+    """Stop (SystemExit) when a file of ``recipe``'s data is missing, saying how to get it;
+    a key that ``overrides`` (``KEY=VALUE``) sets is the caller's own and not checked."""
+    given = {o.split("=", 1)[0].strip() for o in overrides}
+    missing = [s.split("=", 1)[1] for s in data_overrides(recipe, data_dir)
+               if s.split("=", 1)[0] not in given and not Path(s.split("=", 1)[1]).is_file()]
+    if not missing:
+        return
+    ds = _data_set(recipe)
+    where = (f"in attnlab's data cache ({data_folder(recipe, None).parent})" if data_dir is None
+             else f"under --data-dir {data_dir}")
+    raise SystemExit(
+        f"{recipe}: no {', '.join(missing)}: the {ds.download.name} data set is not {where}. "
+        f"Fetch it with `attnlab data fetch {ds.download.name}` (into the cache, or with "
+        f"`--cache DIR` elsewhere), or give --data-dir DATA, a folder holding "
+        f"{ds.download.local_dir}/{{{','.join(ds.files.values())}}}.")
 
 
 def timed(walls: dict[str, float], label: str, *args: str) -> str:
@@ -90,7 +133,10 @@ def scores(run: Path, beam: int, walls: dict[str, float], stride: int = 0) -> di
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("recipe", help="a shipped recipe name (attnlab recipes)")
-    p.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DATA",
+                   help="a folder of local copies of the data sets (DATA/tinyshakespeare/"
+                   "input.txt, DATA/multi30k/, DATA/sst2/train.tsv); default: attnlab's data "
+                   "cache, which `attnlab data fetch NAME` fills")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--average", type=int, default=0, metavar="N",
                    help="also score the mean of the last N evaluation checkpoints")
@@ -102,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="run dir (default: a temporary one)")
     p.add_argument("--tiny", action="store_true", help="a few steps of a tiny model")
     args = p.parse_args(argv)
+    check_data(args.recipe, args.data_dir, args.overrides)
     print(f"machine: {machine()}\ndate: {date.today().isoformat()}\ncommit: {git_head()}\n"
           f"command: benchmarks/recipes.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     sets = data_overrides(args.recipe, args.data_dir) + (TINY if args.tiny else [])

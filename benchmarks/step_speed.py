@@ -14,7 +14,8 @@ attnlab of another checkout (DIR/src), such as the commit before a change
 pairs, each a fresh process that trains `--skip` + `--steps` steps (no evaluation) and is
 timed over the last `--steps` (the run's own clock, `elapsed_s` in its metrics: the first
 steps, start-up and data preparation are left out). Prints each run's seconds per step and
-each pair's B / A ratio, with the median and range. Data: local copies under `--data-dir`.
+each pair's B / A ratio, with the median and range. Data: attnlab's data cache (`attnlab
+data fetch NAME`), or `--data-dir DATA`.
 
 `--profile` instead runs arm A once, in this process, with `torch.profiler` around `--steps`
 steps after `--skip`: where a step's time goes (matrix products, random numbers, attention,
@@ -41,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from data_speed import git_head, machine, src_env  # noqa: E402
-from recipes import ROOT, TINY, data_overrides  # noqa: E402
+from recipes import ROOT, TINY, check_data, data_overrides  # noqa: E402
 
 # arm B with --b-torch-dropout: the trainer keeps the core's dropout (torch's) in the models'
 # drop slots instead of putting attnlab.speed's CPU one there
@@ -164,7 +165,9 @@ def profile_steps(recipe: str, sets: list[str], skip: int, steps: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("recipe", help="a shipped recipe name (attnlab recipes)")
-    p.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DATA",
+                   help="a folder of local copies of the data sets (as benchmarks/recipes.py); "
+                   "default: attnlab's data cache, which `attnlab data fetch NAME` fills")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="for both arms")
     p.add_argument("--b-set", action="append", default=[], metavar="KEY=VALUE",
@@ -185,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give arm B something to differ by: --b-set KEY=VALUE, --b-torch-dropout "
                 "or --b-src DIR")
     skip = args.steps if args.skip is None else args.skip
+    check_data(args.recipe, args.data_dir, args.overrides + args.b_set)
     given = " ".join(argv if argv is not None else sys.argv[1:])
     print(f"machine: {machine()}\ndate: {date.today().isoformat()}\ncommit: {git_head()}\n"
           f"command: benchmarks/step_speed.py {given}")

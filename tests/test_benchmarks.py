@@ -368,6 +368,34 @@ def test_recipes_script_knows_where_the_data_of_every_shipped_recipe_is(tmp_path
             ("val_tgt_path", "val.en"))]
 
 
+
+def test_recipes_script_reads_the_data_cache_by_default_and_names_data_fetch_when_missing(
+        tmp_path, monkeypatch, capsys):
+    """No --data-dir: the files `attnlab data fetch NAME` put in attnlab's data cache
+    ($ATTNLAB_DATA/<name>/); a missing one stops the script before training, naming the
+    fetch; a --data-dir laid out as the cache is read too; --set data.path=... is the
+    caller's own."""
+    recipes = script("recipes")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ATTNLAB_DATA", str(cache))
+    assert recipes.data_overrides("shakespeare_char_small") == [
+        f"data.path={cache / 'shakespeare' / 'input.txt'}"]
+    with pytest.raises(SystemExit, match=r"`attnlab data fetch shakespeare`.*--data-dir DATA"):
+        recipes.main(["shakespeare_char_small", "--tiny"])
+    with pytest.raises(SystemExit, match=r"`attnlab data fetch multi30k`.*multi30k/"):
+        recipes.main(["multi30k_de_en", "--tiny", "--data-dir", str(tmp_path / "nothing")])
+    with pytest.raises(SystemExit, match="attnlab data fetch sst2"):
+        script("step_speed").main(["sst2", "--tiny", "--profile"])
+    assert capsys.readouterr().out == ""  # stopped before the machine line, before training
+    recipes.check_data("shakespeare_char_small", None, ["data.path=elsewhere.txt"])  # no stop
+    recipes.check_data("copy", None)  # generated data: nothing to fetch
+    (cache / "shakespeare").mkdir(parents=True)
+    (cache / "shakespeare" / "input.txt").write_text(TEXT)
+    recipes.check_data("shakespeare_char_small", None)
+    assert recipes.data_overrides("shakespeare_char_small", cache) == [
+        f"data.path={cache / 'shakespeare' / 'input.txt'}"]  # the cache as --data-dir
+    recipes.check_data("shakespeare_char_small", cache)
+
 def test_interpret_benchmark_quick_prints_every_part(capsys):
     """benchmarks/interpret.py --quick: a 2-layer GPT-2 in attnlab and TransformerLens, each
     part's table row, and grids that agree."""

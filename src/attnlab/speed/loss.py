@@ -29,7 +29,7 @@ def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, *,
     minus the smoothed one-hot target) and on into the gradients of ``h`` and ``weight``.
     Unfused, a vocabulary of 8,000 costs a log-softmax, its backward and several passes over
     (N, V) tensors besides the three matrix products: fused, a ``multi30k_de_en`` training
-    step on a 2-core CPU is 1.13x faster (docs/benchmarks.md). The default block, at least
+    step on a 2-core CPU is 1.13x faster (docs/what-we-tried.md). The default block, at least
     1,024 rows and about 16M logits (64 MB), keeps the matrix products large: blocks that fit
     a cache (83 rows of GPT-2's 50,257) made the projection's products thin and its
     gradient's accumulation a pass over (V, D) per block, slower than unfused.
