@@ -506,3 +506,73 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     assert done.returncode == 0, (f"mkdocs build --strict failed:\n{done.stdout[-4000:]}\n"
                                   f"{done.stderr[-6000:]}")
     assert (tmp_path / "site" / "index.html").is_file()
+
+
+# ---- the recipe cards; no developer machine's paths ---------------------------------------------
+CARD_MAX_LINES = 30
+CARD_NAMES = ("date", "commit", "machine", "command")
+DEVELOPER_PATHS = ("../shared", "/work/")
+
+
+def recipe_cards(page: str) -> dict[str, str]:
+    """The cards of docs/recipes.md: each ``## `NAME` `` section, from its heading to the next
+    ``## `` heading (or the end), trailing blank lines left out."""
+    return {name: f"## `{name}`\n{body}".rstrip("\n")
+            for name, body in re.findall(r"^## `([\w-]+)`\n(.*?)(?=^## |\Z)", page, re.M | re.S)}
+
+
+def card_problems(cards: dict[str, str]) -> list[str]:
+    """What is wrong with the cards: one longer than CARD_MAX_LINES, or one whose table does not
+    name the date, commit, machine and command of a measured row."""
+    problems = []
+    for name, card in cards.items():
+        lines = card.split("\n")
+        if len(lines) > CARD_MAX_LINES:
+            problems.append(f"{name}: {len(lines)} lines (at most {CARD_MAX_LINES}; the notes "
+                            "go to docs/what-we-tried.md)")
+        table = [ln for ln in lines if ln.startswith("|")]
+        columns = [c.strip().lower() for c in table[0].strip().strip("|").split("|")] \
+            if table else []
+        if not set(CARD_NAMES) <= set(columns):
+            problems.append(f"{name}: the table does not name {', '.join(CARD_NAMES)}")
+        elif len(table) < 3:
+            problems.append(f"{name}: no measured row")
+    return problems
+
+
+def test_every_recipe_card_is_short_and_names_date_commit_machine_and_command() -> None:
+    from attnlab.recipes import shipped
+
+    page = (DOCS / "recipes.md").read_text(encoding="utf-8")
+    cards = recipe_cards(page)
+    assert set(cards) == set(shipped()), "one card per shipped recipe"
+    assert card_problems(cards) == []
+    assert "(what-we-tried.md" in page  # the levers and their measurements are one click away
+
+
+def test_the_card_check_fails_on_a_long_card_or_a_missing_field() -> None:
+    head = "| machine | reaches | time | date | commit | command |\n" + "| --- " * 6 + "|\n"
+    row = "| Xeon | 99% | 60 s | 2026-11-26 | abcdef1 | `attnlab train copy` |\n"
+    good = "## `copy`\n\nCopies.\n\n" + head + row
+    assert card_problems(recipe_cards(good)) == []
+    long = "## `copy`\n\n" + "A note.\n" * CARD_MAX_LINES + head + row
+    assert "lines (at most" in card_problems(recipe_cards(long))[0]
+    no_commit = good.replace(" commit |", " version |")
+    assert "does not name" in card_problems(recipe_cards(no_commit))[0]
+    assert "no measured row" in card_problems(recipe_cards(good.replace(row, "")))[0]
+    two = good + "\n## `sort`\n\nSorts.\n" + head + row
+    assert list(recipe_cards(two)) == ["copy", "sort"] and card_problems(recipe_cards(two)) == []
+
+
+def test_no_page_names_a_path_of_a_developer_machine() -> None:
+    """The docs (and the recipes' comments, and how to run the benchmarks) name the data as
+    `attnlab data fetch NAME` or DATA (a folder of local copies), never a path of the machine
+    that measured a figure."""
+    files = [DOCS / rel for rel in pages()] + sorted((ROOT / "src" / "attnlab" / "recipes")
+                                                     .glob("*.toml"))
+    files += [ROOT / "README.md", ROOT / "benchmarks" / "README.md"]
+    found = [f"{path.relative_to(ROOT)}:{n}: {needle}"
+             for path in files
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             for needle in DEVELOPER_PATHS if needle in line]
+    assert found == []
