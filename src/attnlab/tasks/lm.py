@@ -10,7 +10,6 @@ once: each row of a batch comes from one of them, drawn by weight.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -317,6 +316,7 @@ class LMTask(Task):
         alone would get its own vocabulary), made once from all of them and kept in the cache
         under a key of their contents and the settings."""
         from ..data.fetch import sha256_of
+        from ..data.pipeline import cache_key
         from ..data.prepare import build_tokenizer
         from ..data.sources import find_sources
 
@@ -324,8 +324,7 @@ class LMTask(Task):
         found = [str(s.path) for s in find_sources(paths)]
         settings = {"files": [sha256_of(Path(f)) for f in found], "tokenizer": d.tokenizer,
                     "vocab_size": d.vocab_size, "pre_tokenizer": d.pre_tokenizer}
-        key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-        path = self._cache() / "prepared" / "mix-tokenizers" / f"{key}.json"
+        path = self._cache() / "prepared" / "mix-tokenizers" / f"{cache_key(settings, 16)}.json"
         if path.is_file():
             return load_tokenizer(path)
         tok = build_tokenizer(found, d.tokenizer, vocab_size=d.vocab_size,
