@@ -14,7 +14,8 @@ import sys
 import pytest
 import torch
 
-from attnlab.data import DataError, LMData
+from _oracles import LMData
+from attnlab.data import DataError
 from attnlab.data import prepare as prep
 from attnlab.data.pipeline import DiskFullError
 from attnlab.data.prepare import prepare, prepare_cached
