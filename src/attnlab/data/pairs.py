@@ -74,11 +74,8 @@ class _PairPieces(Pieces[_PairPiece]):
                     continue
                 kept += 1
                 split = "val" if rng.random() < self.val_fraction else "train"
-                piece = self.open(split)
-                piece.texts.append((s, t))
-                piece.pairs += 1
-                piece.nbytes += len(s) + len(t)
-                yield from self.full(split)
+                self.open(split).pairs += 1
+                yield from self.add(split, (s, t), len(s) + len(t))
             if not kept:
                 raise DataError(f"parallel files {src} and {tgt} have no pair of non-empty "
                                 "lines")

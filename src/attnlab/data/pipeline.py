@@ -98,9 +98,13 @@ class Pieces(Generic[P]):
             self._open[split] = self.piece(-1, split)
         return self._open[split]
 
-    def full(self, split: str) -> Iterator[P]:
-        """The open piece of ``split``, numbered, once it holds ``piece_bytes``."""
-        if self._open[split].nbytes >= self.piece_bytes:
+    def add(self, split: str, text: Any, nbytes: int) -> Iterator[P]:
+        """Add ``text`` (``nbytes`` long) to the open piece of ``split``; that piece, numbered,
+        once it holds ``piece_bytes``."""
+        piece = self.open(split)
+        piece.texts.append(text)
+        piece.nbytes += nbytes
+        if piece.nbytes >= self.piece_bytes:
             yield self._close(split)
 
     def rest(self) -> Iterator[P]:

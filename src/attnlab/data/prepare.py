@@ -68,13 +68,10 @@ class _Pieces(Pieces[_Piece]):
         self.documents = {"train": 0, "val": 0}
 
     def _add(self, split: str, text: str, ends: bool) -> Iterator[_Piece]:
-        piece = self.open(split)
-        piece.texts.append(text)
-        piece.ends.append(ends)
-        piece.nbytes += len(text)
+        self.open(split).ends.append(ends)
         if ends:
             self.documents[split] += 1
-        yield from self.full(split)
+        yield from self.add(split, text, len(text))
 
     def __iter__(self) -> Iterator[_Piece]:
         for i, source in enumerate(self.sources):
