@@ -14,12 +14,12 @@ import zipfile
 import pytest
 import torch
 
+from _oracles import LMData
 from attnlab.data import (
     ClassificationBatches,
     DataError,
     DataFileNotFoundError,
     DownloadError,
-    LMData,
     Seq2SeqBatches,
     SyntheticData,
     embedded_corpus,

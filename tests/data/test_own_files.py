@@ -14,7 +14,8 @@ import pytest
 
 from attnlab.cli import main
 from attnlab.data import DataError
-from attnlab.data.prepare import file_lock, prepare, prepare_cached
+from attnlab.data.pipeline import file_lock
+from attnlab.data.prepare import prepare, prepare_cached
 from attnlab.data.shards import TokenShards, read_manifest
 from attnlab.data.sources import scan
 from attnlab.tokenizers import load_tokenizer

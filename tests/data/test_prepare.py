@@ -14,8 +14,10 @@ import sys
 import pytest
 import torch
 
-from attnlab.data import DataError, LMData
+from _oracles import LMData
+from attnlab.data import DataError
 from attnlab.data import prepare as prep
+from attnlab.data.pipeline import DiskFullError
 from attnlab.data.prepare import prepare, prepare_cached
 from attnlab.data.shards import MANIFEST, TokenShards, is_prepared, read_manifest
 from attnlab.tokenizers import BPETokenizer, CharTokenizer, GPT2Tokenizer, load_tokenizer
@@ -237,7 +239,7 @@ def test_a_full_disk_removes_the_partial_shard_and_keeps_the_rest(tmp_path, monk
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", full)
-    with pytest.raises(prep.DiskFullError, match="disk is full.*run the same command again"):
+    with pytest.raises(DiskFullError, match="disk is full.*run the same command again"):
         prepare([tmp_path / "a.txt"], tmp_path / "p", "char", workers=1, piece_bytes=500)
     left = sorted(p.name for p in (tmp_path / "p").rglob("*") if p.is_file())
     assert not any(name.endswith(".tmp") for name in left)  # nothing half-written

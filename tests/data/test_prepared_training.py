@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from _oracles import LMData
 from attnlab.cli import main
 from attnlab.config import DEFAULT_LOSS, ConfigError
-from attnlab.data import LMData
 from attnlab.data import prepare as prepare_module
 from attnlab.data.prepare import prepare
 from attnlab.data.shards import TokenShards

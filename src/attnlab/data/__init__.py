@@ -12,7 +12,7 @@ from attnlab.data.fetch import DatasetInfo, RemoteFile, default_cache_dir, fetch
 from attnlab.data.labelled import read_labelled_tsv, split_holdout, split_sentences, whole_sentences
 from attnlab.data.parallel import read_lines, read_parallel
 from attnlab.data.synthetic import SYNTHETIC_NAMES, SyntheticData
-from attnlab.data.text import LMData, embedded_corpus, read_text
+from attnlab.data.text import embedded_corpus, read_text
 
 __all__ = [
     "SYNTHETIC_NAMES",
@@ -21,7 +21,6 @@ __all__ = [
     "DataFileNotFoundError",
     "DatasetInfo",
     "DownloadError",
-    "LMData",
     "RemoteFile",
     "Seq2SeqBatches",
     "SyntheticData",

@@ -10,14 +10,11 @@ through maps that are closed again, so a corpus of any size trains in flat memor
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import logging
 import random
 import shlex
-import shutil
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,28 +22,14 @@ from typing import Any
 import numpy as np
 
 from attnlab.config import ConfigError, check_int
+from attnlab.data import pipeline
 from attnlab.data.errors import DataError, DataFileNotFoundError
 from attnlab.data.fetch import sha256_of
 from attnlab.data.parallel import aligned_lines, iter_parallel
-from attnlab.data.prepare import (
-    PIECE_BYTES,
-    PLAN,
-    SAMPLE_BYTES,
-    DiskFullError,
-    Encoder,
-    check_args,
-    file_lock,
-    one_process_suffices,
-    progress_bar,
-    resumed_tokenizer,
-    start,
-    usable_cores,
-    write_shard,
-)
-from attnlab.data.shards import DTYPES, FORMAT, MANIFEST, TOKENIZER, read_manifest, token_dtype
+from attnlab.data.pipeline import PIECE_BYTES, SAMPLE_BYTES, Encoder, Piece, Pieces, write_shard
+from attnlab.data.shards import DTYPES, FORMAT, read_manifest, token_dtype
 from attnlab.data.sources import NotUTF8Error, check_source, source_of
 from attnlab.errors import VocabularyError
-from attnlab.files import atomic_write_json
 from attnlab.tokenizers import SPECIALS, BPETokenizer, CharTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -54,39 +37,31 @@ log = logging.getLogger(__name__)
 KIND = "pairs"  # the manifest's "kind": a DIR of sentence pairs, not one token stream
 SIDES = ("src", "tgt")
 TOKENIZER_KINDS = ("char", "bpe")
-SPLITS = ("train", "val")
 
 
 # ---- reading the pairs -----------------------------------------------------------------------
 @dataclass
-class _PairPiece:
-    """Consecutive pairs of one split: the unit of work and of one shard."""
+class _PairPiece(Piece):
+    """Consecutive pairs of one split: ``texts`` holds (source, target) sentences."""
 
-    index: int
-    split: str
-    texts: list[tuple[str, str]] = field(default_factory=list)  # (source, target) sentences
     pairs: int = 0  # len(texts), still known once the texts went to a worker
-    nbytes: int = 0
-
-    @property
-    def name(self) -> str:
-        return f"{self.split}/{self.index:06d}"
 
     def file(self, side: str, ext: str) -> str:
         return f"{self.name}.{side}.{ext}"
 
 
-class _PairPieces:
+class _PairPieces(Pieces[_PairPiece]):
     """Cuts the non-empty pairs of the files into pieces, in an order fixed by the input alone
     (each pair drawn to val with probability ``val_fraction``, seeded), and counts them."""
 
+    piece = _PairPiece
+
     def __init__(self, files: list[tuple[Path, Path]], val_fraction: float, seed: int,
                  errors: str, piece_bytes: int) -> None:
+        super().__init__(piece_bytes)
         self.files, self.val_fraction, self.seed = files, val_fraction, seed
-        self.errors, self.piece_bytes = errors, piece_bytes
+        self.errors = errors
         self.lines, self.skipped = 0, 0  # line pairs read; those with an empty side
-        self._next = 0
-        self._open: dict[str, _PairPiece] = {}
 
     def __iter__(self) -> Iterator[_PairPiece]:
         rng = random.Random(f"{self.seed}:pairs")  # one draw per pair, in order
@@ -99,25 +74,12 @@ class _PairPieces:
                     continue
                 kept += 1
                 split = "val" if rng.random() < self.val_fraction else "train"
-                piece = self._open.get(split)
-                if piece is None:
-                    piece = self._open[split] = _PairPiece(-1, split)
-                piece.texts.append((s, t))
-                piece.pairs += 1
-                piece.nbytes += len(s) + len(t)
-                if piece.nbytes >= self.piece_bytes:
-                    yield self._close(split)
+                self.open(split).pairs += 1
+                yield from self.add(split, (s, t), len(s) + len(t))
             if not kept:
                 raise DataError(f"parallel files {src} and {tgt} have no pair of non-empty "
                                 "lines")
-        for split in SPLITS:
-            if split in self._open:
-                yield self._close(split)
-
-    def _close(self, split: str) -> _PairPiece:
-        piece = self._open.pop(split)
-        piece.index, self._next = self._next, self._next + 1
-        return piece
+        yield from self.rest()
 
 
 def sample_pairs(files: Sequence[tuple[str | Path, str | Path]], budget: int = SAMPLE_BYTES,
@@ -167,7 +129,7 @@ def _check_tokenizer(tok: Tokenizer) -> None:
 
 
 def _tokenizer_digest(tok: Tokenizer) -> str:
-    return hashlib.sha256(json.dumps(tok.to_dict(), sort_keys=True).encode()).hexdigest()
+    return pipeline.cache_key(tok.to_dict())
 
 
 # ---- tokenizing (in worker processes) --------------------------------------------------------
@@ -198,12 +160,9 @@ def _encode_pairs(tokenizer: Tokenizer, piece: _PairPiece, *, src_add_special: b
 def _flat(parts: list[np.ndarray], lengths: list[int], dtype: str
           ) -> tuple[np.ndarray, np.ndarray]:
     """The rows ``parts`` make, one after another as ``dtype``, and their (n + 1,) offsets."""
-    ids = np.concatenate(parts) if parts else np.zeros(0, np.uint32)
-    if ids.size and int(ids.max()) > np.iinfo(dtype).max:  # attnlab's fault, not the input's
-        raise AssertionError(f"bug: id {int(ids.max())} does not fit the shards' {dtype}")
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    return ids.astype(dtype), offsets
+    return pipeline.joined(parts, dtype), offsets
 
 
 # ---- prepare ---------------------------------------------------------------------------------
@@ -258,27 +217,21 @@ def prepare_pairs(src_files: Sequence[str | Path] | str | Path,
         the manifest last: a killed prepare leaves no DIR that looks complete, and the same
         call again keeps the finished shards.
     """
-    check_args(val_fraction, seed, workers, errors, vocab_size)
+    pipeline.check_args(val_fraction, seed, workers, errors, vocab_size)
     check_int("max_len", max_len, 0)
     out = Path(out)
-    new = not out.exists()
-    try:
-        return _prepare_pairs(_files(src_files, tgt_files), out, tokenizer,
-                              vocab_size=vocab_size, pre_tokenizer=pre_tokenizer,
-                              src_add_special=bool(src_add_special), val_fraction=val_fraction,
-                              seed=seed, workers=workers, errors=errors, max_len=max_len,
-                              progress=progress, piece_bytes=piece_bytes)
-    except DiskFullError:
-        raise  # the finished shards stay: the same call continues once there is space
-    except VocabularyError as e:  # the tokenizer cannot encode a sentence
-        if new:
-            shutil.rmtree(out, ignore_errors=True)
-        raise DataError(f"the pairs cannot be encoded: {str(e).split('. ')[0]}; use a "
-                        "tokenizer whose vocabulary covers them") from None
-    except (DataError, ConfigError):
-        if new:
-            shutil.rmtree(out, ignore_errors=True)  # bad input: leave nothing behind
-        raise
+    # (bad input leaves nothing behind; a full disk keeps the finished shards)
+    with pipeline.removed_on_bad_input(out, (DataError, ConfigError)):
+        try:
+            return _prepare_pairs(_files(src_files, tgt_files), out, tokenizer,
+                                  vocab_size=vocab_size, pre_tokenizer=pre_tokenizer,
+                                  src_add_special=bool(src_add_special),
+                                  val_fraction=val_fraction, seed=seed, workers=workers,
+                                  errors=errors, max_len=max_len, progress=progress,
+                                  piece_bytes=piece_bytes)
+        except VocabularyError as e:  # the tokenizer cannot encode a sentence
+            raise DataError(f"the pairs cannot be encoded: {str(e).split('. ')[0]}; use a "
+                            "tokenizer whose vocabulary covers them") from None
 
 
 def _prepare_pairs(files: list[tuple[Path, Path]], out: Path, tokenizer: str | Tokenizer, *,
@@ -296,26 +249,23 @@ def _prepare_pairs(files: list[tuple[Path, Path]], out: Path, tokenizer: str | T
             "tokenizer": (given.kind if given else tokenizer if tokenizer == "char"
                           else [tokenizer, vocab_size, pre_tokenizer]),
             "given": _tokenizer_digest(given) if given else None}
-    if start(out, plan):
+    if pipeline.start(out, plan):
         return out
-    tok = given or resumed_tokenizer(out) or _build_tokenizer(tokenizer, files, vocab_size,
-                                                               pre_tokenizer, errors)
+    tok = pipeline.kept_tokenizer(out, lambda: given or _build_tokenizer(
+        tokenizer, files, vocab_size, pre_tokenizer, errors))
     _check_tokenizer(tok)
-    if not (out / TOKENIZER).is_file():
-        tok.save(out / TOKENIZER)
     dtype = token_dtype(tok.vocab_size)
     pieces = _PairPieces(files, val_fraction, seed, errors, piece_bytes)
     work = partial(_encode_pairs, src_add_special=src_add_special, dtype=dtype, max_len=max_len)
     total = sum(d[side]["bytes"] for d in described for side in SIDES)
-    shards = _write_shards(Encoder(tok, workers or usable_cores(), work), pieces, out,
-                           dtype=dtype, progress=progress, total_bytes=total)
+    encoder = Encoder(tok, workers or pipeline.usable_cores(), work)
+    shards = pipeline.write_pieces(encoder, pieces, partial(_finished, out, dtype=dtype),
+                                   partial(_write, out), progress=progress, total_bytes=total)
     if not any(s["pairs"] for s in shards["train"]):
         raise DataError("no pair is left for the train split (" + ", ".join(
             f"{s} / {t}" for s, t in files) + f"; val_fraction={val_fraction}, "
             f"max_len={max_len}); allowed: files with at least one pair that fits")
-    atomic_write_json(out / MANIFEST, _manifest(plan, pieces, tok, dtype, shards))
-    (out / PLAN).unlink(missing_ok=True)
-    return out
+    return pipeline.finish(out, _manifest(plan, pieces, tok, dtype, shards))
 
 
 def _given_tokenizer(tokenizer: str | Tokenizer) -> Tokenizer | None:
@@ -329,32 +279,16 @@ def _given_tokenizer(tokenizer: str | Tokenizer) -> Tokenizer | None:
     return None
 
 
-def _write_shards(encoder: Encoder, pieces: _PairPieces, out: Path, *, dtype: str,
-                  progress: bool, total_bytes: int) -> dict[str, list[dict[str, Any]]]:
-    """Tokenize the pieces not yet done on the ``encoder``'s workers and write each as its
-    shard; the records of every shard by split, in name order.
-
-    Args:
-        progress: show a progress bar of the ``total_bytes`` of text on stderr.
-    """
-    shards: dict[str, list[dict[str, Any]]] = {split: [] for split in SPLITS}
-    bar = progress_bar(progress, total_bytes)
-    try:
-        for piece, arrays in encoder.map(_todo(pieces, out, shards, dtype, bar)):
-            src, src_off, tgt, tgt_off = arrays
-            for side, ids in (("src", src), ("tgt", tgt)):
-                write_shard(out / piece.file(side, "bin"), ids)
-            for side, offsets in (("src", src_off), ("tgt", tgt_off)):  # last: the mark
-                write_shard(out / piece.file(side, "idx"), offsets)  # of a finished shard
-            shards[piece.split].append(_record(piece, len(src_off) - 1, src.size, tgt.size))
-            if bar is not None:
-                bar.update(piece.nbytes)
-    finally:
-        if bar is not None:
-            bar.close()
-    for split in shards:
-        shards[split].sort(key=lambda s: s["name"])
-    return shards
+def _write(out: Path, piece: _PairPiece, arrays: tuple[np.ndarray, ...]
+           ) -> tuple[dict[str, Any], int]:
+    """Write the four files of ``piece``'s shard, the offsets last (the mark of a finished
+    shard); its record and token count."""
+    src, src_off, tgt, tgt_off = arrays
+    for side, ids in (("src", src), ("tgt", tgt)):
+        write_shard(out / piece.file(side, "bin"), ids)
+    for side, offsets in (("src", src_off), ("tgt", tgt_off)):
+        write_shard(out / piece.file(side, "idx"), offsets)
+    return _record(piece, len(src_off) - 1, src.size, tgt.size), int(src.size + tgt.size)
 
 
 def _manifest(plan: dict[str, Any], pieces: _PairPieces, tok: Tokenizer, dtype: str,
@@ -381,19 +315,6 @@ def _record(piece: _PairPiece, pairs: int, src_tokens: int, tgt_tokens: int) -> 
     """A shard's entry in the manifest; ``dropped``: its pairs longer than ``max_len``."""
     return {"name": piece.name, "pairs": pairs, "src_tokens": src_tokens,
             "tgt_tokens": tgt_tokens, "dropped": piece.pairs - pairs}
-
-
-def _todo(pieces: _PairPieces, out: Path, shards: dict[str, list[dict[str, Any]]], dtype: str,
-          bar) -> Iterator[_PairPiece]:
-    """The pieces still to tokenize; those a killed prepare finished are only recorded."""
-    for piece in pieces:
-        done = _finished(out, piece, dtype)
-        if done is None:
-            yield piece
-            continue
-        shards[piece.split].append(done)
-        if bar is not None:
-            bar.update(piece.nbytes)
 
 
 def _finished(out: Path, piece: _PairPiece, dtype: str) -> dict[str, Any] | None:
@@ -431,8 +352,8 @@ def cached_pairs_dir(src_file: str | Path, tgt_file: str | Path, cache_dir: str 
     settings = {"tokenizer": _tokenizer_digest(tokenizer) if isinstance(tokenizer, Tokenizer)
                 else tokenizer, "vocab_size": vocab_size, "pre_tokenizer": pre_tokenizer,
                 "sample_bytes": SAMPLE_BYTES, "src_add_special": bool(src_add_special)}
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    both = hashlib.sha256((sha256_of(src) + sha256_of(tgt)).encode()).hexdigest()[:16]
+    key = pipeline.cache_key(settings, 12)
+    both = pipeline.cache_key(sha256_of(src) + sha256_of(tgt), 16)
     return Path(cache_dir) / "prepared" / f"{src.name}-{tgt.name}-pairs-{both}-{key}"
 
 
@@ -448,18 +369,16 @@ def prepare_pairs_cached(src_file: str | Path, tgt_file: str | Path, cache_dir: 
     """
     out = cached_pairs_dir(src_file, tgt_file, cache_dir, tokenizer, vocab_size=vocab_size,
                            pre_tokenizer=pre_tokenizer, src_add_special=src_add_special)
-    if (out / MANIFEST).is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(out.with_name(out.name + ".lock")):  # (removed again, whatever happens)
-        if not (out / MANIFEST).is_file():
-            _check_files(Path(src_file), Path(tgt_file))  # before a word is said
-            log.info("preparing %s and %s once into %s", src_file, tgt_file, out)
-            small = one_process_suffices(Path(src_file)) and one_process_suffices(Path(tgt_file))
-            prepare_pairs([src_file], [tgt_file], out, tokenizer, vocab_size=vocab_size,
-                          pre_tokenizer=pre_tokenizer, src_add_special=src_add_special,
-                          workers=1 if small else 0)
-    return out
+
+    def make() -> None:
+        src, tgt = Path(src_file), Path(tgt_file)
+        _check_files(src, tgt)  # before a word is said
+        log.info("preparing %s and %s once into %s", src_file, tgt_file, out)
+        prepare_pairs([src], [tgt], out, tokenizer, vocab_size=vocab_size,
+                      pre_tokenizer=pre_tokenizer, src_add_special=src_add_special,
+                      workers=1 if pipeline.one_process_suffices([src, tgt]) else 0)
+
+    return pipeline.cached(out, make)
 
 
 def _check_files(src: Path, tgt: Path) -> None:

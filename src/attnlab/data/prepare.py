@@ -9,32 +9,23 @@ file's content and the tokenizer settings.
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import hashlib
-import json
 import logging
-import os
 import random
 import shlex
-import shutil
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from attnlab.config import check_int
+from attnlab.data import pipeline
 from attnlab.data.errors import DataError
 from attnlab.data.fetch import sha256_of
-from attnlab.data.shards import FORMAT, MANIFEST, PLAN, TOKENIZER, read_manifest, token_dtype
+from attnlab.data.pipeline import PIECE_BYTES, SAMPLE_BYTES, Encoder, Piece, Pieces, write_shard
+from attnlab.data.shards import FORMAT, token_dtype
 from attnlab.data.sources import (
-    ERRORS,
     NotUTF8Error,
     Source,
     check_source,
@@ -44,74 +35,43 @@ from attnlab.data.sources import (
     text_blocks_at,
     text_size,
 )
-from attnlab.files import atomic_write_bytes, atomic_write_json
-from attnlab.tokenizers import (
-    BPETokenizer,
-    CharTokenizer,
-    GPT2Tokenizer,
-    Tokenizer,
-    load_tokenizer,
-    tokenizer_from_dict,
-)
+from attnlab.tokenizers import BPETokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 
 TOKENIZER_KINDS = ("char", "bpe", "gpt2")
-PIECE_BYTES = 1 << 22  # text per shard: small enough to keep every core busy, large enough
-# that a GB corpus is a few hundred files
-SAMPLE_BYTES = 100 << 20  # text a BPE vocabulary is trained on
-
-
-class DiskFullError(DataError):
-    """A shard could not be written for want of space (the finished ones are kept)."""
 
 
 @dataclass
-class _Piece:
-    """Consecutive text of one split: the unit of work and of one shard file."""
+class _Piece(Piece):
+    """Consecutive text of one split: ``texts[i]`` ends a document when ``ends[i]``."""
 
-    index: int
-    split: str
-    texts: list[str] = field(default_factory=list)
-    ends: list[bool] = field(default_factory=list)  # does texts[i] end a document?
-    nbytes: int = 0
+    ends: list[bool] = field(default_factory=list)
 
     @property
     def file(self) -> str:
-        return f"{self.split}/{self.index:06d}.bin"
+        return f"{self.name}.bin"
 
 
-class _Pieces:
+class _Pieces(Pieces[_Piece]):
     """Cuts the documents of the sources into pieces, in an order fixed by the input alone,
     and counts documents per split."""
 
+    piece = _Piece
+
     def __init__(self, sources: list[Source], val_fraction: float, seed: int, text_field: str,
                  errors: str, piece_bytes: int, anywhere: bool = False) -> None:
+        super().__init__(piece_bytes)
         self.sources, self.val_fraction, self.seed = sources, val_fraction, seed
-        self.text_field, self.errors, self.piece_bytes = text_field, errors, piece_bytes
+        self.text_field, self.errors = text_field, errors
         self.anywhere = anywhere  # characters: a text may be cut at any character
         self.documents = {"train": 0, "val": 0}
-        self.text_bytes = 0
-        self._next = 0
-        self._open: dict[str, _Piece] = {}
 
     def _add(self, split: str, text: str, ends: bool) -> Iterator[_Piece]:
-        piece = self._open.get(split)
-        if piece is None:
-            piece = self._open[split] = _Piece(-1, split)
-        piece.texts.append(text)
-        piece.ends.append(ends)
-        piece.nbytes += len(text)
-        self.text_bytes += len(text)
+        self.open(split).ends.append(ends)
         if ends:
             self.documents[split] += 1
-        if piece.nbytes >= self.piece_bytes:
-            yield self._close(split)
-
-    def _close(self, split: str) -> _Piece:
-        piece = self._open.pop(split)
-        piece.index, self._next = self._next, self._next + 1
-        return piece
+        yield from self.add(split, text, len(text))
 
     def __iter__(self) -> Iterator[_Piece]:
         for i, source in enumerate(self.sources):
@@ -126,9 +86,7 @@ class _Pieces:
                     yield from self._add(split, doc, True)
                 if not n:
                     raise DataError(f"source {source.path} holds no document")
-        for split in ("train", "val"):
-            if split in self._open:
-                yield self._close(split)
+        yield from self.rest()
 
     def _text(self, source: Source) -> Iterator[_Piece]:
         """A ``.txt`` file: its first part to train, its last ``val_fraction`` to val, cut at
@@ -189,69 +147,22 @@ def _cut(text: str, at: int) -> int:
         at = i + 1
 
 
-# ---- tokenizing in worker processes ----------------------------------------------------------
-_WORKER: dict[str, Any] = {}
-
-
-def _init_worker(tokenizer: dict[str, Any]) -> None:
-    os.environ["RAYON_NUM_THREADS"] = "1"  # one core per process: the pool uses the others
-    _WORKER["tokenizer"] = tokenizer_from_dict(tokenizer)
-
-
+# ---- tokenizing (in worker processes) ------------------------------------------------------
 def _encode(texts: list[str], ends: list[bool], eot: int | None, dtype: str,
-            tokenizer: Tokenizer | None = None) -> np.ndarray:
+            tokenizer: Tokenizer) -> np.ndarray:
     """The ids of one piece, ``eot`` after every document end, as ``dtype``."""
-    tokenizer = tokenizer or _WORKER["tokenizer"]
     parts = []
     for ids, end in zip(tokenizer.encode_batch(texts), ends):
         parts.append(ids)  # uint32
         if end and eot is not None:
             parts.append(np.array([eot], dtype=np.uint32))
-    ids = np.concatenate(parts) if parts else np.zeros(0, np.uint32)
-    if ids.size and int(ids.max()) > np.iinfo(dtype).max:  # attnlab's fault, not the input's
-        raise AssertionError(f"bug: id {int(ids.max())} does not fit the shards' {dtype}")
-    return ids.astype(dtype, copy=False)
+    return pipeline.joined(parts, dtype)
 
 
 def _encode_piece(tokenizer: Tokenizer, piece: _Piece, *, eot: int | None,
                   dtype: str) -> np.ndarray:
     """The work of :func:`prepare` on one piece (an :class:`Encoder`'s ``work``)."""
     return _encode(piece.texts, piece.ends, eot, dtype, tokenizer)
-
-
-def _in_worker(work: Callable[[Tokenizer, Any], Any], piece: Any) -> Any:
-    return work(_WORKER["tokenizer"], piece)
-
-
-class Encoder:
-    """Pieces in, ``work(tokenizer, piece)`` out in the same order: in this process
-    (``workers == 1``) or in a pool with a few pieces in flight per worker (memory stays
-    bounded). ``work`` is a module-level function (or a partial of one), so a worker process
-    can run it; a piece's ``texts`` are what it sends (prepare's documents, the sentence pairs
-    of :mod:`attnlab.data.pairs`)."""
-
-    def __init__(self, tokenizer: Tokenizer, workers: int,
-                 work: Callable[[Tokenizer, Any], Any]) -> None:
-        self.tokenizer, self.workers, self.work = tokenizer, workers, work
-
-    def map(self, pieces: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
-        if self.workers == 1:
-            for p in pieces:
-                yield p, self.work(self.tokenizer, p)
-            return
-        with ProcessPoolExecutor(self.workers, mp_context=get_context("fork"),
-                                 initializer=_init_worker,
-                                 initargs=(self.tokenizer.to_dict(),)) as pool:
-            flight: deque[tuple[Any, Future]] = deque()
-            for p in pieces:
-                # (the piece is pickled later, by the pool's feeder thread: never mutate it)
-                flight.append((p, pool.submit(_in_worker, self.work, p)))
-                if len(flight) >= 2 * self.workers:
-                    q, fut = flight.popleft()
-                    yield q, fut.result()
-            while flight:
-                q, fut = flight.popleft()
-                yield q, fut.result()
 
 
 # ---- the tokenizer ---------------------------------------------------------------------------
@@ -304,17 +215,6 @@ def build_tokenizer(sources: Sequence[str | Path], kind: str, *, vocab_size: int
 
 
 # ---- prepare ---------------------------------------------------------------------------------
-def check_args(val_fraction: float, seed: int, workers: int, errors: str,
-                vocab_size: int) -> None:
-    if not isinstance(val_fraction, (int, float)) or not 0.0 <= val_fraction < 1.0:
-        raise DataError(f"val_fraction must be a number in [0, 1), got {val_fraction!r}")
-    check_int("seed", seed, 0)
-    check_int("workers", workers, 0)
-    check_int("vocab_size", vocab_size, 8)
-    if errors not in ERRORS:
-        raise DataError(f"errors={errors!r} is not allowed: one of {', '.join(ERRORS)}")
-
-
 def prepare(sources: Sequence[str | Path] | str | Path, out: str | Path,
             tokenizer: str | Tokenizer = "char", *, vocab_size: int = 8000,
             pre_tokenizer: str = "byte_level", val_fraction: float = 0.1,
@@ -358,21 +258,14 @@ def prepare(sources: Sequence[str | Path] | str | Path, out: str | Path,
         looks complete, and the same call again keeps the finished shards and tokenizes only
         the rest.
     """
-    check_args(val_fraction, seed, workers, errors, vocab_size)
+    pipeline.check_args(val_fraction, seed, workers, errors, vocab_size)
     out = Path(out)
-    new = not out.exists()
-    try:
+    with pipeline.removed_on_bad_input(out):  # (a full disk keeps the finished shards)
         return _prepare(sources, out, tokenizer, vocab_size=vocab_size,
                         pre_tokenizer=pre_tokenizer, val_fraction=val_fraction,
                         text_field=text_field, seed=seed, workers=workers, errors=errors,
                         progress=progress, include=include, exclude=exclude,
                         piece_bytes=piece_bytes)
-    except DiskFullError:
-        raise  # the finished shards stay: the same command continues once there is space
-    except DataError:
-        if new:
-            shutil.rmtree(out, ignore_errors=True)  # bad input: leave nothing behind
-        raise
 
 
 def _prepare(sources: Sequence[str | Path] | str | Path, out: Path, tokenizer: str | Tokenizer,
@@ -381,7 +274,7 @@ def _prepare(sources: Sequence[str | Path] | str | Path, out: Path, tokenizer: s
              exclude: Sequence[str], piece_bytes: int) -> Path:
     """:func:`prepare` of checked arguments: plan, tokenizer, shards, manifest last."""
     found = _found(sources, include, exclude, errors)
-    workers = workers or usable_cores()
+    workers = workers or pipeline.usable_cores()
     described = [{"path": str(s.path.resolve()), "bytes": s.path.stat().st_size,
                   "sha256": sha256_of(s.path)} for s in found]
     kind = tokenizer.kind if isinstance(tokenizer, Tokenizer) else tokenizer
@@ -389,45 +282,42 @@ def _prepare(sources: Sequence[str | Path] | str | Path, out: Path, tokenizer: s
             "text_field": text_field, "errors": errors, "piece_bytes": piece_bytes,
             "tokenizer": kind if kind != "bpe" else [kind, vocab_size, pre_tokenizer],
             "given": tokenizer.to_dict() if isinstance(tokenizer, Tokenizer) else None}
-    if start(out, plan):
+    if pipeline.start(out, plan):
         return out
     pieces = _Pieces(found, val_fraction, seed, text_field, errors, piece_bytes)
-    tok = resumed_tokenizer(out) or _build_tokenizer(tokenizer, pieces, vocab_size,
-                                                      pre_tokenizer)
+    tok = pipeline.kept_tokenizer(out, lambda: _build_tokenizer(tokenizer, pieces, vocab_size,
+                                                                pre_tokenizer))
     pieces.anywhere = tok.kind == "char"
-    if not (out / TOKENIZER).is_file():
-        tok.save(out / TOKENIZER)
     dtype = token_dtype(tok.vocab_size)
-    shards: dict[str, list[dict[str, Any]]] = {"train": [], "val": []}
     encoder = Encoder(tok, workers, partial(_encode_piece, eot=tok.eos_id, dtype=dtype))
-    bar = progress_bar(progress, sum(d["bytes"] for d in described))
-    tokens = 0
-    try:
-        for piece, ids in encoder.map(_todo(pieces, out, shards, dtype, bar)):
-            write_shard(out / piece.file, ids)
-            shards[piece.split].append({"file": piece.file, "tokens": int(ids.size)})
-            tokens += int(ids.size)
-            if bar is not None:
-                bar.update(piece.nbytes)
-                bar.set_postfix_str(f"{tokens / 1e6:.1f}M tokens")
-    finally:
-        if bar is not None:
-            bar.close()
+    shards = pipeline.write_pieces(encoder, pieces, partial(_finished, out, dtype=dtype),
+                                   partial(_write, out), progress=progress,
+                                   total_bytes=sum(d["bytes"] for d in described))
     if not shards["train"] or not any(s["tokens"] for s in shards["train"]):
         raise DataError("the sources hold no text for the train split")
-    for split in shards:
-        shards[split].sort(key=lambda s: s["file"])
-    manifest = {
+    return pipeline.finish(out, {
         "format": FORMAT, "kind": "tokens", "dtype": dtype, "plan": plan, "sources": described,
         "val_fraction": val_fraction, "seed": seed, "text_field": text_field,
         "tokenizer": {"kind": tok.kind, "vocab_size": tok.vocab_size, "eot_id": tok.eos_id},
         "splits": {split: {"shards": s, "tokens": sum(x["tokens"] for x in s),
                            "documents": pieces.documents[split]}
                    for split, s in shards.items()},
-    }
-    atomic_write_json(out / MANIFEST, manifest)
-    (out / PLAN).unlink(missing_ok=True)
-    return out
+    })
+
+
+def _finished(out: Path, piece: _Piece, dtype: str) -> dict[str, Any] | None:
+    """The record of a piece whose shard a killed prepare finished (written atomically: one
+    that is there is whole), else None."""
+    path = out / piece.file
+    if not path.is_file():
+        return None
+    return {"file": piece.file, "tokens": path.stat().st_size // np.dtype(dtype).itemsize}
+
+
+def _write(out: Path, piece: _Piece, ids: np.ndarray) -> tuple[dict[str, Any], int]:
+    """Write the shard of ``piece``; its record and token count."""
+    write_shard(out / piece.file, ids)
+    return {"file": piece.file, "tokens": int(ids.size)}, int(ids.size)
 
 
 def _found(sources: Sequence[str | Path] | str | Path, include: Sequence[str],
@@ -438,90 +328,6 @@ def _found(sources: Sequence[str | Path] | str | Path, include: Sequence[str],
         n = len(scanned.sources)
         log.info("%s; reading %d file%s", scanned.skipped_line(), n, "" if n == 1 else "s")
     return scanned.sources
-
-
-def start(out: Path, plan: dict[str, Any]) -> bool:
-    """Make ``out`` ready for the prepare that ``plan`` describes; True when it is already
-    finished. A finished DIR of another plan is refused; an unfinished one is resumed if its
-    plan is this one, else emptied."""
-    if (out / MANIFEST).is_file():
-        if read_manifest(out).get("plan") == plan:
-            log.info("%s is already prepared from these sources and settings", out)
-            return True
-        raise DataError(f"{out} already holds a prepared corpus made from other sources or "
-                        "settings; choose another --out or remove it")
-    if out.exists() and not out.is_dir():
-        raise DataError(f"--out {out} is a file; expected a directory (new or unfinished)")
-    out.mkdir(parents=True, exist_ok=True)
-    if read_plan(out) != plan:  # a new prepare, or an unfinished one of other settings
-        clear_unfinished(out)
-        atomic_write_json(out / PLAN, plan)
-    return False
-
-
-def _todo(pieces: _Pieces, out: Path, shards: dict[str, list[dict[str, Any]]], dtype: str,
-          bar) -> Iterator[_Piece]:
-    """The pieces still to tokenize; those with a finished shard are only recorded."""
-    size = np.dtype(dtype).itemsize
-    for piece in pieces:
-        path = out / piece.file
-        if path.is_file():
-            shards[piece.split].append({"file": piece.file, "tokens": path.stat().st_size // size})
-            if bar is not None:
-                bar.update(piece.nbytes)
-            continue
-        yield piece
-
-
-def write_shard(path: Path, ids: np.ndarray) -> None:
-    try:
-        atomic_write_bytes(path, ids.astype(ids.dtype.newbyteorder("<"), copy=False).tobytes())
-    except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise DiskFullError(f"the disk is full: shard {path} was not written (nothing partial "
-                            "is left); free some space and run the same command again to "
-                            "continue") from None
-        raise
-
-
-def usable_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):  # the cores this process may use (taskset, cgroups)
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def read_plan(out: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((out / PLAN).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def clear_unfinished(out: Path) -> None:
-    """Empty an unfinished DIR of another prepare (its shards would not fit this one)."""
-    for name in ("train", "val"):
-        shutil.rmtree(out / name, ignore_errors=True)
-    for name in (TOKENIZER, PLAN):
-        (out / name).unlink(missing_ok=True)
-
-
-def resumed_tokenizer(out: Path) -> Tokenizer | None:
-    """The tokenizer an unfinished prepare of the same plan saved (a BPE is not retrained)."""
-    if (out / TOKENIZER).is_file():
-        try:
-            return load_tokenizer(out / TOKENIZER)
-        except (OSError, ValueError):
-            (out / TOKENIZER).unlink(missing_ok=True)
-    return None
-
-
-def progress_bar(show: bool, total: int):
-    if not show:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="prepare",
-                dynamic_ncols=True)
 
 
 # ---- the cache of raw files ------------------------------------------------------------------
@@ -539,29 +345,42 @@ def prepare_cached(path: str | Path, cache_dir: str | Path, tokenizer: str | Tok
     """
     path = Path(path)
     found = _raw_sources(path)
+    out = _cached_dir(path, found, cache_dir, tokenizer, vocab_size=vocab_size,
+                      pre_tokenizer=pre_tokenizer, val_fraction=val_fraction)
+
+    def make() -> None:
+        _check_raw(path, found)  # bad text stops here: before a word is said
+        log.info("preparing %s once into %s", path, out)
+        prepare([path], out, tokenizer, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer,
+                val_fraction=val_fraction,
+                workers=1 if pipeline.one_process_suffices([s.path for s in found]) else 0)
+
+    return pipeline.cached(out, make)
+
+
+def cached_dir(path: str | Path, cache_dir: str | Path, tokenizer: str | Tokenizer = "char",
+               *, vocab_size: int = 8000, pre_tokenizer: str = "byte_level",
+               val_fraction: float = 0.1) -> Path:
+    """Where :func:`prepare_cached` keeps the DIR of the text file or folder ``path`` and
+    these settings (made or not): under ``cache_dir/prepared/``, keyed by the files' contents
+    (a folder's: their names below it too) and the tokenizer settings."""
+    path = Path(path)
+    return _cached_dir(path, _raw_sources(path), cache_dir, tokenizer, vocab_size=vocab_size,
+                       pre_tokenizer=pre_tokenizer, val_fraction=val_fraction)
+
+
+def _cached_dir(path: Path, found: list[Source], cache_dir: str | Path,
+                tokenizer: str | Tokenizer, *, vocab_size: int, pre_tokenizer: str,
+                val_fraction: float) -> Path:
     settings = {"tokenizer": tokenizer.to_dict() if isinstance(tokenizer, Tokenizer)
                 else tokenizer, "vocab_size": vocab_size, "pre_tokenizer": pre_tokenizer,
                 "val_fraction": val_fraction}
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    key = pipeline.cache_key(settings, 12)
     if path.is_dir():  # the files' names below it and their contents
         listed = [[s.path.relative_to(path).as_posix(), sha256_of(s.path)] for s in found]
-        content = hashlib.sha256(json.dumps(listed).encode()).hexdigest()
         name = path.resolve().name or "root"
-        out = Path(cache_dir) / "prepared" / f"{name}-{content[:16]}-{key}"
-    else:
-        out = Path(cache_dir) / "prepared" / f"{path.stem}-{sha256_of(path)[:16]}-{key}"
-    if (out / MANIFEST).is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(out.with_name(out.name + ".lock")):  # (removed again, whatever happens)
-        if not (out / MANIFEST).is_file():
-            _check_raw(path, found)  # bad text stops here: before a word is said
-            log.info("preparing %s once into %s", path, out)
-            prepare([path], out, tokenizer, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer,
-                    val_fraction=val_fraction,
-                    workers=1 if sum(s.path.stat().st_size for s in found) < 4 * PIECE_BYTES
-                    else 0)  # one process is quicker than starting more
-    return out
+        return Path(cache_dir) / "prepared" / f"{name}-{pipeline.cache_key(listed, 16)}-{key}"
+    return Path(cache_dir) / "prepared" / f"{path.stem}-{sha256_of(path)[:16]}-{key}"
 
 
 def _check_raw(path: Path, found: list[Source]) -> None:
@@ -586,30 +405,3 @@ def _raw_sources(path: Path) -> list[Source]:
     except DataError as e:
         raise DataError(f"{e}; or a prepared data dir, which `attnlab data prepare SRC... "
                         "--out DIR` makes") from None
-
-
-def one_process_suffices(path: Path) -> bool:
-    return path.stat().st_size < 4 * PIECE_BYTES  # one process is quicker than starting more
-
-
-@contextlib.contextmanager
-def file_lock(path: Path):
-    """Hold the lock file ``path`` (made here) for the block, and remove it after: a
-    process that waited on a lock file removed meanwhile takes the new one instead."""
-    import fcntl
-
-    while True:
-        f = open(path, "a")  # noqa: SIM115 (closed below)
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            if os.fstat(f.fileno()).st_ino == os.stat(path).st_ino:
-                break  # the lock file that is there now: ours
-        except FileNotFoundError:
-            pass  # its holder removed it: take the new one
-        f.close()
-    try:
-        yield
-    finally:
-        path.unlink(missing_ok=True)  # while held: no one else can hold this one
-        fcntl.flock(f, fcntl.LOCK_UN)
-        f.close()

@@ -10,8 +10,6 @@ once: each row of a batch comes from one of them, drawn by weight.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 from collections.abc import Iterator
@@ -28,21 +26,17 @@ from ..data import (
     DataFileNotFoundError,
     DatasetInfo,
     RemoteFile,
+    corpora,
     default_cache_dir,
-    embedded_corpus,
     read_text,
 )
-from ..data.shards import TOKENIZER, TokenShards, is_token_dir, read_manifest
+from ..data.corpora import describe
+from ..data.shards import TokenShards, is_token_dir
 from ..errors import UsageError, VocabularyError
-from ..files import atomic_write_bytes
 from ..metrics import perplexity
 from ..nn import IGNORE_INDEX
 from ..run_config import RunConfig
-from ..tokenizers import (
-    FORMAT,
-    Tokenizer,
-    load_tokenizer,
-)
+from ..tokenizers import Tokenizer
 from .base import Amp, DataSet, Progress, Task, no_progress
 from .registry import register
 
@@ -126,10 +120,6 @@ class Corpus:
     val: Tokens
 
 
-def _describe(tok: Tokenizer) -> str:
-    return f"{tok.kind} tokenizer of {tok.vocab_size} ids"
-
-
 @register
 class LMTask(Task):
     """Next-token prediction on a text: random windows of ``block_size`` tokens. The text is
@@ -205,18 +195,9 @@ class LMTask(Task):
         if d.path or (self.dataset and "path" in self.dataset.files):
             return [(str(self.data_file("path")), 1.0)]
         if self.dataset == EMBEDDED:
-            return [(str(self._embedded_file()), 1.0)]
+            return [(str(corpora.embedded_file(self._cache())), 1.0)]
         raise ConfigError(f"{self.data_words()} needs data.path (a UTF-8 text file or a "
                           "prepared data dir)")
-
-    def _embedded_file(self) -> Path:
-        """The embedded corpus as a file in the cache, so it is prepared like any other (it is
-        rewritten only when another Python's topics differ)."""
-        path = self._cache() / "prepared" / "embedded.txt"
-        data = embedded_corpus().encode()
-        if not path.is_file() or path.stat().st_size != len(data) or path.read_bytes() != data:
-            atomic_write_bytes(path, data)
-        return path
 
     def _key(self) -> str:
         return "data.mix" if self.rc.data.mix else "data.path"
@@ -230,38 +211,25 @@ class LMTask(Task):
         own or ``init_from``'s must equal), else ``given``, else one made from the text."""
         d, key = self.rc.data, self._key()
         sources = self._sources()
-        fixed: tuple[str, Tokenizer] | None = None
-        for path, _ in sources:
-            if not Path(path).exists():
-                raise DataFileNotFoundError(f"{key}: {path} does not exist; allowed: a UTF-8 "
-                                            "text file, a folder of them or a prepared data dir")
-            if not is_token_dir(path):  # a text file or folder: prepared into the cache
-                continue
-            tok = self._dir_tokenizer(Path(path))
-            if fixed is None:
-                fixed = (path, tok)
-            elif tok.to_dict() != fixed[1].to_dict():
-                raise ConfigError(
-                    f"{key}: {fixed[0]} was prepared with a {_describe(fixed[1])} and {path} "
-                    f"with a {_describe(tok)}; allowed: corpora of one tokenizer (prepare them "
-                    f"with attnlab data prepare --tokenizer {fixed[0]})")
+        fixed = corpora.shared_tokenizer([p for p, _ in sources], key)
         if fixed is not None:
             where, tok = fixed
             if given is not None and given.to_dict() != tok.to_dict():
                 raise ConfigError(
-                    f"{key}: {where} was prepared with a {_describe(tok)}, but this run reads "
-                    f"{self._origin()} ({_describe(given)}, another vocabulary); allowed: data "
+                    f"{key}: {where} was prepared with a {describe(tok)}, but this run reads "
+                    f"{self._origin()} ({describe(given)}, another vocabulary); allowed: data "
                     "prepared with that tokenizer (attnlab data prepare --tokenizer RUN_DIR)")
             if given is None and "data.tokenizer" in self.rc.explicit and d.tokenizer != tok.kind:
                 raise ConfigError(
                     f"data.tokenizer={d.tokenizer!r} does not fit {key}: {where} was prepared "
-                    f"with a {_describe(tok)}; allowed: {tok.kind!r} (or leave data.tokenizer "
+                    f"with a {describe(tok)}; allowed: {tok.kind!r} (or leave data.tokenizer "
                     "out: a prepared dir brings its tokenizer)")
         raw = [p for p, _ in sources if not is_token_dir(p)]
         shared = fixed[1] if fixed else given
         if shared is None and len(raw) > 1:
-            shared = self._mix_tokenizer(raw)
-        corpora = []
+            shared = corpora.mix_tokenizer(raw, self._cache(), d.tokenizer,
+                                           vocab_size=d.vocab_size, pre_tokenizer=d.pre_tokenizer)
+        found = []
         for path, weight in sources:
             if is_token_dir(path):
                 folder = Path(path)
@@ -271,39 +239,21 @@ class LMTask(Task):
             train, val = TokenShards(folder, "train"), TokenShards(folder, "val")
             if d.val_path:  # the val file takes the held-out part's place
                 train = JoinedTokens([train, val])
-            corpora.append(Corpus(path, weight, folder, train, val))
-        tok = shared or self._dir_tokenizer(corpora[0].dir)
-        return corpora, tok
-
-    @staticmethod
-    def _dir_tokenizer(path: Path) -> Tokenizer:
-        read_manifest(path)  # one line when it is no prepared DIR
-        try:
-            return load_tokenizer(path / TOKENIZER)
-        except (OSError, ValueError) as e:
-            raise DataError(f"prepared data dir {path}: {e}; prepare the data again") from None
+            found.append(Corpus(path, weight, folder, train, val))
+        tok = shared or corpora.dir_tokenizer(found[0].dir)
+        return found, tok
 
     def _prepare(self, path: str, tokenizer: Tokenizer | None, settings_first: bool) -> Path:
         """The prepared DIR of text file ``path`` in the cache (made on first use): tokenized
         by ``tokenizer``, or by the one ``data.tokenizer`` builds when it is None. With
         ``settings_first`` the DIR of the settings serves when its tokenizer is ``tokenizer``
         (a resumed or evaluated run finds what its first run prepared)."""
-        from ..data.prepare import prepare_cached
-
         d = self.rc.data
-
-        def cached(tok: str | Tokenizer) -> Path:
-            return prepare_cached(path, self._cache(), tok, vocab_size=d.vocab_size,
-                                  pre_tokenizer=d.pre_tokenizer, val_fraction=1 - d.train_frac)
-
-        if tokenizer is None:
-            return cached(d.tokenizer)
-        if settings_first:
-            folder = cached(d.tokenizer)
-            if self._dir_tokenizer(folder).to_dict() == tokenizer.to_dict():
-                return folder
         try:
-            return cached(tokenizer)
+            return corpora.corpus_dir(path, self._cache(), tokenizer, kind=d.tokenizer,
+                                      vocab_size=d.vocab_size, pre_tokenizer=d.pre_tokenizer,
+                                      val_fraction=1 - d.train_frac,
+                                      settings_first=settings_first)
         except VocabularyError as e:  # the given tokenizer cannot encode the text
             why = str(e).split(". ")[0]
             if self.rc.train.init_from:
@@ -311,27 +261,6 @@ class LMTask(Task):
                                   f"cannot encode the new training text {path}: {why}") from None
             raise DataError(f"training text {path}: {self._origin()} cannot encode it: {why}; "
                             "a run goes on with the tokenizer it was trained with") from None
-
-    def _mix_tokenizer(self, paths: list[str]) -> Tokenizer:
-        """One tokenizer of kind ``data.tokenizer`` for the text files of a mix (each prepared
-        alone would get its own vocabulary), made once from all of them and kept in the cache
-        under a key of their contents and the settings."""
-        from ..data.fetch import sha256_of
-        from ..data.prepare import build_tokenizer
-        from ..data.sources import find_sources
-
-        d = self.rc.data
-        found = [str(s.path) for s in find_sources(paths)]
-        settings = {"files": [sha256_of(Path(f)) for f in found], "tokenizer": d.tokenizer,
-                    "vocab_size": d.vocab_size, "pre_tokenizer": d.pre_tokenizer}
-        key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-        path = self._cache() / "prepared" / "mix-tokenizers" / f"{key}.json"
-        if path.is_file():
-            return load_tokenizer(path)
-        tok = build_tokenizer(found, d.tokenizer, vocab_size=d.vocab_size,
-                              pre_tokenizer=d.pre_tokenizer)
-        atomic_write_bytes(path, json.dumps({"format": FORMAT, **tok.to_dict()}).encode())
-        return load_tokenizer(path)  # (as a later run reads it: the same cache keys)
 
     # ---- splits ------------------------------------------------------------------------------
     def _encode_file(self, path: str, what: str) -> list[int]:
