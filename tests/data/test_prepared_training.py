@@ -390,3 +390,19 @@ def test_a_mix_is_for_language_models_in_place_of_data_path():
         load_config(None, ["model.family='encoder'"], base={"data": {"mix": mix}})
     with pytest.raises(ConfigError, match="mix or path, not both"):
         RunConfig.from_dict({"data": {"path": "b.txt", "mix": mix}})
+
+
+@pytest.mark.parametrize("pre", ["whitespace", "byte_level"])
+def test_a_run_on_a_prepared_dir_records_the_tokenizer_it_read_and_resumes(tmp_path, pre):
+    """config.json says what the run trained on: a BPE DIR's kind, vocabulary and
+    pre-tokenizer (not the settings' defaults, char and 8000), and a resume agrees with it."""
+    prep = prepared(tmp_path, "bpe", TEXT * 3, tokenizer="bpe", vocab_size=300,
+                    pre_tokenizer=pre)
+    tok = load_tokenizer(prep / "tokenizer.json")
+    run = tmp_path / "run"
+    train_run(RunConfig.from_dict(lm_dict(prep, max_steps=2)), run)
+    data = json.loads((run / "config.json").read_text())["data"]
+    assert data["tokenizer"] == "bpe" and data["vocab_size"] == tok.vocab_size
+    assert data["pre_tokenizer"] == pre and data["path"] == str(prep)
+    train_run(RunConfig.from_dict(lm_dict(prep, max_steps=4)), run, resume=True)
+    assert max(r["step"] for r in read_metrics(run / "metrics.csv")) == 4

@@ -10,6 +10,7 @@ once: each row of a batch comes from one of them, drawn by weight.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Iterator
@@ -143,6 +144,7 @@ class LMTask(Task):
         self._corpora: list[Corpus] | None = None
         if tokenizer is None:  # made from the data (or a prepared DIR's) now
             self._corpora, tokenizer = self._resolve(None)
+            self.rc = self._recorded(tokenizer)
         self.tokenizer = tok = tokenizer
         # GPT-2's pad is its end of text: a pad id would hide every document end from the loss
         pad = tok.pad_id if tok.pad_id != tok.eos_id else None
@@ -152,6 +154,22 @@ class LMTask(Task):
             raise ConfigError(f"train.block_size={self.block} is longer than model.max_len="
                               f"{self.model_config.max_len}; allowed: <= model.max_len")
         self.stride = self.block  # the whole split's windows start this far apart
+
+    def _recorded(self, tok: Tokenizer) -> RunConfig:
+        """The run config with the tokenizer a prepared DIR given as data brings (its kind;
+        a BPE's vocabulary and pre-tokenizer): the run's ``config.json`` then says what it was
+        trained on, not the settings' defaults. A tokenizer made from raw text here already
+        follows the settings."""
+        d = self.rc.data
+        if tok.kind not in ("char", "bpe", "gpt2") or not any(
+                is_token_dir(p) for p, _ in self._sources()):
+            return self.rc
+        changes: dict[str, Any] = {"tokenizer": tok.kind}
+        if tok.kind == "bpe":
+            changes["vocab_size"] = tok.vocab_size
+            changes["pre_tokenizer"] = "byte_level" if tok.to_dict()["byte_level"] \
+                else "whitespace"
+        return dataclasses.replace(self.rc, data=dataclasses.replace(d, **changes))
 
     def set_stride(self, stride: int) -> None:
         """Evaluate the whole split in windows that start ``stride`` tokens apart (1 to the
