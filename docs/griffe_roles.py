@@ -12,8 +12,8 @@ objects), or that is private (a helper the reference does not render), stays inl
 strict build would otherwise fail on a link without a target. mkdocs.yml registers it under
 the python handler's ``extensions``. An object with a docstring is a link the strict build
 checks (a page must render it); a package, or an object without one (a constant, a field),
-is linked where a page renders it and is inline code elsewhere. tests/test_docs.py checks that the built reference holds
-no role text and links where the roles were.
+is linked where a page renders it and is inline code elsewhere. tests/test_docs.py checks
+that the built reference holds no role text and links where the roles were.
 """
 
 from __future__ import annotations

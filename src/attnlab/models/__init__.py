@@ -12,7 +12,15 @@ from .encoder_decoder import Transformer
 
 
 def build_model(config: ModelConfig) -> nn.Module:
-    """The model of ``config.family`` (an encoder's by ``config.head``), built from it."""
+    """The model of ``config.family`` (an encoder's by ``config.head``), built from it.
+
+    Examples:
+        >>> from attnlab import ModelConfig, build_model
+        >>> cfg = ModelConfig(family="encoder", vocab_size=100, d_model=32, n_heads=2, n_layers=2,
+        ...                   max_len=16, head="mlm")
+        >>> type(build_model(cfg)).__name__
+        'MaskedLM'
+    """
     if config.family == "encoder":
         return (MaskedLM if config.head == "mlm" else EncoderClassifier)(config)
     return (DecoderLM if config.family == "decoder" else Transformer)(config)

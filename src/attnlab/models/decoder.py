@@ -30,7 +30,18 @@ from ..nn import (
 class DecoderLM(nn.Module):
     """Token embeddings, a stack of causal self-attention blocks (no cross-attention), and a
     projection ``head`` to the vocabulary that shares the embedding matrix
-    (``tie_embeddings``)."""
+    (``tie_embeddings``).
+
+    Examples:
+        >>> import torch
+        >>> from attnlab import DecoderLM, ModelConfig
+        >>> model = DecoderLM(ModelConfig(family="decoder", vocab_size=50, d_model=32, n_heads=2,
+        ...                               n_layers=2, max_len=16))
+        >>> ids = torch.randint(0, 50, (2, 16))
+        >>> logits, loss = model(ids[:, :-1], ids[:, 1:])  # next-token prediction
+        >>> logits.shape, loss.dim()
+        (torch.Size([2, 15, 50]), 0)
+    """
 
     def __init__(self, config: ModelConfig):
         super().__init__()

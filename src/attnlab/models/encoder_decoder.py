@@ -32,7 +32,18 @@ from ..nn import (
 class Transformer(nn.Module):
     """Source and target embeddings (optionally one shared matrix), an encoder stack, a decoder
     stack whose cross-attention reads the encoder memory, and a projection ``head`` to the
-    target vocabulary (optionally tied to the target embedding, paper section 3.4)."""
+    target vocabulary (optionally tied to the target embedding, paper section 3.4).
+
+    Examples:
+        >>> import torch
+        >>> from attnlab import ModelConfig, Transformer
+        >>> model = Transformer(ModelConfig(family="encoder_decoder", vocab_size=60, d_model=32,
+        ...                                 n_heads=2, n_layers=2, max_len=16))
+        >>> src, tgt = torch.randint(0, 60, (2, 10)), torch.randint(0, 60, (2, 8))
+        >>> logits, loss = model(src, tgt[:, :-1], tgt[:, 1:])  # teacher forcing
+        >>> logits.shape
+        torch.Size([2, 7, 60])
+    """
 
     def __init__(self, config: ModelConfig):
         super().__init__()
