@@ -15,12 +15,9 @@ def build_model(config: ModelConfig) -> nn.Module:
     """The model of ``config.family`` (an encoder's by ``config.head``), built from it.
 
     Examples:
-        >>> from attnlab import ModelConfig, build_model
-        >>> cfg = ModelConfig(family="encoder", vocab_size=100, d_model=32, n_heads=2, n_layers=2,
-        ...                   max_len=16, head="mlm")
+        >>> cfg = ModelConfig(family="encoder", head="mlm", vocab_size=9, d_model=8, n_heads=2)
         >>> type(build_model(cfg)).__name__
-        'MaskedLM'
-    """
+        'MaskedLM'"""
     if config.family == "encoder":
         return (MaskedLM if config.head == "mlm" else EncoderClassifier)(config)
     return (DecoderLM if config.family == "decoder" else Transformer)(config)

@@ -35,15 +35,9 @@ class Transformer(nn.Module):
     target vocabulary (optionally tied to the target embedding, paper section 3.4).
 
     Examples:
-        >>> import torch
-        >>> from attnlab import ModelConfig, Transformer
-        >>> model = Transformer(ModelConfig(family="encoder_decoder", vocab_size=60, d_model=32,
-        ...                                 n_heads=2, n_layers=2, max_len=16))
-        >>> src, tgt = torch.randint(0, 60, (2, 10)), torch.randint(0, 60, (2, 8))
-        >>> logits, loss = model(src, tgt[:, :-1], tgt[:, 1:])  # teacher forcing
-        >>> logits.shape
-        torch.Size([2, 7, 60])
-    """
+        >>> cfg = ModelConfig(family="encoder_decoder", vocab_size=9, d_model=8, n_heads=2)
+        >>> Transformer(cfg)(Tensor([[1, 2, 3, 4]]).long(), Tensor([[5, 6]]).long())[0].shape
+        torch.Size([1, 2, 9])"""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
