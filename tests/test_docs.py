@@ -423,6 +423,41 @@ def test_page(rel: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
         warnings.warn(DocsBlockSkipped("; ".join(notes)), stacklevel=1)
 
 
+# ---- the docstrings' examples -----------------------------------------------------------------
+# The objects a user calls first: each docstring has an ``Examples:`` section of doctest lines
+# (what ``help()`` and the reference pages show), run here. (MaskedLM's is build_model's: the
+# models/ files keep under tests/test_layout.py's line budget.)
+EXAMPLES = ["attnlab.models.build_model", "attnlab.models.decoder.DecoderLM",
+            "attnlab.models.encoder.EncoderClassifier",
+            "attnlab.models.encoder_decoder.Transformer", "attnlab.runs.load_run",
+            "attnlab.decoding.lm.generate_text", "attnlab.data.prepare.prepare",
+            "attnlab.interpret.hooks.run_with_cache", "attnlab.interpret.hooks.hooks"]
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_docstring_examples_run(name: str) -> None:
+    import doctest
+    import importlib
+
+    import torch
+
+    module, _, attr = name.rpartition(".")
+    obj = getattr(importlib.import_module(module), attr)
+    doc = obj.__doc__ or ""
+    assert "\n    Examples:\n" in doc and ">>> " in doc, f"{name}: no Examples section"
+    # in the namespace of the object's module, as doctest runs them
+    globs = dict(vars(importlib.import_module(module)))
+    test = doctest.DocTestParser().get_doctest(doc, globs, name, module, 0)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    failures: list[str] = []
+    grad = torch.is_grad_enabled()
+    try:
+        runner.run(test, out=failures.append)
+    finally:
+        torch.set_grad_enabled(grad)
+    assert runner.failures == 0, f"{name}: its Examples fail:\n" + "".join(failures)
+
+
 # ---- nav and build -----------------------------------------------------------------------------
 def _load_mkdocs_yml() -> dict:
     import yaml
@@ -495,17 +530,35 @@ def test_parse_blocks_and_markers() -> None:
             parse_blocks(bad)
 
 
+@dataclass
+class Site:
+    done: subprocess.CompletedProcess
+    path: Path
+
+    def checked(self) -> Path:
+        """The site's folder, once the build is known to have passed."""
+        assert self.done.returncode == 0, ("mkdocs build --strict failed:\n"
+                                           f"{self.done.stdout[-4000:]}\n"
+                                           f"{self.done.stderr[-6000:]}")
+        return self.path
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
+    """The site, built once for the tests below as ``make docs`` builds it."""
+    tmp = tmp_path_factory.mktemp("site")
+    env = {**os.environ, **_environment(fill_data_cache(tmp / "data"))}
+    done = subprocess.run([str(BIN / "mkdocs"), "build", "--strict", "-f", str(MKDOCS_YML),
+                           "-d", str(tmp / "site")], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=1800)
+    return Site(done, tmp / "site")
+
+
 @pytest.mark.slow
-def test_site_builds_strict(tmp_path: Path) -> None:
+def test_site_builds_strict(site: Site) -> None:
     """``mkdocs build --strict`` (as ``make docs``): a warning (a broken link, a nav entry
     without its page, an API name mkdocstrings cannot find, a failing exec block) fails."""
-    env = {**os.environ, **_environment(fill_data_cache(tmp_path / "data"))}
-    done = subprocess.run([str(BIN / "mkdocs"), "build", "--strict", "-f", str(MKDOCS_YML),
-                           "-d", str(tmp_path / "site")], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=1800)
-    assert done.returncode == 0, (f"mkdocs build --strict failed:\n{done.stdout[-4000:]}\n"
-                                  f"{done.stderr[-6000:]}")
-    assert (tmp_path / "site" / "index.html").is_file()
+    assert (site.checked() / "index.html").is_file()
 
 
 # ---- the recipe cards; no developer machine's paths ---------------------------------------------
@@ -576,3 +629,45 @@ def test_no_page_names_a_path_of_a_developer_machine() -> None:
              for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
              for needle in DEVELOPER_PATHS if needle in line]
     assert found == []
+
+
+ROLE_TEXT = re.compile(r":(?:py:)?(?:class|func|meth|data|mod|attr|exc|obj|const):")
+
+
+def _without_source(html: str) -> str:
+    """A reference page less its source listings (the code, whose docstrings keep the roles)."""
+    return re.sub(r'<details class="mkdocstrings-source">.*?</details>', "", html, flags=re.S)
+
+
+@pytest.mark.slow
+def test_reference_roles_are_links(site: Site) -> None:
+    """The docstrings' reST roles (``:class:`~attnlab.config.ModelConfig```) are links on the
+    reference pages (docs/griffe_roles.py), never raw role text."""
+    ref = site.checked() / "reference"
+    raw = {}
+    for page in sorted(ref.glob("*.html")):
+        text = _without_source(page.read_text(encoding="utf-8"))
+        found = [text[max(0, m.start() - 60):m.end() + 40] for m in ROLE_TEXT.finditer(text)]
+        if found:
+            raw[page.name] = found[:3]
+    assert not raw, f"raw reST role text on the reference pages: {raw}"
+    models = (ref / "models.html").read_text(encoding="utf-8")
+    # MaskedLM.forward's :class:`~attnlab.config.LossOptions`: the last name, linked
+    assert re.search(r'<a class="autorefs autorefs-internal"[^>]*href="config\.html#'
+                     r'attnlab\.config\.LossOptions"[^>]*><code>LossOptions</code></a>', models)
+    links = sum(len(re.findall(r'class="autorefs autorefs-internal"', _without_source(
+        p.read_text(encoding="utf-8")))) for p in ref.glob("*.html"))
+    roles = sum(len(ROLE_TEXT.findall(p.read_text(encoding="utf-8")))
+                for p in (ROOT / "src").rglob("*.py"))
+    assert links >= roles // 2, f"{links} links on the reference pages for {roles} roles in src/"
+
+
+@pytest.mark.slow
+def test_site_works_opened_from_disk(site: Site) -> None:
+    """mkdocs-material's offline plugin: links name their ``.html`` files (no server to map
+    ``page/`` to ``page/index.html``) and the search index is inlined as a script."""
+    path = site.checked()
+    home = (path / "index.html").read_text(encoding="utf-8")
+    assert 'href="quickstart.html"' in home and 'href="reference/index.html"' in home
+    index = (path / "search" / "search_index.js").read_text(encoding="utf-8")
+    assert index.startswith("var __index = {") and '"location":"quickstart.html' in index

@@ -85,7 +85,7 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "
     except ImportError as e:
         raise MissingDependencyError("bleu() needs sacrebleu: `pip install sacrebleu` (or "
                                      "install attnlab with the `eval` extra: "
-                                     "`pip install attnlab[eval]`)") from e
+                                     "`pip install 'attnlab[eval]'`)") from e
     if isinstance(hypotheses, str) or isinstance(references, str):
         raise ValueError("bleu() takes lists of sentences, not a single string")
     hyps, refs = list(hypotheses), list(references)

@@ -372,6 +372,22 @@ def load_run(run_dir: str | Path, which: str = "best", device: str = "cpu") -> R
 
     Speed layouts for decoding (:func:`attnlab.decoding.inference_layout`) are the caller's
     choice; the model comes back as training saved it.
+
+    Examples:
+        >>> import tempfile
+        >>> from attnlab import ModelConfig, build_model, load_run
+        >>> from attnlab.runs import RunDir
+        >>> from attnlab.tokenizers import CharTokenizer
+        >>> tok = CharTokenizer.from_text("to be or not to be")
+        >>> cfg = ModelConfig(family="decoder", vocab_size=tok.vocab_size, d_model=32, n_heads=2,
+        ...                   n_layers=1, max_len=16)
+        >>> rd = RunDir(tempfile.mkdtemp())  # by hand, what `attnlab train --out DIR` writes
+        >>> rd.write_config({"model": cfg.to_dict(), "data": {}, "train": {}})
+        >>> rd.save_tokenizer(tok)
+        >>> rd.save_checkpoint("best", build_model(cfg))
+        >>> run = load_run(rd.path)  # the best checkpoint
+        >>> type(run.model).__name__, run.model.training, run.tokenizer.decode(run.encode("to be"))
+        ('DecoderLM', False, 'to be')
     """
     device = resolve_device(str(device), flag="device")  # (torch's assertions otherwise)
     rd = RunDir(run_dir)

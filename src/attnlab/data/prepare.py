@@ -257,6 +257,17 @@ def prepare(sources: Sequence[str | Path] | str | Path, out: str | Path,
         written atomically and ``prepared.json`` last: a killed prepare leaves no DIR that
         looks complete, and the same call again keeps the finished shards and tokenizes only
         the rest.
+
+    Examples:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from attnlab.data.prepare import prepare
+        >>> from attnlab.data.shards import TokenShards
+        >>> tmp = Path(tempfile.mkdtemp())
+        >>> _ = (tmp / "corpus.txt").write_text("to be or not to be, that is the question.\\n" * 50)
+        >>> out = prepare(tmp / "corpus.txt", tmp / "prepared", "char", workers=1)
+        >>> sorted(p.name for p in out.iterdir())
+        ['prepared.json', 'tokenizer.json', 'train', 'val']
     """
     pipeline.check_args(val_fraction, seed, workers, errors, vocab_size)
     out = Path(out)

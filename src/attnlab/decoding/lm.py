@@ -324,7 +324,21 @@ def generate_text(model: nn.Module, tokenizer: Tokenizer, prompts: str | Sequenc
                   stop_at_eos: bool = True, **kwargs) -> list[str]:
     """:func:`generate` on text: the continuation of each prompt (``num_samples`` per prompt),
     cut before the first stop string; stops at the tokenizer's eos unless ``stop_at_eos`` is
-    False. Other keyword arguments as in :func:`generate`."""
+    False. Other keyword arguments as in :func:`generate`.
+
+    Examples:
+        >>> import torch
+        >>> from attnlab import DecoderLM, ModelConfig
+        >>> from attnlab.decoding import generate_text
+        >>> from attnlab.tokenizers import CharTokenizer
+        >>> tok = CharTokenizer.from_text("to be or not to be")
+        >>> model = DecoderLM(ModelConfig(family="decoder", vocab_size=tok.vocab_size, d_model=32,
+        ...                               n_heads=2, n_layers=2, max_len=32)).eval()
+        >>> _ = torch.manual_seed(0)
+        >>> texts = generate_text(model, tok, ["to be", "not"], max_new_tokens=10, temperature=0.8)
+        >>> [len(t) for t in texts]  # an untrained model: any 10 characters
+        [10, 10]
+    """
     eos = tokenizer.eos_id if stop_at_eos else None
     prompt_ids = _encode_prompts(tokenizer, prompts)
     out = generate(model, prompt_ids, max_new_tokens, eos_id=eos, stop=stop, tokenizer=tokenizer,

@@ -2,7 +2,7 @@
 in this package.
 
 ``torch.nn`` (:mod:`.torch_nn`); Hugging Face GPT-2, BERT, Llama and MarianMT (:mod:`.gpt2`,
-:mod:`.bert`, :mod:`.llama`, :mod:`.marian`; ``pip install attnlab[hf]``); model folders <->
+:mod:`.bert`, :mod:`.llama`, :mod:`.marian`; ``pip install 'attnlab[hf]'``); model folders <->
 run dirs (:mod:`.pretrained`) with their tokenizer files (:mod:`.hf_tokenizer`); ONNX
 (:mod:`.onnx_export`). The optional packages are imported where they are used.
 """

@@ -92,7 +92,7 @@ def import_transformers() -> Any:
         import transformers
     except ImportError as e:  # pragma: no cover - exercised only without the extra
         raise MissingDependencyError(
-            "Hugging Face interop needs transformers: pip install attnlab[hf]"
+            "Hugging Face interop needs transformers: pip install 'attnlab[hf]'"
         ) from e
     return transformers
 

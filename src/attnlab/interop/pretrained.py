@@ -220,8 +220,8 @@ def import_run(src: str | os.PathLike, out: str | os.PathLike, *,
     end, so a failure leaves nothing behind.
 
     Raises:
-        UsageError: ``out`` exists and is not an empty folder.
-        (and what :func:`load_pretrained` raises)
+        UsageError: ``out`` exists and is not an empty folder (and what
+            :func:`load_pretrained` raises).
     """
     from ..runs import UNTRAINED_HEAD, RunDir
 

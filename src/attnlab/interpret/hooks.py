@@ -98,7 +98,22 @@ def hooks(model: nn.Module, edits: Mapping[str, Edit] | None = None, *,
     """Inside, every forward of ``model`` runs ``edits`` ({site name or glob: fn(x, name)}, a
     function returning the tensor to use instead, or None to keep it) and stores the sites of
     ``cache`` (names or globs; after the edits) in the :class:`ActivationCache` yielded.
-    After, the model is plain again. One ``hooks`` at a time per model."""
+    After, the model is plain again. One ``hooks`` at a time per model.
+
+    Examples:
+        >>> import torch
+        >>> from attnlab import DecoderLM, ModelConfig
+        >>> from attnlab.interpret import hooks, zero_heads
+        >>> model = DecoderLM(ModelConfig(family="decoder", vocab_size=50, d_model=32, n_heads=2,
+        ...                               n_layers=2, max_len=16, dropout=0.0))
+        >>> ids = torch.randint(0, 50, (1, 16))
+        >>> edits = {"blocks.1.attn.z": zero_heads([0])}  # head 0 of layer 1 ablated
+        >>> with hooks(model, edits, cache="blocks.1.resid_post") as c:
+        ...     ablated, _ = model(ids)
+        >>> plain, _ = model(ids)  # plain again after the block
+        >>> bool((ablated != plain).any()), c["blocks.1.resid_post"].shape
+        (True, torch.Size([1, 16, 32]))
+    """
     sites = sites_of(model)
     edits_at: dict[str, list[Edit]] = {}
     for pattern, fn in (edits or {}).items():
@@ -126,7 +141,19 @@ def run_with_cache(model: nn.Module, *inputs: Any, names: str | Iterable[str] = 
                    edits: Mapping[str, Edit] | None = None, **kwargs: Any,
                    ) -> tuple[Any, ActivationCache]:
     """``model(*inputs, **kwargs)`` and the tensors of the sites ``names`` (globs; every site
-    by default), after ``edits``."""
+    by default), after ``edits``.
+
+    Examples:
+        >>> import torch
+        >>> from attnlab import DecoderLM, ModelConfig
+        >>> from attnlab.interpret import run_with_cache
+        >>> model = DecoderLM(ModelConfig(family="decoder", vocab_size=50, d_model=32, n_heads=2,
+        ...                               n_layers=2, max_len=16))
+        >>> ids = torch.randint(0, 50, (1, 16))
+        >>> (logits, _), cache = run_with_cache(model, ids, names="blocks.*.attn.pattern")
+        >>> sorted(cache), cache["blocks.0.attn.pattern"].shape  # (B, H, T, T)
+        (['blocks.0.attn.pattern', 'blocks.1.attn.pattern'], torch.Size([1, 2, 16, 16]))
+    """
     with hooks(model, edits, cache=names) as cache:
         out = model(*inputs, **kwargs)
     return out, cache

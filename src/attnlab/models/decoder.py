@@ -30,7 +30,12 @@ from ..nn import (
 class DecoderLM(nn.Module):
     """Token embeddings, a stack of causal self-attention blocks (no cross-attention), and a
     projection ``head`` to the vocabulary that shares the embedding matrix
-    (``tie_embeddings``)."""
+    (``tie_embeddings``).
+
+    Examples:
+        >>> m = DecoderLM(ModelConfig(family="decoder", vocab_size=9, d_model=8, n_heads=2))
+        >>> m(Tensor([[1, 2, 3]]).long())[0].shape  # logits (B, T, V); no targets, no loss
+        torch.Size([1, 3, 9])"""
 
     def __init__(self, config: ModelConfig):
         super().__init__()

@@ -59,7 +59,12 @@ class EncoderStack(nn.Module):
 class EncoderClassifier(EncoderStack):
     """Embeddings, a bidirectional encoder stack, pooling ([CLS] = first token, the mean or
     the per-feature maximum over real tokens, or BERT's ``pooler``: tanh of a D x D linear map
-    of [CLS]), dropout and a linear classification ``head``."""
+    of [CLS]), dropout and a linear classification ``head``.
+
+    Examples:
+        >>> m = EncoderClassifier(ModelConfig(family="encoder", vocab_size=9, d_model=8, n_heads=2))
+        >>> m(torch.tensor([[1, 2, 3]]), torch.tensor([1]))[0].shape  # class logits (B, C)
+        torch.Size([1, 2])"""
 
     drop = staticmethod(dropout)  # the dropout kernel: a slot (see attnlab.nn)
 

@@ -32,7 +32,12 @@ from ..nn import (
 class Transformer(nn.Module):
     """Source and target embeddings (optionally one shared matrix), an encoder stack, a decoder
     stack whose cross-attention reads the encoder memory, and a projection ``head`` to the
-    target vocabulary (optionally tied to the target embedding, paper section 3.4)."""
+    target vocabulary (optionally tied to the target embedding, paper section 3.4).
+
+    Examples:
+        >>> cfg = ModelConfig(family="encoder_decoder", vocab_size=9, d_model=8, n_heads=2)
+        >>> Transformer(cfg)(Tensor([[1, 2, 3, 4]]).long(), Tensor([[5, 6]]).long())[0].shape
+        torch.Size([1, 2, 9])"""
 
     def __init__(self, config: ModelConfig):
         super().__init__()

@@ -97,7 +97,7 @@ def _summary_writer(path: Path, start: int):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        log.warning("tensorboard is not installed: no tb/ logs (pip install attnlab[log], or "
+        log.warning("tensorboard is not installed: no tb/ logs (pip install 'attnlab[log]', or "
                     "--set train.tensorboard=false to silence this)")
         return None
     # A resumed run rewrites the steps after its checkpoint's; the checkpoint's own step was
@@ -112,7 +112,7 @@ def plot_curves(run: RunDir) -> Path | None:
     try:
         from ..viz import plot_loss_csv
     except ImportError as e:
-        log.warning("no loss plot: %s (pip install attnlab[viz])", e)
+        log.warning("no loss plot: %s (pip install 'attnlab[viz]')", e)
         return None
     try:
         return plot_loss_csv(run.metrics_file, run.loss_plot)

@@ -2,7 +2,7 @@
 
 Pure functions over NumPy arrays or torch tensors; :mod:`~attnlab.viz.views` makes the
 attention views of a trained run on a text. The plots need matplotlib
-(``pip install attnlab[viz]``), imported only when a plot is drawn; the HTML explorer needs
+(``pip install 'attnlab[viz]'``), imported only when a plot is drawn; the HTML explorer needs
 nothing beyond NumPy.
 """
 

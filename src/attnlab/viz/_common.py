@@ -120,7 +120,7 @@ def _matplotlib() -> tuple[type, type]:
         from matplotlib.figure import Figure
     except ImportError as err:
         raise MissingDependencyError(
-            "attnlab.viz plots need matplotlib; install it with: pip install attnlab[viz]"
+            "attnlab.viz plots need matplotlib; install it with: pip install 'attnlab[viz]'"
         ) from err
     return Figure, FigureCanvasAgg
 
