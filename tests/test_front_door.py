@@ -249,6 +249,40 @@ def test_print_config_prints_the_resolved_config_and_writes_nothing(tmp_path, mo
     assert code == 2 and "--json is for --print-config" in err and os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize(("recipe", "absent", "present"), [
+    ("demo", {"model.head", "model.n_classes", "model.pooling", "model.n_decoder_layers",
+              "data.src_path", "data.holdout", "data.synth_vocab", "data.pre_tokenizer",
+              "train.max_tokens"}, {"model.tie_embeddings", "data.path", "train.samples"}),
+    ("sst2", {"model.n_decoder_layers", "data.src_path", "data.mix", "train.samples",
+              "train.max_tokens"}, {"data.holdout_unit", "data.pre_tokenizer"}),
+    ("multi30k_de_en", {"model.head", "model.pooling", "data.holdout", "train.samples",
+                        "train.batch_size"}, {"data.src_add_special", "train.max_tokens"}),
+])
+def test_print_config_shows_the_keys_of_the_run_with_the_recipe_s_comments(
+        recipe, absent, present, tmp_path, capsys):
+    """Only the keys the run's family and task read (and those the recipe gives), with the
+    recipe's comments beside their keys; it reads back to the same config, and a model size
+    taken from the data stays a comment (left for training to fill in)."""
+    code, out, err = run_cli(capsys, "train", recipe, "--set", "train.lr=0.0005",
+                             "--print-config")
+    assert code == 0 and err == ""
+    read = tomllib.loads(out)
+    keys = {f"{s}.{k}" for s, table in read.items() for k in table}
+    assert not keys & absent, keys & absent
+    assert present <= keys, present - keys
+    assert "model.vocab_size" not in keys and "# vocab_size = (filled in from the data)" in out
+    text = shipped()[recipe].read_text(encoding="utf-8")
+    comments = [line.strip() for line in text.splitlines() if line.strip().startswith("#")]
+    printed = [line.strip() for line in out.splitlines()]
+    assert comments and all(c in printed or any(p.endswith(c) for p in printed)
+                            for c in comments)
+    (tmp_path / "printed.toml").write_text(out)
+    want = load_config(shipped()[recipe], ["train.lr=0.0005"])
+    assert load_config(tmp_path / "printed.toml") == want
+    code, again, _ = run_cli(capsys, "train", str(tmp_path / "printed.toml"), "--print-config")
+    assert code == 0 and tomllib.loads(again) == read
+
+
 def test_seed_sets_train_seed_and_wins_over_set(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "reverse", *TINY, "--set", "train.max_steps=1", "--set",

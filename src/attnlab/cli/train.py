@@ -53,7 +53,8 @@ def _register_train(subparsers: argparse._SubParsersAction) -> None:
                    help="the run's seed (sets train.seed; wins over --set train.seed)")
     p.add_argument("--print-config", action="store_true",
                    help="print the config the run would start from (the recipe with --set, "
-                   "--seed and --init-from applied; sizes taken from the data are filled in "
+                   "--seed and --init-from applied; the keys of its model family and task, "
+                   "with the recipe's comments; sizes taken from the data are filled in "
                    "by training) as TOML, and exit without training or writing anything")
     p.add_argument("--json", action="store_true", help="with --print-config: print JSON")
     p.add_argument("--out", default=None, help="run dir (default: runs/<recipe name>)")
@@ -231,8 +232,9 @@ def _default_out(stem: str, resume: bool) -> Path:
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a recipe (or the demo) into its run dir and print the results; with
     ``--print-config``, print the config it would start from instead."""
-    from ..run_config import config_toml
+    from ..recipes import shipped
     from ..runs import RunDir
+    from ..tasks import config_text
     from ..train import train_run
 
     _check_train_args(args)
@@ -241,9 +243,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _default_out(stem, args.resume)
     run = RunDir(out)
     rc = _train_config(args, recipe, run)
-    if args.print_config:
+    if args.print_config:  # no recipe: the demo's comments (resumed: the run's config has none)
+        source = recipe or (None if args.resume else shipped()["demo"])
         print(json.dumps(rc.to_dict(), indent=2, ensure_ascii=False) if args.json
-              else config_toml(rc.to_dict()))
+              else config_text(rc, source.read_text(encoding="utf-8") if source else None))
         return 0
     if args.json:
         raise UsageError("--json is for --print-config (training prints its results as lines)")

@@ -143,6 +143,10 @@ class LMTask(Task):
     reads_mix = True
     strided = True
     eval_data_keys = ("path",)
+    data_keys = ("name", "path", "mix", "val_path", "test_path", "cache_dir", "tokenizer", "vocab_size", "pre_tokenizer",
+                 "train_frac")
+    train_keys = ("batch_size", "block_size", "eval_batches", "final_eval_batches", "samples",
+                  "sample_tokens", "temperature", "top_k")
     metric_names = ("ppl",)
     sampled_eval = True
 
