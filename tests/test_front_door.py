@@ -55,15 +55,43 @@ def test_the_recipes_are_package_data_and_nothing_reads_a_configs_folder_of_the_
                 assert not pattern.search(path.read_text(encoding="utf-8")), path
 
 
-def test_recipes_lists_each_recipe_on_one_line_with_what_it_trains(capsys):
+def _entries(out: str) -> dict[str, str]:
+    """`attnlab recipes`' output: name -> its description, the wrapped lines joined."""
+    entries: dict[str, str] = {}
+    for line in out.splitlines():
+        if line.startswith(" "):
+            name = list(entries)[-1]
+            entries[name] += " " + line.strip()
+        else:
+            name, _, text = line.partition(" ")
+            entries[name] = text.strip()
+    return entries
+
+
+def test_recipes_lists_each_recipe_with_its_whole_first_sentence_wrapped(capsys):
     code, out, err = run_cli(capsys, "recipes")
     assert code == 0 and err == ""
-    lines = out.splitlines()
-    assert [line.split()[0] for line in lines] == sorted(shipped())
-    by_name = {line.split()[0]: line for line in lines}
+    by_name = _entries(out)
+    assert list(by_name) == sorted(shipped())
+    assert all(len(line) <= 100 for line in out.splitlines())
     assert "Synthetic seq2seq: copy sequences" in by_name["copy"]
-    assert by_name["multi30k_de_en"].split(None, 1)[1] == "German -> English on Multi30k"
-    assert all(len(line.split(None, 1)) == 2 and len(line) <= 130 for line in lines)
+    assert by_name["multi30k_de_en"].startswith("German -> English on Multi30k: the "
+                                                "encoder-decoder of the paper")
+    for name, text in by_name.items():  # whole sentences, never cut
+        assert text.endswith(".") and "..." not in text, (name, text)
+        assert text == describe(shipped()[name]), name
+    assert "character-level language model" in by_name["demo"]  # what the demo trains
+    assert "pydoc_data" in by_name["demo"]
+
+
+def test_recipes_name_prints_the_recipe_as_shipped(capsys):
+    code, out, err = run_cli(capsys, "recipes", "sst2")
+    assert code == 0 and err == ""
+    assert out == (RECIPES / "sst2.toml").read_text(encoding="utf-8")
+    assert out.startswith("# SST-2 sentiment") and tomllib.loads(out)["model"]["family"] == \
+        "encoder"
+    code, out, err = run_cli(capsys, "recipes", "nosuch")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and "recipes: copy" in err
 
 
 def test_a_recipe_of_the_working_directory_comes_first(tmp_path, monkeypatch, capsys):
@@ -90,7 +118,7 @@ def test_describe_takes_the_first_sentence_of_the_leading_comments(tmp_path):
     recipe.write_text("# Short one (v1.5 of it).\n# More.\n[model]\n")
     assert describe(recipe) == "Short one (v1.5 of it)."
     recipe.write_text("# Headline: then a long explanation " + "word " * 40 + "\n[model]\n")
-    assert describe(recipe) == "Headline"
+    assert describe(recipe) == "Headline: then a long explanation" + " word" * 40  # whole
     recipe.write_text("[model]\n# not a description\n")
     assert describe(recipe) == ""
 
@@ -138,7 +166,7 @@ def test_the_wheel_ships_the_recipes_and_trains_one_outside_the_repo(tmp_path):
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert p.stdout.strip() == f"attnlab {declared}"
     p = attnlab_cmd("recipes")
-    assert p.returncode == 0 and len(p.stdout.splitlines()) == len(shipped()), p.stderr
+    assert p.returncode == 0 and list(_entries(p.stdout)) == sorted(shipped()), p.stderr
     assert "copy" in p.stdout and "shakespeare_char" in p.stdout
     p = attnlab_cmd("train", "copy", "--set", "train.max_steps=2", "--set", "train.eval_every=2",
                     *TINY, "--out", "run")
