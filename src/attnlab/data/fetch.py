@@ -209,7 +209,7 @@ def fetch(info: DatasetInfo, cache_dir: str | Path | None = None,
             if final.is_file():
                 try:
                     _verify(final, spec, str(final), info)
-                    log.info("%s is already present and valid", final)
+                    log.debug("%s is already present and valid", final)  # -v only: every run reads it
                     continue
                 except DownloadError as e:
                     log.warning("fetching %s again: %s", final, e)
