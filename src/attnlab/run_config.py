@@ -41,7 +41,7 @@ METRICS = ("auto", "val_loss", "ppl", "bleu", "accuracy", "f1")
 TASK_TRAIN_KEYS = ("batch_size", "max_tokens", "block_size", "eval_batches",
                    "final_eval_batches", "samples", "sample_tokens", "temperature", "top_k")
 # The [data] keys that only one kind of data.tokenizer reads.
-TOKENIZER_ONLY_KEYS = {"vocab_size": "bpe", "pre_tokenizer": "bpe"}
+TOKENIZER_ONLY_KEYS = {"vocab_size": "bpe", "pre_tokenizer": "bpe", "unk": "char"}
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,9 @@ class DataConfig:
     test_tgt_path: str = ""
     cache_dir: str = ""  # data cache (default $ATTNLAB_DATA or ~/.cache/attnlab/data)
     tokenizer: TokenizerKind = "char"  # gpt2: GPT-2's byte-level BPE, as it is (no training)
+    # char, language model: a <unk> token, which every character the training text lacks maps
+    # to (a prompt or val text may then hold any character); false: such a character is an error
+    unk: bool = False
     vocab_size: int = 8000  # BPE vocabulary to train
     pre_tokenizer: PreTokenizer = "whitespace"  # BPE pre-tokenizer
     train_frac: float = 0.9  # LM: first part train, rest val (nanoGPT)
@@ -100,6 +103,9 @@ class DataConfig:
                           ("holdout_unit", HoldoutUnit)):
             check_literal(self, name, lit)
         check(self.vocab_size >= 8, "vocab_size", self.vocab_size, "an integer >= 8")
+        check(not self.unk or self.tokenizer == "char", "unk", self.unk,
+              f"true only with tokenizer='char' (tokenizer={self.tokenizer!r}: a 'bpe' "
+              "vocabulary has <unk> already, 'gpt2' reads every byte)")
         for name in ("train_frac", "holdout"):
             v = getattr(self, name)
             check(0.0 < v < 1.0, name, v, "a fraction strictly between 0 and 1")
