@@ -671,3 +671,24 @@ def test_site_works_opened_from_disk(site: Site) -> None:
     assert 'href="quickstart.html"' in home and 'href="reference/index.html"' in home
     index = (path / "search" / "search_index.js").read_text(encoding="utf-8")
     assert index.startswith("var __index = {") and '"location":"quickstart.html' in index
+
+
+def test_the_pages_give_the_demo_one_measured_time_with_its_machine() -> None:
+    """The README, the docs' front page, the train guide and tutorial 6 say how long the demo
+    takes with the same figure and machine, and the demo card of docs/recipes.md has a row of
+    that machine with that time."""
+    root = Path(__file__).resolve().parents[1]
+    said = re.compile(r"(\d[\d,]*) s on a 2-core ([A-Z][\w ]+(?:\([^)]*\))?)")
+    figures = {}
+    for rel in ("README.md", "docs/index.md", "docs/guides/train.md",
+                "docs/tutorials/06-char-lm.md"):
+        text = (root / rel).read_text(encoding="utf-8")
+        found = {m.groups() for m in said.finditer(" ".join(text.split()))}
+        assert len(found) == 1, (rel, found)
+        figures[rel] = found.pop()
+    assert len(set(figures.values())) == 1, figures
+    seconds, machine = next(iter(figures.values()))
+    card = (root / "docs/recipes.md").read_text(encoding="utf-8").split("## `demo`")[1]
+    card = card.split("\n## ")[0]
+    rows = [row for row in card.splitlines() if row.startswith("| ") and "2 cores" in row]
+    assert any(machine.split(" (")[0] in row and f"{seconds} s" in row for row in rows), rows

@@ -55,15 +55,43 @@ def test_the_recipes_are_package_data_and_nothing_reads_a_configs_folder_of_the_
                 assert not pattern.search(path.read_text(encoding="utf-8")), path
 
 
-def test_recipes_lists_each_recipe_on_one_line_with_what_it_trains(capsys):
+def _entries(out: str) -> dict[str, str]:
+    """`attnlab recipes`' output: name -> its description, the wrapped lines joined."""
+    entries: dict[str, str] = {}
+    for line in out.splitlines():
+        if line.startswith(" "):
+            name = list(entries)[-1]
+            entries[name] += " " + line.strip()
+        else:
+            name, _, text = line.partition(" ")
+            entries[name] = text.strip()
+    return entries
+
+
+def test_recipes_lists_each_recipe_with_its_whole_first_sentence_wrapped(capsys):
     code, out, err = run_cli(capsys, "recipes")
     assert code == 0 and err == ""
-    lines = out.splitlines()
-    assert [line.split()[0] for line in lines] == sorted(shipped())
-    by_name = {line.split()[0]: line for line in lines}
+    by_name = _entries(out)
+    assert list(by_name) == sorted(shipped())
+    assert all(len(line) <= 100 for line in out.splitlines())
     assert "Synthetic seq2seq: copy sequences" in by_name["copy"]
-    assert by_name["multi30k_de_en"].split(None, 1)[1] == "German -> English on Multi30k"
-    assert all(len(line.split(None, 1)) == 2 and len(line) <= 130 for line in lines)
+    assert by_name["multi30k_de_en"].startswith("German -> English on Multi30k: the "
+                                                "encoder-decoder of the paper")
+    for name, text in by_name.items():  # whole sentences, never cut
+        assert text.endswith(".") and "..." not in text, (name, text)
+        assert text == describe(shipped()[name]), name
+    assert "character-level language model" in by_name["demo"]  # what the demo trains
+    assert "pydoc_data" in by_name["demo"]
+
+
+def test_recipes_name_prints_the_recipe_as_shipped(capsys):
+    code, out, err = run_cli(capsys, "recipes", "sst2")
+    assert code == 0 and err == ""
+    assert out == (RECIPES / "sst2.toml").read_text(encoding="utf-8")
+    assert out.startswith("# SST-2 sentiment") and tomllib.loads(out)["model"]["family"] == \
+        "encoder"
+    code, out, err = run_cli(capsys, "recipes", "nosuch")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and "recipes: copy" in err
 
 
 def test_a_recipe_of_the_working_directory_comes_first(tmp_path, monkeypatch, capsys):
@@ -90,7 +118,7 @@ def test_describe_takes_the_first_sentence_of_the_leading_comments(tmp_path):
     recipe.write_text("# Short one (v1.5 of it).\n# More.\n[model]\n")
     assert describe(recipe) == "Short one (v1.5 of it)."
     recipe.write_text("# Headline: then a long explanation " + "word " * 40 + "\n[model]\n")
-    assert describe(recipe) == "Headline"
+    assert describe(recipe) == "Headline: then a long explanation" + " word" * 40  # whole
     recipe.write_text("[model]\n# not a description\n")
     assert describe(recipe) == ""
 
@@ -138,7 +166,7 @@ def test_the_wheel_ships_the_recipes_and_trains_one_outside_the_repo(tmp_path):
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert p.stdout.strip() == f"attnlab {declared}"
     p = attnlab_cmd("recipes")
-    assert p.returncode == 0 and len(p.stdout.splitlines()) == len(shipped()), p.stderr
+    assert p.returncode == 0 and list(_entries(p.stdout)) == sorted(shipped()), p.stderr
     assert "copy" in p.stdout and "shakespeare_char" in p.stdout
     p = attnlab_cmd("train", "copy", "--set", "train.max_steps=2", "--set", "train.eval_every=2",
                     *TINY, "--out", "run")
@@ -247,6 +275,40 @@ def test_print_config_prints_the_resolved_config_and_writes_nothing(tmp_path, mo
     (tmp_path / "printed.toml").unlink()
     code, _, err = run_cli(capsys, "train", "copy", "--json")
     assert code == 2 and "--json is for --print-config" in err and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(("recipe", "absent", "present"), [
+    ("demo", {"model.head", "model.n_classes", "model.pooling", "model.n_decoder_layers",
+              "data.src_path", "data.holdout", "data.synth_vocab", "data.pre_tokenizer",
+              "train.max_tokens"}, {"model.tie_embeddings", "data.path", "train.samples"}),
+    ("sst2", {"model.n_decoder_layers", "data.src_path", "data.mix", "train.samples",
+              "train.max_tokens"}, {"data.holdout_unit", "data.pre_tokenizer"}),
+    ("multi30k_de_en", {"model.head", "model.pooling", "data.holdout", "train.samples",
+                        "train.batch_size"}, {"data.src_add_special", "train.max_tokens"}),
+])
+def test_print_config_shows_the_keys_of_the_run_with_the_recipe_s_comments(
+        recipe, absent, present, tmp_path, capsys):
+    """Only the keys the run's family and task read (and those the recipe gives), with the
+    recipe's comments beside their keys; it reads back to the same config, and a model size
+    taken from the data stays a comment (left for training to fill in)."""
+    code, out, err = run_cli(capsys, "train", recipe, "--set", "train.lr=0.0005",
+                             "--print-config")
+    assert code == 0 and err == ""
+    read = tomllib.loads(out)
+    keys = {f"{s}.{k}" for s, table in read.items() for k in table}
+    assert not keys & absent, keys & absent
+    assert present <= keys, present - keys
+    assert "model.vocab_size" not in keys and "# vocab_size = (filled in from the data)" in out
+    text = shipped()[recipe].read_text(encoding="utf-8")
+    comments = [line.strip() for line in text.splitlines() if line.strip().startswith("#")]
+    printed = [line.strip() for line in out.splitlines()]
+    assert comments and all(c in printed or any(p.endswith(c) for p in printed)
+                            for c in comments)
+    (tmp_path / "printed.toml").write_text(out)
+    want = load_config(shipped()[recipe], ["train.lr=0.0005"])
+    assert load_config(tmp_path / "printed.toml") == want
+    code, again, _ = run_cli(capsys, "train", str(tmp_path / "printed.toml"), "--print-config")
+    assert code == 0 and tomllib.loads(again) == read
 
 
 def test_seed_sets_train_seed_and_wins_over_set(tmp_path, capsys):

@@ -216,6 +216,25 @@ class ModelConfig:
         return dataclasses.replace(self, **{**dict.fromkeys(self._unset), **changes})
 
 
+# The model keys only some families read (any other family ignores them); every other key
+# applies to all three. family_keys() reads this table: `train --print-config` prints a run's
+# family's keys only.
+FAMILY_ONLY_KEYS: dict[str, tuple[str, ...]] = {
+    "encoder_decoder": ("tgt_vocab_size", "n_decoder_layers", "share_embeddings"),
+    "encoder": ("n_classes", "pooling", "head"),
+    "decoder": (),
+}
+# The model keys training fills in from the data (the tokenizer's size and pad id, the number
+# of labels) unless the config gives them (Task.resolve_model).
+FROM_DATA_KEYS = ("vocab_size", "tgt_vocab_size", "pad_id", "n_classes")
+
+
+def family_keys(family: str) -> tuple[str, ...]:
+    """The :class:`ModelConfig` keys a model of ``family`` reads, in field order."""
+    others = {k for f, keys in FAMILY_ONLY_KEYS.items() if f != family for k in keys}
+    return tuple(f.name for f in fields(ModelConfig) if f.name not in others)
+
+
 @dataclass(frozen=True)
 class LossOptions:
     """How a model's forward computes its loss: the one ``loss=`` keyword of every family.

@@ -36,6 +36,12 @@ SECTIONS = ("model", "data", "train")
 # read as data.name = "" (the paths decide the task) with that model.family (upgrade()).
 OLD_OWN_FILES = {"text": "decoder", "tsv": "encoder", "parallel": "encoder_decoder"}
 METRICS = ("auto", "val_loss", "ppl", "bleu", "accuracy", "f1")
+# The [train] keys only some tasks read (each task's Task.train_keys names those it reads);
+# every other [train] key applies to every run.
+TASK_TRAIN_KEYS = ("batch_size", "max_tokens", "block_size", "eval_batches",
+                   "final_eval_batches", "samples", "sample_tokens", "temperature", "top_k")
+# The [data] keys that only one kind of data.tokenizer reads.
+TOKENIZER_ONLY_KEYS = {"vocab_size": "bpe", "pre_tokenizer": "bpe", "unk": "char"}
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,9 @@ class DataConfig:
     test_tgt_path: str = ""
     cache_dir: str = ""  # data cache (default $ATTNLAB_DATA or ~/.cache/attnlab/data)
     tokenizer: TokenizerKind = "char"  # gpt2: GPT-2's byte-level BPE, as it is (no training)
+    # char, language model: a <unk> token, which every character the training text lacks maps
+    # to (a prompt or val text may then hold any character); false: such a character is an error
+    unk: bool = False
     vocab_size: int = 8000  # BPE vocabulary to train
     pre_tokenizer: PreTokenizer = "whitespace"  # BPE pre-tokenizer
     train_frac: float = 0.9  # LM: first part train, rest val (nanoGPT)
@@ -94,6 +103,9 @@ class DataConfig:
                           ("holdout_unit", HoldoutUnit)):
             check_literal(self, name, lit)
         check(self.vocab_size >= 8, "vocab_size", self.vocab_size, "an integer >= 8")
+        check(not self.unk or self.tokenizer == "char", "unk", self.unk,
+              f"true only with tokenizer='char' (tokenizer={self.tokenizer!r}: a 'bpe' "
+              "vocabulary has <unk> already, 'gpt2' reads every byte)")
         for name in ("train_frac", "holdout"):
             v = getattr(self, name)
             check(0.0 < v < 1.0, name, v, "a fraction strictly between 0 and 1")
@@ -343,24 +355,88 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
 
 
-def config_toml(config: dict[str, dict[str, Any]]) -> str:
-    """A run config (``RunConfig.to_dict()``) as a TOML recipe that ``attnlab train FILE``
-    reads back to the same config, written by tomli_w. TOML has no null: an unset value is a
-    comment (``# key = (unset)``), and so left at its default; inside a table it is left out."""
-    parts = []
+# The comments of a recipe: (section, key) -> (the comment lines above the key, the comment
+# at the end of its line); ("", "") holds the lines above the first table, (section, "") those
+# of a table that no key follows.
+Comments = dict[tuple[str, str], tuple[list[str], str]]
+
+
+def config_toml(config: dict[str, dict[str, Any]], comments: Comments | None = None,
+                unset: dict[str, str] | None = None) -> str:
+    """A run config (``RunConfig.to_dict()``, or some of its keys) as a TOML recipe that
+    ``attnlab train FILE`` reads back to the same config, written by tomli_w, with a recipe's
+    ``comments`` (:func:`recipe_comments`) beside their keys. TOML has no null: an unset value
+    is a comment (``# key = (unset)``), and so left at its default; inside a table it is left
+    out. ``unset`` names more keys (``section.key``) written as such a comment, with why."""
+    comments, unset = comments or {}, unset or {}
+    parts = comments.get(("", ""), ([], ""))[0][:]
+    parts = ["\n".join(parts)] if parts else []
     for section, values in config.items():
-        lines, tables = [f"[{section}]"], {}
+        lines, tables = [f"[{section}]", *comments.get((section, ""), ([], ""))[0]], {}
         for key, value in values.items():
-            if value is None:
-                lines.append(f"# {key} = (unset)")
+            above, after = comments.get((section, key), ([], ""))
+            lines += above
+            if f"{section}.{key}" in unset:
+                line = f"# {key} = ({unset[f'{section}.{key}']})"
+            elif value is None:
+                line = f"# {key} = (unset)"
             elif isinstance(value, dict):  # a sub-table, [section.key]: after the plain keys
                 tables[key] = _without_none(value)
+                continue
             else:
-                lines.append(tomli_w.dumps({key: _without_none(value)}).rstrip("\n"))
+                line = tomli_w.dumps({key: _without_none(value)}).rstrip("\n")
+            lines.append(f"{line}  {after}" if after else line)
         if tables:
             lines += ["", tomli_w.dumps({section: tables}).rstrip("\n")]
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+def recipe_comments(text: str) -> Comments:
+    """The comments of recipe ``text`` by the key they stand beside (:data:`Comments`): a
+    block of comment lines belongs to the key below it in the same table (none below: to the
+    table), a comment after a value to that key."""
+    out: Comments = {}
+    section, block = "", []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            block.append(stripped)
+        elif stripped.startswith("["):
+            if block:
+                out.setdefault((section, ""), ([], ""))[0].extend(block)
+            section, block = stripped.strip("[] ").split("]")[0].strip(), []
+        elif "=" in stripped and stripped[0].isalnum():
+            key = stripped.partition("=")[0].strip()
+            out[(section, key)] = (block, _end_comment(stripped))
+            block = []
+        elif not stripped and block and section == "":
+            out.setdefault(("", ""), ([], ""))[0].extend([*block, ""])
+            block = []
+    if block:
+        out.setdefault((section, ""), ([], ""))[0].extend(block)
+    if ("", "") in out:  # the file's own comments: no blank line at their end
+        lines = out[("", "")][0]
+        while lines and not lines[-1]:
+            lines.pop()
+    return out
+
+
+def _end_comment(line: str) -> str:
+    """The comment at the end of TOML ``line`` (``# ...``; a ``#`` inside a string is none),
+    or ``""``."""
+    quote = ""
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == "\\" and quote == '"':
+                continue
+            if ch == quote and line[i - 1] != "\\":
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            return line[i:].strip()
+    return ""
 
 
 def toml_value(value: Any) -> str:

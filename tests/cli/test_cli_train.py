@@ -477,3 +477,42 @@ def test_an_unknown_key_is_one_same_line_from_a_recipe_a_set_and_a_run_dirs_conf
     assert head == f"unknown config key '{key}'; allowed keys in [{section}", head
     assert {"model": {"d_model", "n_heads"}, "data": {"name", "path"},
             "train": {"lr", "seed"}}[section] <= set(allowed.split(", ")), allowed
+
+
+def test_data_unk_maps_unknown_characters_so_a_prompt_may_hold_any(text, tmp_path, capsys):
+    """data.unk = true: the char vocabulary has <unk>, so sampling from a prompt with a
+    character the training text lacks works; without it, the error names the setting."""
+    out = tmp_path / "unk"
+    assert main(lm_args(text, out, 2, "--set", "data.unk=true")) == 0
+    tok = RunDir(out).load_tokenizer()
+    assert tok.unk_id is not None and tok.encode("Z") == [tok.unk_id]
+    capsys.readouterr()
+    prompt = ["--prompt", "Zebra €", "--max-new-tokens", "3"]
+    assert main(["sample", str(out), *prompt]) == 0
+    plain = tmp_path / "plain"
+    assert main(lm_args(text, plain, 2)) == 0
+    capsys.readouterr()
+    assert main(["sample", str(plain), *prompt]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "--set data.unk=true" in err and "specials=" not in err
+    assert main(lm_args(text, tmp_path / "bpe", 2, "--set", "data.unk=true", "--set",
+                        "data.tokenizer=bpe")) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "data.unk=True is not allowed" in err
+
+
+def test_a_whitespace_bpe_run_prints_its_samples_from_the_default_prompt(text, tmp_path,
+                                                                         capsys):
+    """A whitespace pre-tokenizer drops a newline: the default prompt of the samples is then
+    a token the tokenizer reads back."""
+    from attnlab.train.runner import default_prompt
+
+    out = tmp_path / "bpe"
+    args = lm_args(text, out, 2, "--set", "data.tokenizer=bpe", "--set",
+                   "data.pre_tokenizer=whitespace", "--set", "data.vocab_size=64", "--set",
+                   "train.samples=1", "--set", "train.sample_tokens=5")
+    assert main(args) == 0, capsys.readouterr().err
+    assert "--- sample 1 ---" in capsys.readouterr().out
+    tok = RunDir(out).load_tokenizer()
+    assert tok.encode("\n") == [] and tok.encode(default_prompt(tok))
+    assert default_prompt(load_run(_runs.lm_run(tmp_path / "char")).tokenizer) == "\n"

@@ -450,6 +450,23 @@ def test_fetch_downloads_verifies_and_skips_when_present(tmp_path, monkeypatch) 
     assert [p.name for p in root.iterdir()] == ["input.txt"]
 
 
+def test_fetch_says_what_it_downloads_and_keeps_quiet_about_files_present(
+        tmp_path, monkeypatch, caplog) -> None:
+    """A download is an info line; a file already present and valid (every run that reads a
+    fetched data set) is a debug line, shown with -v only."""
+    toy = _toy(_plain())
+    _serve(monkeypatch, CONTENT)
+    with caplog.at_level(logging.INFO, logger="attnlab.data.fetch"):
+        fetch(toy, tmp_path)
+        assert "downloading https://example.invalid/input.txt" in caplog.text
+        caplog.clear()
+        fetch(toy, tmp_path)
+        assert caplog.records == []
+    with caplog.at_level(logging.DEBUG, logger="attnlab.data.fetch"):
+        fetch(toy, tmp_path)
+    assert "already present and valid" in caplog.text
+
+
 def test_fetch_checksum_mismatch_keeps_nothing(tmp_path, monkeypatch) -> None:
     toy = info = _toy(_plain())
     _serve(monkeypatch, b"tampered")

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ..run_config import RunConfig
 
 log = logging.getLogger(__name__)
+RECIPES_WIDTH = 100  # `attnlab recipes` wraps its lines at this many characters
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -53,7 +54,8 @@ def _register_train(subparsers: argparse._SubParsersAction) -> None:
                    help="the run's seed (sets train.seed; wins over --set train.seed)")
     p.add_argument("--print-config", action="store_true",
                    help="print the config the run would start from (the recipe with --set, "
-                   "--seed and --init-from applied; sizes taken from the data are filled in "
+                   "--seed and --init-from applied; the keys of its model family and task, "
+                   "with the recipe's comments; sizes taken from the data are filled in "
                    "by training) as TOML, and exit without training or writing anything")
     p.add_argument("--json", action="store_true", help="with --print-config: print JSON")
     p.add_argument("--out", default=None, help="run dir (default: runs/<recipe name>)")
@@ -120,11 +122,14 @@ def _register_average(subparsers: argparse._SubParsersAction) -> None:
 
 def _register_recipes(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "recipes", help="list the training recipes, one line each",
-        description="The recipes `attnlab train NAME` takes, one per line: the name and what it "
-        "trains (the first sentence of its comments). Shipped with attnlab; a ./configs/NAME.toml "
-        "of the working directory comes first and is marked so. `attnlab train NAME "
-        "--print-config` shows one in full.")
+        "recipes", help="list the training recipes, or print one",
+        description="The recipes `attnlab train NAME` takes: the name and what it trains (the "
+        "first sentence of its comments, wrapped). Shipped with attnlab; a ./configs/NAME.toml "
+        "of the working directory comes first and is marked so. `attnlab recipes NAME` prints "
+        "that recipe as it is, comments and all; `attnlab train NAME --print-config` the "
+        "config a run of it would start from.")
+    p.add_argument("name", nargs="?", default=None,
+                   help="a recipe name (or .toml file) to print as it is")
     p.set_defaults(func=cmd_recipes)
 
 
@@ -198,15 +203,25 @@ def _usage(p: argparse.ArgumentParser) -> int:
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:
-    """List the recipes, one line each: the name, what it trains, and where a local one is."""
+    """List the recipes: the name, what it trains (wrapped), and where a local one is; with
+    a name, print that recipe's text."""
+    import textwrap
+
     from ..recipes import describe, local, shipped
 
+    if args.name:
+        print(find_recipe(args.name).read_text(encoding="utf-8"), end="")
+        return 0
     mine, ours = local(), shipped()
     names = sorted({*mine, *ours})
     width = max(map(len, names)) + 2
     for name in names:
         where = f"  [{mine[name]}]" if name in mine else ""
-        print(f"{name:<{width}}{describe(mine.get(name) or ours[name])}{where}".rstrip())
+        text = f"{describe(mine.get(name) or ours[name])}{where}".strip()
+        lines = textwrap.wrap(text, RECIPES_WIDTH - width, break_on_hyphens=False) or [""]
+        print(f"{name:<{width}}{lines[0]}".rstrip())
+        for line in lines[1:]:
+            print(" " * width + line)
     return 0
 
 
@@ -231,8 +246,9 @@ def _default_out(stem: str, resume: bool) -> Path:
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a recipe (or the demo) into its run dir and print the results; with
     ``--print-config``, print the config it would start from instead."""
-    from ..run_config import config_toml
+    from ..recipes import shipped
     from ..runs import RunDir
+    from ..tasks import config_text
     from ..train import train_run
 
     _check_train_args(args)
@@ -241,9 +257,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _default_out(stem, args.resume)
     run = RunDir(out)
     rc = _train_config(args, recipe, run)
-    if args.print_config:
+    if args.print_config:  # no recipe: the demo's comments (resumed: the run's config has none)
+        source = recipe or (None if args.resume else shipped()["demo"])
         print(json.dumps(rc.to_dict(), indent=2, ensure_ascii=False) if args.json
-              else config_toml(rc.to_dict()))
+              else config_text(rc, source.read_text(encoding="utf-8") if source else None))
         return 0
     if args.json:
         raise UsageError("--json is for --print-config (training prints its results as lines)")

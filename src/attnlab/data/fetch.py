@@ -209,7 +209,8 @@ def fetch(info: DatasetInfo, cache_dir: str | Path | None = None,
             if final.is_file():
                 try:
                     _verify(final, spec, str(final), info)
-                    log.info("%s is already present and valid", final)
+                    # -v only: every run of a fetched data set reads its files again
+                    log.debug("%s is already present and valid", final)
                     continue
                 except DownloadError as e:
                     log.warning("fetching %s again: %s", final, e)

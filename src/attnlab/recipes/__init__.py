@@ -53,10 +53,9 @@ def find_recipe(name: str) -> Path:
                            "each one trains)")
 
 
-def describe(path: Path, width: int = 100) -> str:
-    """What a recipe trains: the first sentence of the comment lines it starts with (a longer
-    one than ``width`` characters: the part before its colon, else cut at a word); empty when
-    it starts with none."""
+def describe(path: Path) -> str:
+    """What a recipe trains: the whole first sentence of the comment lines it starts with, on
+    one line (``attnlab recipes`` wraps it); empty when it starts with none."""
     words: list[str] = []
     for line in path.read_text(encoding="utf-8").splitlines():
         text = line.strip()
@@ -73,15 +72,6 @@ def describe(path: Path, width: int = 100) -> str:
         sentence = f"{sentence} {word}".strip()
         if word.endswith(".") and not word[:-1].replace(".", "").isdigit():
             break
-    if len(sentence) > width:  # its headline, the part before a colon, else a cut
-        depth, cut = 0, None
-        for i, ch in enumerate(sentence[:width]):
-            depth += {"(": 1, ")": -1}.get(ch, 0)
-            if ch == ":" and depth == 0 and sentence[i + 1:i + 2] == " ":
-                cut = i
-                break
-        sentence = sentence[:cut] if cut else \
-            sentence[:width - 3].rsplit(" ", 1)[0].rstrip(",;:") + "..."
     return sentence
 
 

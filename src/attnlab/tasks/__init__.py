@@ -18,6 +18,8 @@ from .seq2seq import Seq2SeqTask, TranslationTask
 # isort: split
 from .classification import ClassifyTask, MaskedLMTask
 from .registry import (
+    config_keys,
+    config_text,
     data_sets,
     data_words,
     default_data_set,
@@ -51,6 +53,8 @@ __all__ = [
     "Task",
     "TranslationTask",
     "build_task",
+    "config_keys",
+    "config_text",
     "data_sets",
     "data_words",
     "default_data_set",

@@ -103,6 +103,10 @@ class Task:
     # The data keys `attnlab eval --data` points at other files (prefixed with the split);
     # empty for tasks that make their own data.
     eval_data_keys: tuple[str, ...] = ()
+    # The [data] keys the task reads (`train --print-config` prints those alone), and of the
+    # [train] keys that only some tasks read (run_config.TASK_TRAIN_KEYS), those it reads.
+    data_keys: tuple[str, ...] = ("name", "cache_dir")
+    train_keys: tuple[str, ...] = ()
     uses_tokenizer = True  # False: the task makes token ids itself (no tokenizer.json)
     metric_names: tuple[str, ...] = ()
     default_metric = "val_loss"

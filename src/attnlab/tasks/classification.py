@@ -48,6 +48,10 @@ class ClassifyTask(EpochTask):
     datasets = (DataSet.fetched(SST2, path="train.tsv"),)
     own_files = True  # a labelled .tsv in data.path
     eval_data_keys = ("path",)
+    data_keys = ("name", "path", "val_path", "test_path", "cache_dir", "tokenizer", "vocab_size",
+                 "pre_tokenizer", "holdout", "holdout_unit", "split_seed", "max_len", "bucket",
+                 "label_names")
+    train_keys = ("batch_size",)
     metric_names = ("accuracy", "f1")
     default_metric = "accuracy"
     head = "classify"  # the model's ModelConfig.head

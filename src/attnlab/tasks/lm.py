@@ -134,6 +134,10 @@ class LMTask(Task):
     reads_mix = True
     strided = True
     eval_data_keys = ("path",)
+    data_keys = ("name", "path", "mix", "val_path", "test_path", "cache_dir", "tokenizer", "unk",
+                 "vocab_size", "pre_tokenizer", "train_frac")
+    train_keys = ("batch_size", "block_size", "eval_batches", "final_eval_batches", "samples",
+                  "sample_tokens", "temperature", "top_k")
     metric_names = ("ppl",)
     sampled_eval = True
 
@@ -247,6 +251,10 @@ class LMTask(Task):
         if shared is None and len(raw) > 1:
             shared = corpora.mix_tokenizer(raw, self._cache(), d.tokenizer,
                                            vocab_size=d.vocab_size, pre_tokenizer=d.pre_tokenizer)
+        if given is None and fixed is None and d.unk:  # the text's characters, and <unk>
+            from ..data.prepare import build_tokenizer
+
+            shared = (shared or build_tokenizer(raw, "char")).with_unk()
         found = []
         for path, weight in sources:
             if is_token_dir(path):

@@ -22,9 +22,19 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..config import ConfigError
+from ..config import FROM_DATA_KEYS, ConfigError, family_keys
 from ..data import DataError, DatasetInfo
-from ..run_config import DataConfig, RunConfig
+from ..run_config import (
+    SECTIONS,
+    TASK_TRAIN_KEYS,
+    TOKENIZER_ONLY_KEYS,
+    DataConfig,
+    RunConfig,
+    TrainConfig,
+    config_toml,
+    recipe_comments,
+    toml_value,
+)
 from .base import DataSet, Task
 
 REGISTRY: list[type[Task]] = []  # the registered task classes, in the order registered
@@ -166,3 +176,33 @@ def resolve_data(rc: RunConfig) -> RunConfig:
     if default is None or data_sets()[default.name][0] is not task_class(rc):
         return rc
     return dataclasses.replace(rc, data=dataclasses.replace(d, name=default.name))
+
+
+def config_keys(rc: RunConfig) -> dict[str, tuple[str, ...]]:
+    """The keys of each section that apply to the run of ``rc``: the model keys of its task's
+    family (:func:`~attnlab.config.family_keys`), the data keys its task reads
+    (:attr:`Task.data_keys`) and the train keys of every run and of its task
+    (:attr:`Task.train_keys`)."""
+    cls = task_class(rc)
+    train = tuple(f.name for f in dataclasses.fields(TrainConfig)
+                  if f.name not in TASK_TRAIN_KEYS or f.name in cls.train_keys)
+    data = tuple(k for k in cls.data_keys
+                 if TOKENIZER_ONLY_KEYS.get(k, rc.data.tokenizer) == rc.data.tokenizer)
+    return {"model": family_keys(cls.family), "data": data, "train": train}
+
+
+def config_text(rc: RunConfig, recipe_text: str | None = None) -> str:
+    """``rc`` as a TOML recipe (``attnlab train --print-config``): the keys that apply to its
+    run (:func:`config_keys`) and those the config gives, with the comments of
+    ``recipe_text`` beside their keys; a model size that training takes from the data is a
+    comment, unless given. ``attnlab train FILE`` reads it back to ``rc``: a key left out
+    is at its default."""
+    keys = config_keys(rc)
+    full = {**rc.to_dict(), "model": rc.model.to_dict()}  # a derived size stays unset
+    shown = {s: {k: v for k, v in full[s].items() if k in keys[s] or f"{s}.{k}" in rc.explicit}
+             for s in SECTIONS}
+    unset = {f"model.{k}": f"unset: {toml_value(getattr(rc.model, k))}, derived"
+             for k, v in shown["model"].items() if v is None and getattr(rc.model, k) is not None}
+    unset |= {f"model.{k}": "filled in from the data" for k in FROM_DATA_KEYS
+              if k in shown["model"] and f"model.{k}" not in rc.explicit}
+    return config_toml(shown, recipe_comments(recipe_text) if recipe_text else None, unset)

@@ -107,6 +107,10 @@ class TranslationTask(Seq2SeqTask, EpochTask):
                                 val_src_path="val.de", val_tgt_path="val.en"),)
     own_files = True  # line-aligned files (data.src_path + data.tgt_path) or a pairs DIR
     eval_data_keys = ("src_path", "tgt_path")
+    data_keys = ("name", "path", "src_path", "tgt_path", "val_src_path", "val_tgt_path",
+                 "test_src_path", "test_tgt_path", "cache_dir", "tokenizer", "vocab_size",
+                 "pre_tokenizer", "max_len", "src_add_special")
+    train_keys = ("max_tokens",)
     metric_names = ("bleu",)
     default_metric = "bleu"
 

@@ -31,6 +31,8 @@ class SyntheticTask(Seq2SeqTask):
     datasets = tuple(DataSet(name, f"sequences of random ids to {name}, generated on the fly")
                      for name in SYNTHETIC_NAMES)
     metric_names = ("accuracy",)
+    data_keys = ("name", "synth_vocab", "seq_min", "seq_max", "val_size")
+    train_keys = ("batch_size",)
     default_metric = "accuracy"
 
     @classmethod

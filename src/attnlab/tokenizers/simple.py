@@ -42,6 +42,13 @@ class CharTokenizer(Tokenizer):
             raise ValueError("cannot build a CharTokenizer from an empty text")
         return cls(sorted(set(text)), specials)
 
+    def with_unk(self) -> CharTokenizer:
+        """This vocabulary with ``<unk>`` (after the other specials), which every character
+        outside it maps to (``data.unk = true``); itself when it has one."""
+        if self.unk_id is not None:
+            return self
+        return CharTokenizer(self._chars, [*self._specials, "<unk>"])
+
     @property
     def vocab_size(self) -> int:
         return len(self._itos)
@@ -74,8 +81,9 @@ class CharTokenizer(Tokenizer):
                 raise VocabularyError(
                     f"{len(bad)} character(s) not in the vocabulary of this character "
                     f"tokenizer: {shown}. The vocabulary has {len(self._chars)} characters, taken "
-                    "from the training text; use only characters that occur there (or build the "
-                    "tokenizer with specials=('<unk>',) to map unknown characters to <unk>)")
+                    "from the training text; use only characters that occur there (or train "
+                    "with --set data.unk=true, a tokenizer that maps unknown characters to "
+                    "<unk>)")
             ids[unknown] = self.unk_id
         return ids
 

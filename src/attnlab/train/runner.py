@@ -19,6 +19,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..devices import resolve_device
+from ..errors import DataError, InputError
 from ..files import check_writable
 from ..run_config import SECTIONS, RunConfig, upgrade
 from ..run_config import load_config as load_run_config
@@ -63,17 +64,22 @@ class RunOutcome:
         if not self.config.train.samples or self.config.model.family != "decoder" \
                 or tokenizer is None:
             return []
-        prompt = "\n" if "\n" in _vocab_text(tokenizer) else tokenizer.decode([0])
-        return sample_texts(self.model, tokenizer, self.config, prompt)
+        return sample_texts(self.model, tokenizer, self.config, default_prompt(tokenizer))
 
 
-def _vocab_text(tokenizer: Tokenizer) -> str:
-    """Every token of ``tokenizer`` decoded, to look for a newline among them (empty when
-    the ids do not decode alone)."""
-    try:
-        return tokenizer.decode(list(range(tokenizer.vocab_size)))
-    except ValueError:
-        return ""
+def default_prompt(tokenizer: Tokenizer) -> str:
+    """The prompt of a run's samples: a newline where ``tokenizer`` reads it as a token, else
+    the text of its first ordinary token that it encodes back to at least one token (a
+    whitespace pre-tokenizer drops a newline; a special token decodes to nothing)."""
+    candidates = ["\n"] + [tokenizer.decode([i]) for i in range(min(tokenizer.vocab_size, 1024))]
+    for text in candidates:
+        try:
+            if text.strip("\ufffd") and tokenizer.encode(text):
+                return text
+        except (ValueError, InputError):  # a character outside the vocabulary
+            continue
+    raise DataError("this run's tokenizer encodes none of its first tokens' texts: no prompt "
+                    "to sample from (set train.samples=0)")
 
 
 def check_run_dir(run: RunDir, resume: bool) -> None:
