@@ -210,7 +210,7 @@ class Trainer:
                               f"allowed: auto, val_loss, {', '.join(task.metric_names)}")
 
     # ---- precision -------------------------------------------------------------------------
-    def _measure_precision(self) -> str:
+    def _measure_precision(self, announce: bool = True) -> str:
         """``precision = "auto"`` on a CPU: time forward + backward of the first training batch
         in fp32 and in bf16 (:func:`attnlab.train.precision.fastest`, cached). The data position
         and the RNG states are put back, so training itself is the same with or without it."""
@@ -232,7 +232,7 @@ class Trainer:
         self.task.load_state_dict(data)
         if choice != "fp32":  # bf16 is checked against the steps' real time (fp32 is safe)
             self.auto_key = key
-        if self.info.is_main:  # once per run: what was chosen, from what, and how to change it
+        if announce and self.info.is_main:  # once per run: the choice, from what, how to change
             ms = (probe.cached(key) or {}).get("ms", {})
             measured = ", ".join(f"{p} {v:g} ms" for p, v in ms.items())
             log.info("train.precision auto: %s (forward + backward on this machine: %s); "
@@ -241,18 +241,24 @@ class Trainer:
         return choice
 
     def _check_auto_precision(self, step_s: float) -> None:
-        """Once per run, at the second log row: a ``precision = "auto"`` choice of bf16 whose
-        steps take :data:`~attnlab.train.precision.STALE` times the measured forward + backward
-        is dropped from the cache (the next run measures again), and the user is told."""
+        """Once per run, at the second log row: when a ``precision = "auto"`` choice of bf16
+        trains :data:`~attnlab.train.precision.STALE` times slower than its measured forward +
+        backward (in any process), both precisions are measured again, now, and the cache
+        takes the new answer; the user is told if it is another one (the run goes on in
+        its precision: a resume must stay exact). A machine that is just busy measures bf16
+        ahead again and nothing is said."""
         key, self.auto_key = self.auto_key, None
         slower = stale(key, self.precision, step_s, self.cfg.grad_accum)
-        if slower is not None and slower > STALE:
-            probe.forget(key)
-            if self.info.is_main:
-                log.warning("train.precision auto chose %s, but a step takes %.1fx its "
-                            "measured forward + backward: the choice is measured again on "
-                            "the next run (--set train.precision=fp32 or bf16 chooses now)",
-                            self.precision, slower)
+        if not any_process(slower is not None and slower > STALE, self.info):
+            return
+        probe.forget(key)
+        again = self._measure_precision(announce=False)
+        self.auto_key = None  # (measured once more at most)
+        if again != self.precision and self.info.is_main:
+            log.warning("train.precision auto chose %s, but its steps ran %.1fx slower than "
+                        "measured, and measured again now %s is faster: the next run takes "
+                        "%s (--set train.precision=fp32 or bf16 chooses)", self.precision,
+                        slower or 0.0, again, again)
 
     # ---- one optimizer step ------------------------------------------------------------------
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
