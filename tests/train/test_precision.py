@@ -213,7 +213,7 @@ def test_a_choice_that_trains_much_slower_than_measured_is_measured_again(tmp_pa
     for measured_again in ("fp32", "bf16"):
         answers = iter(["bf16", measured_again])
 
-        def scripted(step, key, **kwargs):  # the cache says bf16 takes a microsecond
+        def scripted(step, key, answers=answers, **kwargs):  # cached: bf16 takes a microsecond
             choice = next(answers)
             ms = {"fp32": 0.002, "bf16": 0.001} if choice == "bf16" else {"fp32": 1.0,
                                                                           "bf16": 2.0}
