@@ -153,6 +153,9 @@ class TrainConfig:
     precision: Precision = "auto"  # auto: bf16 on CUDA; on a CPU the faster of fp32/bf16, measured
     compile: bool = False  # torch.compile the model (falls back to eager with a warning)
     threads: int = 0  # CPU threads for torch (torch.set_num_threads); 0 = torch's default
+    # under torchrun: seconds a process waits for the others, to form the process group (the
+    # other machines) and at each collective operation, before it fails
+    dist_timeout_s: int = 1800
     sdpa_backend: SdpaBackend = "auto"  # auto = torch's choice (short bf16 sequences on a CPU:
     # attnlab.nn.fused_attention's own two matmuls or fp32 flash, where they are faster)
     max_steps: int = 2000
@@ -210,7 +213,7 @@ class TrainConfig:
                                                         and dev[5:].isdigit()),
               "device", dev, "one of 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'")
         for name in ("max_steps", "batch_size", "max_tokens", "grad_accum", "log_every",
-                     "sample_tokens"):
+                     "sample_tokens", "dist_timeout_s"):
             check(getattr(self, name) >= 1, name, getattr(self, name), "a positive integer")
         for name in ("threads", "block_size", "warmup_steps", "decay_steps", "eval_every",
                      "eval_batches", "eval_batch_size", "final_eval_batches", "patience",

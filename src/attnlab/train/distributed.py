@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+
+from ..errors import ConfigError, UsageError
 
 
 @dataclass(frozen=True)
@@ -42,18 +45,34 @@ def env_info() -> DistInfo:
                     launched="RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
-def init_distributed(device_type: str) -> DistInfo:
+def init_distributed(device_type: str, timeout_s: float = 1800) -> DistInfo:
     """Join the process group when launched by torchrun (idempotent); the info otherwise.
 
     torchrun's ``RANK`` and ``WORLD_SIZE`` switch DDP on (gloo on CPU, nccl on CUDA), for one
     process too, as in nanoGPT: one process under torchrun takes the path K processes take.
+    ``timeout_s`` (``train.dist_timeout_s``) bounds the wait for the other processes, here and
+    at each collective operation.
+
+    Raises:
+        UsageError: the group did not form within ``timeout_s`` (a process, or a machine,
+            that never joined): one line naming the address the processes meet at.
     """
     info = env_info()
     if info.enabled and not dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
         if device_type == "cuda":
             torch.cuda.set_device(info.local_rank)
-        dist.init_process_group(backend=backend)
+        try:
+            dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        except dist.DistError as e:
+            where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+            said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UsageError(
+                f"process {info.rank} of {info.world_size} waited train.dist_timeout_s="
+                f"{timeout_s:g} s for the others at {where} ({said}): check that every machine "
+                "runs the same command (torchrun --nnodes, --rdzv-endpoint) and can reach that "
+                "address (firewall; GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME), or raise "
+                "train.dist_timeout_s") from None
     return info
 
 
@@ -79,7 +98,7 @@ def shard(batch: tuple[Tensor, ...], info: DistInfo) -> tuple[Tensor, ...]:
         return batch
     rows = batch[0].size(0)
     if rows < info.world_size:
-        raise ValueError(f"a batch of {rows} rows cannot be split over {info.world_size} "
+        raise ConfigError(f"a batch of {rows} rows cannot be split over {info.world_size} "
                          "processes: raise train.batch_size (or train.max_tokens)")
     return tuple(t[info.rank::info.world_size] for t in batch)
 

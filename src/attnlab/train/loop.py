@@ -372,9 +372,8 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scaler.load_state_dict(state["scaler"])
             self.task.load_state_dict(state["data"])
-            ranks = state.get("rng_ranks") or []  # each process its own, when they match
-            set_rng_state(ranks[self.info.rank] if len(ranks) == self.info.world_size
-                          else state["rng"])
+            self._resume_rng(state.get("rng_ranks") or [state["rng"]], state["rng"],
+                             state["step"])
             self.step, self.best = state["step"], state["best"]
             self.bad_evals = state["bad_evals"]
             self.window.load_state_dict(state["window"])
@@ -400,6 +399,25 @@ class Trainer:
             raise RunError(f"the training state of {self.run.checkpoint_dir('last')} does not "
                            f"fit this run ({type(e).__name__}: {str(e).splitlines()[0][:150]}); "
                            "it cannot be resumed: train into a new --out") from None
+
+    def _resume_rng(self, ranks: list[dict[str, Any]], main: dict[str, Any], step: int) -> None:
+        """Each process's saved random state, when as many processes resume as saved them.
+
+        On another number of processes the streams cannot be handed out (a process's dropout
+        masks are drawn for its own rows): every process takes the first process's python and
+        numpy states and a new torch stream seeded by ``train.seed``, the step and its rank,
+        as fresh as a new run's. The data order goes on exactly (it is the global batch's);
+        without dropout the losses are the uninterrupted run's up to float rounding."""
+        if len(ranks) == self.info.world_size:
+            set_rng_state(ranks[self.info.rank])
+            return
+        set_rng_state({k: v for k, v in main.items() if k != "cuda"})
+        words = np.random.SeedSequence([self.cfg.seed, step, self.info.rank]).generate_state(2)
+        torch.manual_seed(int(words[0]) << 32 | int(words[1]))  # (every device's generator)
+        if self.info.is_main:
+            log.info("resumed on %d process%s (saved by %d): each process draws its random "
+                     "numbers (dropout) from a new stream", self.info.world_size,
+                     "es" * (self.info.world_size > 1), len(ranks))
 
     # ---- the loop ------------------------------------------------------------------------------
     def _better(self, a: float, b: float) -> float:

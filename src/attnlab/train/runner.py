@@ -222,7 +222,8 @@ def train_run(rc: RunConfig, run_dir: str | Path, resume: bool = False) -> RunOu
 
     A call that fails before it wrote a file leaves no new folder behind."""
     run = RunDir(run_dir)
-    info = init_distributed(resolve_device(rc.train.device, env_info()).type)
+    info = init_distributed(resolve_device(rc.train.device, env_info()).type,
+                            rc.train.dist_timeout_s)
     created = _first_missing(run.path) if info.is_main else None
     try:
         trainer = _ready_trainer(rc, run, resume, info)
