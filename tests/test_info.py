@@ -5,7 +5,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnlab import ModelConfig, attention_maps, build_model
-from attnlab.info import count_parameters, estimate, report
+from attnlab.info import count_parameters, device_memory, estimate, human_bytes, report
 
 
 @pytest.mark.parametrize("family, ffn, dec", [("decoder", "gelu", None),
@@ -74,3 +74,31 @@ def test_kv_cache_bytes_are_those_of_a_filled_cache(family, dec):
     tensors = [*cache.k, *cache.v, *(x for pair in cache.cross if pair for x in pair)]
     actual = sum(x.numel() * x.element_size() for x in tensors)
     assert estimate(cfg, count_parameters(model), b, t).kv_cache_bytes == actual
+
+
+def test_memory_per_process_under_ddp_and_fsdp_is_the_training_state_counted_by_hand():
+    """Weights, gradients and AdamW's moments of a tiny model, as they are after a step:
+    numel * bytes of each tensor; DDP also copies the gradients into its buckets, FSDP keeps
+    a third of each on each of 3 processes."""
+    cfg = ModelConfig(vocab_size=11, d_model=8, n_heads=2, n_layers=1, d_ff=16, max_len=4)
+    model = build_model(cfg)
+    opt = torch.optim.AdamW(model.parameters())
+    sum((p ** 2).sum() for p in model.parameters()).backward()
+    opt.step()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
+    moments = sum(t.numel() * t.element_size() for state in opt.state.values()
+                  for name, t in state.items() if name in ("exp_avg", "exp_avg_sq"))
+    mem = device_memory(count_parameters(model), 3)
+    assert (mem["ddp"].parameters, mem["ddp"].gradients, mem["ddp"].optimizer) == (
+        weights, 2 * grads, moments)
+    assert mem["fsdp"].parameters == pytest.approx(weights / 3)
+    assert mem["fsdp"].gradients == pytest.approx(grads / 3)
+    assert mem["fsdp"].optimizer == pytest.approx(moments / 3)
+    assert mem["fsdp"].total == pytest.approx((weights + grads + moments) / 3)
+    text = report(cfg, count_parameters(model, by_component=True), 4, 4, world_size=3)
+    ddp = next(line for line in text.splitlines() if line.strip().startswith("DDP"))
+    assert ddp.split()[1:] == human_bytes(weights).split() + human_bytes(2 * grads).split() + \
+        human_bytes(moments).split() + human_bytes(weights + 2 * grads + moments).split()
+    assert "plus activations of 2 rows" in text
+    assert "DDP" not in report(cfg, {"all": 1}, 4, 4)  # (one process: no such table)

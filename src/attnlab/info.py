@@ -7,6 +7,7 @@ before a run whether it fits in memory and what a step costs.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -117,6 +118,36 @@ def estimate(cfg: ModelConfig, params: int, batch: int, length: int,
     )
 
 
+@dataclass(frozen=True)
+class DeviceMemory:
+    """Bytes of the training state that one process holds (activations left out)."""
+
+    parameters: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.parameters + self.gradients + self.optimizer
+
+
+def device_memory(params: int, world_size: int) -> dict[str, DeviceMemory]:
+    """What each of ``world_size`` processes holds of a model of ``params`` parameters, under
+    DDP and under FSDP: fp32 weights (4 bytes a parameter, also under autocast), fp32
+    gradients (4) and AdamW's two fp32 moments (8). With ``P = params`` and ``K =
+    world_size``:
+
+    - DDP, every process a whole copy: weights ``4P``, gradients ``8P`` (the gradients and
+      the all-reduce buckets DDP copies them into), optimizer ``8P``: ``20P`` whatever ``K``.
+    - FSDP, every process a ``1/K`` shard of each: weights ``4P/K``, gradients ``4P/K``,
+      optimizer ``8P/K``: ``16P/K``, up to each parameter's padding to ``K`` rows; besides, a
+      layer's whole weights and gradients for the moment it computes.
+    """
+    k = world_size
+    return {"ddp": DeviceMemory(4 * params, 8 * params, 8 * params),
+            "fsdp": DeviceMemory(4 * params / k, 4 * params / k, 8 * params / k)}
+
+
 def human(n: float, unit: str = "") -> str:
     for suffix in ("", "K", "M", "G", "T", "P"):
         if abs(n) < 1000:
@@ -138,9 +169,11 @@ PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def report(cfg: ModelConfig, by_component: dict[str, int], batch: int, length: int,
-           precision: str = "fp32") -> str:
+           precision: str = "fp32", world_size: int = 1) -> str:
     """A plain-text table of parameters by component and the cost estimates; ``precision``
-    (fp32, bf16, fp16: a run's) sizes the activations and the inference weights."""
+    (fp32, bf16, fp16: a run's) sizes the activations and the inference weights;
+    ``world_size`` > 1 adds what each of as many processes holds under DDP and FSDP
+    (:func:`device_memory`), and the activations of its share of the batch."""
     if precision not in PRECISION_BYTES:
         raise ValueError(f"precision={precision!r} is not allowed: one of "
                          f"{', '.join(PRECISION_BYTES)}")
@@ -165,4 +198,23 @@ def report(cfg: ModelConfig, by_component: dict[str, int], batch: int, length: i
     width = max(len(label) for label, _ in rows) + 2
     lines += ["", f"at batch {batch}, length {length}:",
               *(f"  {label + ':':<{width}}{value}" for label, value in rows)]
+    if world_size > 1:
+        lines += ["", *_device_lines(cfg, total, batch, length, precision, world_size)]
     return "\n".join(lines)
+
+
+def _device_lines(cfg: ModelConfig, params: int, batch: int, length: int, precision: str,
+                  world_size: int) -> list[str]:
+    """The table of :func:`device_memory` for ``report``."""
+    rows = math.ceil(batch / world_size)  # (rank 0's share: the most rows)
+    activations = estimate(cfg, params, rows, length, PRECISION_BYTES[precision])
+    activations_bytes = activations.train_memory_bytes - 16 * params
+    head = ["parameters", "gradients", "optimizer", "total"]
+    lines = [f"per process, {world_size} processes (fp32 weights, gradients, AdamW):",
+             f"  {'':<6}" + "".join(f"{h:>12}" for h in head)]
+    for name, m in device_memory(params, world_size).items():
+        values = (m.parameters, m.gradients, m.optimizer, m.total)
+        lines.append(f"  {name.upper():<6}" + "".join(f"{human_bytes(v):>12}" for v in values))
+    lines.append(f"  plus activations of {rows} row{'s' * (rows > 1)} of the batch: "
+                 f"{human_bytes(activations_bytes)}")
+    return lines

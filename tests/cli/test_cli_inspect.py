@@ -299,6 +299,14 @@ def test_info_refuses_a_length_the_model_cannot_read(runs, capsys):
     assert main(["info", str(runs["decoder"]), "--length", "40"]) == 0
 
 
+def test_info_says_the_memory_of_each_process_for_a_world_size(runs, capsys):
+    assert main(["info", str(runs["decoder"]), "--batch", "4", "--world-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "per process, 2 processes" in out and "\n  DDP " in out and "\n  FSDP " in out
+    _one_line_exit_2(main(["info", str(runs["decoder"]), "--world-size", "0"]), capsys,
+                     "--world-size 0 must be")
+
+
 def _one_line_exit_2(code, capsys, *wanted):
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

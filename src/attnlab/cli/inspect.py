@@ -30,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=1, help="batch size for the memory estimate")
     p.add_argument("--length", type=int, default=None,
                    help="sequence length (default: the model's max_len)")
+    p.add_argument("--world-size", type=int, default=1, metavar="K",
+                   help="also the memory each of K processes holds under DDP and FSDP")
     p.set_defaults(func=cmd_info)
 
     v = sub.add_parser("viz", help="attention heatmaps, HTML explorer, positional encodings",
@@ -143,8 +145,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     model config."""
     cfg, vocabulary, precision = _config_from(Path(args.target))
     length = cfg.max_len if args.length is None else args.length
-    if args.batch < 1 or length < 1:
-        raise UsageError(f"--batch {args.batch} and --length {length} must be positive integers")
+    if args.batch < 1 or length < 1 or args.world_size < 1:
+        raise UsageError(f"--batch {args.batch}, --length {length} and --world-size "
+                         f"{args.world_size} must be positive integers")
     if length > cfg.max_len:  # the model refuses longer inputs: no figures for them
         raise UsageError(f"--length {length} is more than the model's max_len={cfg.max_len}: "
                          "give at most that (or a config with a larger model.max_len)")
@@ -157,7 +160,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         model = build_model(cfg)
     if vocabulary:
         print(vocabulary)
-    print(report(cfg, count_parameters(model, by_component=True), args.batch, length, precision))
+    print(report(cfg, count_parameters(model, by_component=True), args.batch, length, precision,
+                 args.world_size))
     return 0
 
 
