@@ -409,3 +409,11 @@ def test_interpret_benchmark_quick_prints_every_part(capsys):
     diffs = [float(line.rsplit(":", 1)[1]) for line in out.splitlines()
              if "largest |attnlab - TransformerLens|" in line]
     assert len(diffs) == 2 and max(diffs) < 1e-4
+
+
+@pytest.mark.slow
+def test_dist_memory_measures_each_process_beside_the_estimate(capsys):
+    assert script("dist_memory").main(["--tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "commit: " in out and "2 CPU processes (gloo)" in out
+    assert [row[:2] for row in table_rows(out, "DDP")] == [["DDP", "0"], ["DDP", "1"]]
