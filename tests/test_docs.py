@@ -1,64 +1,21 @@
 """The documentation runs: every code block of every page under docs/, the nav, the site build.
 
-Conventions (the header comment of mkdocs.yml; this file implements them):
-
-* ```` ```python ```` blocks of a page (with or without markdown-exec's ``exec="on"``) run in
-  order, in one namespace (``exec``, in this process), in a fresh temporary folder (the
-  working directory, also first on ``sys.path``). Tracebacks name the page and its line
-  numbers. (The site build runs only the ``exec="on"`` blocks, each in a namespace of its
-  own: a figure block imports and computes what it draws.)
-* ```` ```bash ```` blocks run with ``bash -e`` in that same folder, ``.venv/bin`` (the bin
-  folder of the Python running the tests) first on PATH.
-* ``<!-- docs-test: skip REASON -->`` before a block: the block is not run; the reasons are
-  reported as one :class:`DocsBlockSkipped` warning per page (pytest's warnings summary). A
-  skip without a reason fails the page's test. A page whose every block is skipped is reported
-  as a skipped test.
-* ``<!-- docs-test: args ARGS -->`` before a block: ARGS are appended to each command of the
-  block that starts with ``attnlab train`` (before a trailing ``# comment``, after the last
-  line of a ``\\``-continued command). Bash expands them: ``$ATTNLAB_DATA`` works.
-* Any other ``docs-test:`` comment, or a marker with no block after it, fails the test.
-* Other fences (``text``, ``toml``, ``console``, ``sh``, ...) are shown, never run. A marker
-  quoted in inline code (between backticks, as in a page that explains them) is prose.
-
-Each page is one test (``test_page[tutorials/01-attention.md]``), so a broken page names
-itself; a failing block is reported with its first line number in the page.
-
-Environment of every block: ``HF_HUB_OFFLINE=1``, ``TRANSFORMERS_OFFLINE=1``,
-``MPLBACKEND=Agg``, ``OMP_NUM_THREADS=1`` unless already set (tiny models on a shared
-2-core machine), ``ATTNLAB_DATA`` (below), and ``HTTP(S)_PROXY`` pointing at a closed local
-port: nothing a page runs can download.
-
-Data sets. ``attnlab.data.fetch`` verifies what its cache holds (sha256 for Tiny Shakespeare
-and Multi30k, exactly 67,349 parsed rows for SST-2) and fetches again any file that fails, so
-tiny stand-in files in the cache are not used by a recipe that reads the cache: it would try
-to download (and fail here at once, naming ``data.path``). Pages therefore always name their
-data files. ``ATTNLAB_DATA`` points at a fresh per-page cache that this test fills with tiny
-files of the real names and formats (:func:`fill_data_cache`):
-
-* ``$ATTNLAB_DATA/shakespeare/input.txt``  (8 KB: the play's opening, repeated)
-* ``$ATTNLAB_DATA/multi30k/{train,val}.{de,en}``  (64 / 8 German-English caption pairs)
-* ``$ATTNLAB_DATA/sst2/train.tsv``  (40 sentences, ``sentence<TAB>label`` with a header)
-
-The recipes run on them with tiny settings (``shakespeare_char``: also
-``--set train.compile=false``, whose compilation alone takes longer than a tiny run).
-
-A page shows the real command and adds the tiny data with a marker, e.g.::
-
-    <!-- docs-test: args --set data.path=$ATTNLAB_DATA/shakespeare/input.txt
-         --set train.max_steps=3 -->
-
-(Multi30k: ``data.src_path``, ``data.tgt_path``, ``data.val_src_path``,
-``data.val_tgt_path``), or writes small files of its own in its folder and passes those.
+The conventions of a page (which blocks run, the ``docs-test:`` markers, the tiny data sets,
+the environment) are docs/pagerun.py's docstring: the tests and the site build run pages with
+the same runner. Each page is one test (``test_page[tutorials/01-attention.md]``), so a broken
+page names itself; a failing block is reported with its first line number in the page. The
+tutorials' outputs made here are kept for the site build, which shows them under their blocks.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -67,360 +24,32 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 MKDOCS_YML = ROOT / "mkdocs.yml"
 BIN = Path(sys.executable).parent  # .venv/bin: not resolved (a venv's python is a symlink)
-BLOCK_TIMEOUT_S = 600
 
-FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`\n]*)$")
-MARKER = re.compile(r"<!--\s*docs-test:(?P<body>.*?)-->", re.S)
+sys.path.insert(0, str(DOCS))
+import pagerun  # noqa: E402 - docs/ is not a package
+from pagerun import (  # noqa: E402
+    PageError,
+    append_train_args,
+    environment,
+    fill_data_cache,
+    pages,
+    parse_blocks,
+)
 
 
 class DocsBlockSkipped(UserWarning):
     """A code block of a page that the docs test did not run, and why."""
 
 
-@dataclass
-class Block:
-    lang: str  # "python" or "bash" (run), else the fence's language (shown only)
-    info: str  # the whole info string, e.g. 'python exec="on" html="1"'
-    code: str
-    line: int  # line number of the first code line in the page (1-based)
-    skip: str | None = None
-    args: list[str] = field(default_factory=list)
-
-
-class PageError(Exception):
-    """A page that breaks the conventions (not a failing block: a malformed marker)."""
-
-
-def pages() -> list[str]:
-    """Every page under docs/, as a path relative to docs/ (the ids of the page tests)."""
-    return sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
-
-
-def parse_blocks(text: str, page: str = "<page>") -> list[Block]:
-    """The fenced code blocks of a page with the markers that apply to them."""
-    lines = text.split("\n")
-    blocks: list[Block] = []
-    pending: list[tuple[int, str, str]] = []  # (line, kind, value) of markers before a block
-    i = 0
-    while i < len(lines):
-        m = FENCE.match(lines[i])
-        if m is None:
-            quoted = [c.span() for c in re.finditer(r"`[^`]*`", lines[i])]  # `inline code`
-            for mm in MARKER.finditer(lines[i]):
-                if not any(a <= mm.start() < b for a, b in quoted):  # quoted: prose, not one
-                    pending.append((i + 1, *_marker(mm.group("body"), page, i + 1)))
-            # a marker spread over several lines
-            opening = lines[i].find("<!--")
-            if opening >= 0 and not any(a <= opening < b for a, b in quoted) and \
-                    "docs-test:" in lines[i] and "-->" not in lines[i]:
-                end = next((j for j in range(i + 1, len(lines)) if "-->" in lines[j]), None)
-                if end is None:
-                    raise PageError(f"{page}:{i + 1}: docs-test marker is never closed (-->)")
-                joined = " ".join(s.strip() for s in lines[i:end + 1])
-                for mm in MARKER.finditer(joined):
-                    pending.append((i + 1, *_marker(mm.group("body"), page, i + 1)))
-                i = end
-            i += 1
-            continue
-        indent, fence, info = m.group("indent"), m.group("fence"), m.group("info").strip()
-        closing = re.compile(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
-        end = next((j for j in range(i + 1, len(lines)) if closing.match(lines[j])), None)
-        if end is None:
-            raise PageError(f"{page}:{i + 1}: code fence {fence} is never closed")
-        body = [ln[len(indent):] if ln.startswith(indent) else ln.lstrip()
-                for ln in lines[i + 1:end]]
-        word = info.split()[0].strip("{}.").lower() if info else ""
-        block = Block(word, info, "\n".join(body) + "\n", i + 2)
-        for _, kind, value in pending:
-            if kind == "skip":
-                block.skip = value
-            else:
-                block.args.append(value)
-        if pending and block.lang not in ("python", "bash"):
-            raise PageError(f"{page}:{pending[0][0]}: docs-test marker before a block that is "
-                            f"not run ({info or 'no language'}): only python and bash blocks "
-                            "run")
-        if block.args and block.lang != "bash":
-            raise PageError(f"{page}:{pending[0][0]}: docs-test: args applies to bash blocks "
-                            "(their `attnlab train` lines)")
-        if block.args and block.skip is None and not any(
-                _is_train(ln) for ln in block.code.splitlines()):
-            raise PageError(f"{page}:{pending[0][0]}: docs-test: args before a block without "
-                            "an `attnlab train` line")
-        pending = []
-        blocks.append(block)
-        i = end + 1
-    if pending:
-        raise PageError(f"{page}:{pending[0][0]}: docs-test marker with no code block after it")
-    return blocks
-
-
-def _marker(body: str, page: str, line: int) -> tuple[str, str]:
-    kind, _, value = body.strip().partition(" ")
-    value = " ".join(value.split())
-    if kind not in ("skip", "args"):
-        raise PageError(f"{page}:{line}: unknown marker docs-test: {kind!r}; allowed: "
-                        "`docs-test: skip REASON`, `docs-test: args ARGS`")
-    if not value:
-        what = "a reason (say why the block is not run)" if kind == "skip" else "ARGS"
-        raise PageError(f"{page}:{line}: `docs-test: {kind}` needs {what}")
-    return kind, value
-
-
-def _is_train(line: str) -> bool:
-    return re.match(r"\s*attnlab\s+train(\s|$)", line) is not None
-
-
-def _comment_at(line: str) -> int | None:
-    """Index of an unquoted ``#`` that starts a shell comment in ``line``, else None."""
-    quote, k = None, 0
-    while k < len(line):
-        ch = line[k]
-        if ch == "\\" and quote != "'":
-            k += 2  # an escaped character (outside quotes or inside double quotes)
-            continue
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#" and (k == 0 or line[k - 1] in " \t"):
-            return k
-        k += 1
-    return None
-
-
-def append_train_args(code: str, args: list[str]) -> str:
-    """``code`` with ``args`` appended to each command that starts with ``attnlab train``."""
-    lines, extra = code.split("\n"), " ".join(args)
-    k = 0
-    while k < len(lines):
-        if not _is_train(lines[k]):
-            k += 1
-            continue
-        last = k
-        while lines[last].rstrip().endswith("\\") and last + 1 < len(lines):
-            last += 1  # the command goes on: append after its last line
-        ln = lines[last]
-        cut = _comment_at(ln)
-        head, tail = (ln, "") if cut is None else (ln[:cut].rstrip(), "  " + ln[cut:])
-        lines[last] = f"{head} {extra}{tail}"
-        k = last + 1
-    return "\n".join(lines)
-
-
-# ---- tiny stand-ins for the data sets ---------------------------------------------------------
-_SHAKESPEARE = """First Citizen:
-Before we proceed any further, hear me speak.
-
-All:
-Speak, speak.
-
-First Citizen:
-You are all resolved rather to die than to famish?
-
-All:
-Resolved. resolved.
-
-First Citizen:
-First, you know Caius Marcius is chief enemy to the people.
-
-All:
-We know't, we know't.
-
-First Citizen:
-Let us kill him, and we'll have corn at our own price.
-Is't a verdict?
-
-All:
-No more talking on't; let it be done: away, away!
-
-Second Citizen:
-One word, good citizens.
-
-First Citizen:
-We are accounted poor citizens, the patricians good.
-What authority surfeits on would relieve us: if they
-would yield us but the superfluity, while it were
-wholesome, we might guess they relieved us humanely;
-but they think we are too dear: the leanness that
-afflicts us, the object of our misery, is as an
-inventory to particularise their abundance; our
-sufferance is a gain to them. Let us revenge this with
-our pikes, ere we become rakes: for the gods know I
-speak this in hunger for bread, not in thirst for revenge.
-
-"""
-
-_PAIRS = [
-    ("Ein Mann fährt Fahrrad.", "A man rides a bicycle."),
-    ("Eine Frau liest ein Buch.", "A woman reads a book."),
-    ("Zwei Hunde spielen im Schnee.", "Two dogs play in the snow."),
-    ("Ein Kind isst einen Apfel.", "A child eats an apple."),
-    ("Ein Mann spielt Gitarre.", "A man plays guitar."),
-    ("Eine Frau trinkt Kaffee.", "A woman drinks coffee."),
-    ("Ein Junge springt ins Wasser.", "A boy jumps into the water."),
-    ("Ein Mädchen läuft am Strand.", "A girl runs on the beach."),
-    ("Zwei Männer sitzen auf einer Bank.", "Two men sit on a bench."),
-    ("Ein Hund rennt über das Gras.", "A dog runs across the grass."),
-    ("Eine Gruppe von Menschen tanzt.", "A group of people dances."),
-    ("Ein Mann kocht in der Küche.", "A man cooks in the kitchen."),
-    ("Eine Frau fährt ein rotes Auto.", "A woman drives a red car."),
-    ("Ein Kind malt ein Bild.", "A child paints a picture."),
-    ("Zwei Mädchen lachen zusammen.", "Two girls laugh together."),
-    ("Ein Mann schläft auf dem Sofa.", "A man sleeps on the sofa."),
-]
-
-_REVIEWS = [
-    ("a gorgeous , witty , seductive movie", 1),
-    ("the film is a charming and often affecting journey", 1),
-    ("one of the best films of the year", 1),
-    ("a warm , funny and engaging film", 1),
-    ("beautifully shot and wonderfully acted", 1),
-    ("an absorbing and moving story", 1),
-    ("smart , sharp and very funny", 1),
-    ("a delightful comedy with a big heart", 1),
-    ("the acting is superb", 1),
-    ("a triumph of style and substance", 1),
-    ("it 's a tired , predictable mess", 0),
-    ("the plot is thin and the jokes fall flat", 0),
-    ("a dull , lifeless film", 0),
-    ("boring and far too long", 0),
-    ("the worst movie of the year", 0),
-    ("an ugly , pointless exercise", 0),
-    ("the characters are flat and the dialogue is awful", 0),
-    ("a clumsy and tedious mess", 0),
-    ("nothing here is funny", 0),
-    ("it never comes to life", 0),
-    ("a moving portrait of a family", 1),
-    ("funny , tender and true", 1),
-    ("the cast is excellent and the script is clever", 1),
-    ("a rare film that earns its tears", 1),
-    ("an exhilarating ride from start to finish", 1),
-    ("thoughtful , honest and beautifully made", 1),
-    ("the director 's best work in years", 1),
-    ("a small gem of a movie", 1),
-    ("inventive and deeply satisfying", 1),
-    ("you will leave the theater smiling", 1),
-    ("a muddled , overlong drama", 0),
-    ("the story makes no sense at all", 0),
-    ("flat , lazy and forgettable", 0),
-    ("a waste of a talented cast", 0),
-    ("painfully slow and utterly predictable", 0),
-    ("the jokes are stale and the pacing is off", 0),
-    ("a loud , empty spectacle", 0),
-    ("i wanted to walk out", 0),
-    ("dreary and without a single surprise", 0),
-    ("an embarrassment for everyone involved", 0),
-]
-
-
-def fill_data_cache(root: Path) -> Path:
-    """Tiny files of the real names and formats in fetch's cache layout ``root/<name>/``."""
-    shakespeare = root / "shakespeare"
-    shakespeare.mkdir(parents=True)
-    (shakespeare / "input.txt").write_text(_SHAKESPEARE * 8, encoding="utf-8")  # 8 KB
-    multi30k = root / "multi30k"
-    multi30k.mkdir()
-    for split, rows in (("train", _PAIRS * 4), ("val", _PAIRS[:8])):
-        for lang, col in (("de", 0), ("en", 1)):
-            (multi30k / f"{split}.{lang}").write_text(
-                "".join(r[col] + "\n" for r in rows), encoding="utf-8")
-    sst2 = root / "sst2"
-    sst2.mkdir()
-    rows = [f"{s}\t{y}\n" for s, y in _REVIEWS]
-    (sst2 / "train.tsv").write_text("sentence\tlabel\n" + "".join(rows), encoding="utf-8")
-    return root
-
-
-# ---- running a page ----------------------------------------------------------------------------
-def _environment(data: Path) -> dict[str, str]:
-    closed = "http://127.0.0.1:9"  # the discard port: nothing listens, a download fails at once
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "MPLBACKEND": "Agg",
-           "ATTNLAB_DATA": str(data), "HTTP_PROXY": closed, "HTTPS_PROXY": closed,
-           "http_proxy": closed, "https_proxy": closed, "NO_PROXY": "", "no_proxy": "",
-           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-           "NO_MKDOCS_2_WARNING": "1",  # mkdocs-material's end-of-life banner
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    return env
-
-
-def _run_python(block: Block, namespace: dict, page: Path, rel: str) -> None:
-    # blank lines up to the block keep the page's line numbers in tracebacks
-    code = compile("\n" * (block.line - 1) + block.code, str(page), "exec")
-    try:
-        exec(code, namespace)
-    except BaseException as e:  # noqa: BLE001 - any failure of the page's code fails the page
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        raise AssertionError(f"{rel}: the python block at line {block.line} failed: "
-                             f"{type(e).__name__}: {e}") from e
-
-
-def _run_bash(block: Block, cwd: Path, env: dict[str, str], rel: str) -> None:
-    code = append_train_args(block.code, block.args) if block.args else block.code
-    try:
-        done = subprocess.run(["bash", "-e", "-c", code], cwd=cwd, env=env, text=True,
-                              capture_output=True, timeout=BLOCK_TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"{rel}: the bash block at line {block.line} ran over "
-                             f"{BLOCK_TIMEOUT_S} s:\n{code}") from e
-    if done.returncode != 0:
-        raise AssertionError(
-            f"{rel}: the bash block at line {block.line} exited with {done.returncode}:\n"
-            f"{code}\n--- stdout (end) ---\n{done.stdout[-3000:]}\n"
-            f"--- stderr (end) ---\n{done.stderr[-3000:]}")
-
-
-def run_page(rel: str, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Run every block of ``docs/<rel>`` in ``workdir``; return the skip notes."""
-    import torch
-
-    page = DOCS / rel
-    blocks = parse_blocks(page.read_text(encoding="utf-8"), rel)
-    cwd, data = workdir / "page", fill_data_cache(workdir / "data")
-    cwd.mkdir()
-    env = {**os.environ, **_environment(data)}
-    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "MPLBACKEND", "ATTNLAB_DATA",
-                "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY",
-                "no_proxy", "PATH"):
-        monkeypatch.setenv(key, env[key])
-    monkeypatch.chdir(cwd)
-    monkeypatch.syspath_prepend(str(cwd))  # as `python` started there: its modules import
-    monkeypatch.setattr(sys, "argv", [rel])
-    namespace: dict = {"__name__": "__main__", "__file__": str(page)}
-    notes, ran = [], 0
-    dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
-    try:
-        for block in blocks:
-            if block.lang not in ("python", "bash"):
-                continue
-            if block.skip is not None:
-                notes.append(f"{rel}:{block.line} ({block.lang}) not run: {block.skip}")
-                continue
-            ran += 1
-            if block.lang == "python":
-                _run_python(block, namespace, page, rel)
-            else:
-                _run_bash(block, cwd, env, rel)
-    finally:  # what a page may change for the rest of the session
-        torch.set_default_dtype(dtype)
-        torch.set_grad_enabled(grad)
-        _close_figures()
-    if notes and not ran:
-        pytest.skip("; ".join(notes))
-    return notes
-
-
-def _close_figures() -> None:
-    if "matplotlib.pyplot" in sys.modules:
-        sys.modules["matplotlib.pyplot"].close("all")
-
-
 @pytest.mark.parametrize("rel", pages())
-def test_page(rel: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    notes = run_page(rel, tmp_path, monkeypatch)
-    if notes:
-        warnings.warn(DocsBlockSkipped("; ".join(notes)), stacklevel=1)
+def test_page(rel: str, tmp_path: Path) -> None:
+    run = pagerun.run_page(rel, tmp_path)
+    if run.notes and not run.outputs:
+        pytest.skip("; ".join(run.notes))
+    if pagerun.shows_outputs(rel):
+        pagerun.store_outputs(run)  # the site build shows them (same page, same source)
+    if run.notes:
+        warnings.warn(DocsBlockSkipped("; ".join(run.notes)), stacklevel=1)
 
 
 # ---- the docstrings' examples -----------------------------------------------------------------
@@ -494,6 +123,11 @@ def test_nav_lists_every_page_and_only_pages_that_exist() -> None:
     assert not unlisted, f"pages in docs/ that mkdocs.yml's nav does not list: {unlisted}"
 
 
+def test_the_quickstart_is_first_in_the_nav_and_the_readme_links_it() -> None:
+    assert nav_pages(_load_mkdocs_yml().get("nav"))[0] == "quickstart.md"
+    assert "docs/quickstart.md" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
 def test_parse_blocks_and_markers() -> None:
     """The runner's own conventions (cheap; a page author can read the rules here)."""
     page = "\n".join([
@@ -547,7 +181,7 @@ class Site:
 def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
     """The site, built once for the tests below as ``make docs`` builds it."""
     tmp = tmp_path_factory.mktemp("site")
-    env = {**os.environ, **_environment(fill_data_cache(tmp / "data"))}
+    env = {**os.environ, **environment(fill_data_cache(tmp / "data"))}
     done = subprocess.run([str(BIN / "mkdocs"), "build", "--strict", "-f", str(MKDOCS_YML),
                            "-d", str(tmp / "site")], cwd=ROOT, env=env, text=True,
                           capture_output=True, timeout=1800)
@@ -692,3 +326,122 @@ def test_the_pages_give_the_demo_one_measured_time_with_its_machine() -> None:
     card = card.split("\n## ")[0]
     rows = [row for row in card.splitlines() if row.startswith("| ") and "2 cores" in row]
     assert any(machine.split(" (")[0] in row and f"{seconds} s" in row for row in rows), rows
+
+
+# ---- the tutorials' outputs on the page, and each as a script and a notebook -------------------
+_PAGE = "\n".join([
+    "# A page", "", "```python", "x = 2", "```", "", "```python", "print('x is', x)", "```",
+    "<!-- docs-test: args --set train.max_steps=3 -->", "```bash", "attnlab train demo", "```",
+    "", "!!! note", "    ```python", "    print('indented')", "    ```", "",
+    '```python exec="on" html="1"', "print('<img>')", "```", "", "The end.",
+])
+
+
+def test_outputs_go_under_the_blocks_that_printed_them() -> None:
+    blocks = {b.code.strip(): b for b in parse_blocks(_PAGE)}
+    outputs = {blocks["print('x is', x)"].line: "x is 2\n",
+               blocks["attnlab train demo"].line: "step 3  val_loss 4.1\n",
+               blocks["print('indented')"].line: "indented\n",
+               blocks["print('<img>')"].line: "<img>\n"}
+    shown = pagerun.with_outputs(_PAGE, outputs).split("\n")
+    at = shown.index("print('x is', x)")
+    assert shown[at + 1:at + 6] == ["```", "", '```text title="Output"', "x is 2", "```"]
+    at = shown.index("attnlab train demo")
+    assert shown[at + 3].startswith('```text title="Output of a run with tiny settings')
+    at = shown.index("    print('indented')")
+    assert shown[at + 1:at + 6] == ["    ```", "", '    ```text title="Output"', "    indented",
+                                    "    ```"]
+    assert shown.count("x = 2") == 1 and shown[shown.index("x = 2") + 2] == ""  # printed nothing
+    assert "<img>" not in shown  # a figure block shows its figure, not its HTML
+    assert len(shown) == len(_PAGE.split("\n")) + 3 * 4  # a blank line and a 3-line fence each
+
+
+def test_a_long_output_shows_its_ends_and_a_fence_longer_than_its_backticks() -> None:
+    block = parse_blocks("```python\nprint()\n```\n")[0]
+    out = "".join(f"line {k}\n" for k in range(100)) + "````\n"
+    shown = pagerun.shown_output(block, out).split("\n")
+    assert shown[0].startswith("`````text") and shown[-1] == "`````"
+    assert "line 0" in shown and "````" in shown and "line 50" not in shown
+    assert any("lines more" in ln for ln in shown)
+
+
+def test_a_page_as_a_script_and_a_notebook_keeps_every_block_in_order() -> None:
+    import ast
+
+    import nbformat
+
+    script = pagerun.to_script(_PAGE, "a.md")
+    ast.parse(script)
+    assert script.index("x = 2") < script.index("print('x is', x)") < \
+        script.index('sh("""\\\nattnlab train demo\n""")') < script.index("print('indented')")
+    assert "docs-test" not in script and "# The end." in script
+    notebook = nbformat.reads(pagerun.to_notebook(_PAGE, "a.md"), as_version=4)
+    nbformat.validate(notebook)
+    code = ["".join(c.source) for c in notebook.cells if c.cell_type == "code"]
+    assert code == ["x = 2", "print('x is', x)", "%%bash\nattnlab train demo",
+                    "print('indented')", "print('<img>')"]
+
+
+def _tutorials() -> list[str]:
+    return [rel for rel in pages() if pagerun.shows_outputs(rel)]
+
+
+@pytest.mark.parametrize("rel", _tutorials())
+def test_every_tutorial_is_a_valid_script_and_notebook(rel: str) -> None:
+    import ast
+
+    import nbformat
+
+    text = (DOCS / rel).read_text(encoding="utf-8")
+    script = pagerun.to_script(text, rel)
+    ast.parse(script)
+    notebook = nbformat.reads(pagerun.to_notebook(text, rel), as_version=4)
+    nbformat.validate(notebook)
+    run = [b for b in parse_blocks(text, rel) if b.lang in ("python", "bash") and b.skip is None]
+    code = [c.source for c in notebook.cells if c.cell_type == "code"]
+    assert code == [b.code.rstrip("\n") if b.lang == "python" else
+                    f"%%bash\n{b.code.rstrip()}" for b in run]
+
+
+def test_the_first_tutorial_as_a_script_prints_what_its_page_shows(tmp_path: Path) -> None:
+    """The downloaded script is the page: run on its own, it prints the outputs the page
+    shows (tutorial 1: NumPy and attnlab, no data)."""
+    rel = "tutorials/01-attention.md"
+    page = pagerun.run_page(rel, tmp_path / "page")
+    (tmp_path / "alone").mkdir()
+    path = tmp_path / "alone" / "01-attention.py"
+    path.write_text(pagerun.to_script((DOCS / rel).read_text(encoding="utf-8"), rel),
+                    encoding="utf-8")
+    env = {**os.environ, **environment(tmp_path / "page" / "data")}
+    done = subprocess.run([sys.executable, path.name], cwd=path.parent, env=env, text=True,
+                          capture_output=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == "".join(out for _, out in page.outputs)
+
+
+@pytest.mark.slow
+def test_the_built_tutorials_show_their_outputs_and_downloads(site: Site) -> None:
+    """Under every tutorial block that printed, its output (kept from this test session's
+    ``test_page`` run or made by the build: the same runner); beside each page its script and
+    notebook, linked from the page."""
+    import html
+
+    path = site.checked() / "tutorials"
+    for rel in _tutorials():
+        page = (path / (Path(rel).stem + ".html")).read_text(encoding="utf-8")
+        outputs = pagerun.stored_outputs(rel)
+        assert outputs is not None, f"{rel}: the build kept no outputs"
+        blocks = {b.line: b for b in parse_blocks((DOCS / rel).read_text(encoding="utf-8"))}
+        shown = [out for line, out in outputs.items()
+                 if pagerun.shown_output(blocks[line], out) is not None]
+        assert shown or rel.endswith("05-families.md"), f"{rel}: no block printed anything"
+        text = " ".join(html.unescape(re.sub(r"<[^>]+>", "", page)).split())
+        for out in shown:
+            first = " ".join(out.strip("\n").split("\n")[0].split())
+            assert first in text, f"{rel}: {first!r} is not on the page"
+        assert page.count('<span class="filename">Output') == len(shown), rel
+        stem = Path(rel).stem
+        assert f'href="{stem}.py"' in page and f'href="{stem}.ipynb"' in page
+        assert (path / f"{stem}.py").read_text(encoding="utf-8") == pagerun.to_script(
+            (DOCS / rel).read_text(encoding="utf-8"), rel)
+        json.loads((path / f"{stem}.ipynb").read_text(encoding="utf-8"))
