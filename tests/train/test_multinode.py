@@ -88,15 +88,21 @@ def train(args, nproc, cwd, ok=True, **env):
     return proc
 
 
+LAUNCH = [sys.executable, "-m", "attnlab", "launch"]
+
+
 def machines(args, folders, timeout=180):
-    """The same torchrun command on every "machine" (a folder), at once: their results."""
+    """The same command on every "machine" (a folder), at once: their results. The first
+    machine starts torchrun, the others `attnlab launch` (torchrun's options, then the
+    command): both meet at one rendezvous."""
     port = free_port()
-    command = [*TORCHRUN, f"--nnodes={len(folders)}", "--nproc_per_node=1",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-               f"--rdzv-id=test{port}", *ATTNLAB, *args]
+    options = [f"--nnodes={len(folders)}", "--nproc_per_node=1", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=test{port}"]
     procs = []
-    for folder in folders:
+    for k, folder in enumerate(folders):
         folder.mkdir(parents=True, exist_ok=True)
+        command = [*TORCHRUN, *options, *ATTNLAB, *args] if k == 0 else \
+            [*LAUNCH, *options, "train", *args]
         procs.append(subprocess.Popen(command, cwd=folder, env=environment(), text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     try:
@@ -181,19 +187,50 @@ def test_a_process_group_that_never_forms_ends_in_one_line(tmp_path, recipe):
 
 
 @pytest.mark.slow
-def test_torchrun_gives_up_on_a_machine_that_never_comes(tmp_path, recipe):
-    """torchrun itself waits for the other machines before it starts attnlab: its
-    ``--rdzv-conf join_timeout`` (in seconds, as the guide says) ends that wait."""
+@pytest.mark.parametrize("timeout", [["--join-timeout", "3"], ["--rdzv-conf=join_timeout=3"]])
+def test_a_machine_that_never_comes_ends_attnlab_launch_in_one_line(tmp_path, recipe, timeout):
+    """torchrun waits for every machine before it starts attnlab; `attnlab launch` (its
+    ``--join-timeout`` or torchrun's own ``--rdzv-conf join_timeout``) ends the wait with one
+    line, exit 2, nothing written (torchrun alone ends it with a traceback)."""
     port = free_port()
     start = time.monotonic()
-    proc = subprocess.run([*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
-                           f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-conf=join_timeout=3",
-                           *ATTNLAB, str(recipe), "--out", "run"], cwd=tmp_path,
-                          env=environment(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
+    proc = subprocess.run([*LAUNCH, "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
+                           f"--rdzv-endpoint=127.0.0.1:{port}", *timeout, "train", str(recipe),
+                           "--out", "run"], cwd=tmp_path, env=environment(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
     assert time.monotonic() - start < 60
-    assert "RendezvousTimeoutError" in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"attnlab launch: error: the rendezvous at 127.0.0.1:{port} did not complete in 3 s: "
+        "not every machine of "
+        "--nnodes 2 joined. Start the same `attnlab launch` (same --nnodes, --rdzv-endpoint "
+        "and --rdzv-id) on every machine, and check that the endpoint's host and port can be "
+        "reached from each"], proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--nproc_per_node=2"], "give an attnlab command after torchrun's options"),
+    (["--join-timeout", "soon", "train"], "--join-timeout 'soon': give the seconds"),
+    (["--join-timeout=0", "train"], "--join-timeout '0': give the seconds"),
+])
+def test_attnlab_launch_refuses_bad_words_in_one_line(argv, says, capsys):
+    from attnlab.cli import main
+
+    assert main(["launch", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"attnlab launch: error: {says}"), err
+
+
+@pytest.mark.slow
+def test_attnlab_launch_returns_the_exit_code_of_its_processes(tmp_path):
+    proc = subprocess.run([*LAUNCH, "--standalone", "--nproc_per_node=2", "train", "no.toml"],
+                          cwd=tmp_path, env=environment(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("attnlab")]
+    assert lines and all(ln.startswith("attnlab train: error: config file no.toml does not "
+                                       "exist") for ln in lines), proc.stderr
 
 
 def test_processes_resumed_on_another_number_draw_from_new_streams_of_their_own():

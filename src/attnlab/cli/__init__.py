@@ -71,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if not argv:  # `attnlab` alone runs the main job: train the default model, then sample
         argv = ["train"]
+    if argv[0] == "launch" and argv[1:2] not in (["-h"], ["--help"]):
+        # torchrun's options, then a command: words argparse must not read as its own options
+        from attnlab.cli.train import cmd_launch
+
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        return run_command(cmd_launch, argparse.Namespace(command="launch", argv=argv[1:]))
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:  # named with the command they were given to

@@ -34,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _register_average(subparsers)
     _register_recipes(subparsers)
     _register_data(subparsers)
+    _register_launch(subparsers)
 
 
 def _register_train(subparsers: argparse._SubParsersAction) -> None:
@@ -200,6 +201,57 @@ def _register_prepare(sub: argparse._SubParsersAction) -> None:
 def _usage(p: argparse.ArgumentParser) -> int:
     """``attnlab data`` without an action."""
     raise UsageError("choose an action: fetch, list or prepare (see `attnlab data --help`)")
+
+
+LAUNCH_HELP = (
+    "Run an attnlab command under torchrun: on one machine (--nproc-per-node K) or on "
+    "several (the same `attnlab launch` on each, with --nnodes N --rdzv-backend c10d "
+    "--rdzv-endpoint HOST:PORT --rdzv-id ID). Everything before the command is torchrun's "
+    "(`torchrun --help`), plus --join-timeout S: how long to wait for every machine (default "
+    "600 s); a rendezvous that does not complete, or an endpoint that cannot be reached, is "
+    "one line and exit code 2. Example: attnlab launch --nproc-per-node 2 train RECIPE")
+
+
+def _register_launch(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("launch", help="run a command under torchrun, on one machine "
+                              "or several (DDP or FSDP)", description=LAUNCH_HELP)
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="[TORCHRUN OPTIONS] COMMAND ...",
+                   help="torchrun's options, then an attnlab command and its arguments")
+    p.set_defaults(func=cmd_launch)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    """``attnlab launch [TORCHRUN OPTIONS] COMMAND ...`` (main() passes the words unparsed:
+    they are torchrun's options)."""
+    from attnlab.cli import build_parser
+    from attnlab.train.distributed import launch
+
+    words = list(args.argv)
+    commands = [c for c in build_parser().commands if c != "launch"]
+    at = next((k for k, w in enumerate(words) if w in commands), None)
+    if at is None:
+        raise UsageError("give an attnlab command after torchrun's options, e.g. `attnlab "
+                         f"launch --nproc-per-node 2 train RECIPE` (commands: "
+                         f"{', '.join(commands)})")
+    torchrun_args, timeout = [], None
+    k = 0
+    while k < at:
+        word = words[k]
+        if word == "--join-timeout" or word.startswith("--join-timeout="):
+            value = word.split("=", 1)[1] if "=" in word else \
+                (words[k + 1] if k + 1 < at else "")
+            k += 1 if "=" in word else 2
+            try:
+                timeout = float(value)
+            except ValueError:
+                timeout = -1.0
+            if not timeout > 0:
+                raise UsageError(f"--join-timeout {value!r}: give the seconds to wait for "
+                                 "every machine, a number > 0")
+            continue
+        torchrun_args.append(word)
+        k += 1
+    return launch(torchrun_args, words[at:], timeout)
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ writes files.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -159,3 +160,61 @@ def barrier(info: DistInfo) -> None:
     """Wait until every process gets here (nothing to wait for in one process)."""
     if info.enabled:
         dist.barrier()
+
+
+# ---- attnlab launch: torchrun, with its failures said in one line ------------------------------
+def _option(args: list[str], *names: str) -> str | None:
+    """The value of a ``--name VALUE`` / ``--name=VALUE`` option in ``args`` (the last one)."""
+    found = None
+    for k, arg in enumerate(args):
+        for name in names:
+            if arg == name and k + 1 < len(args):
+                found = args[k + 1]
+            elif arg.startswith(name + "="):
+                found = arg.split("=", 1)[1]
+    return found
+
+
+def launch(torchrun_args: list[str], command: list[str], join_timeout_s: float | None = None
+           ) -> int:
+    """Run ``attnlab COMMAND ...`` under torchrun (``torch.distributed.run``) with
+    ``torchrun_args``; the exit code of the processes.
+
+    What torchrun would print as a traceback is one line (raised as :class:`UsageError`): a
+    rendezvous that does not complete in ``join_timeout_s`` (torchrun's ``join_timeout``,
+    600 s unless given here or in ``--rdzv-conf``) because not every machine joined, or an
+    endpoint that cannot be reached. A process that fails has already said why (attnlab's
+    one line, or a traceback): its exit code is returned.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
+    from torch.distributed.run import main as torchrun
+
+    args = list(torchrun_args)
+    conf = _option(args, "--rdzv-conf", "--rdzv_conf")
+    if join_timeout_s is not None:
+        args += ["--rdzv-conf", f"join_timeout={join_timeout_s:g}" + (f",{conf}" if conf else "")]
+    else:  # torchrun's own: its --rdzv-conf, else 600 s
+        given = re.search(r"(?:^|,)join_timeout=([^,]+)", conf or "")
+        join_timeout_s = float(given.group(1)) if given else 600.0
+    nodes = _option(args, "--nnodes") or "1"
+    endpoint = _option(args, "--rdzv-endpoint", "--rdzv_endpoint") or \
+        f"{_option(args, '--master-addr', '--master_addr') or '127.0.0.1'}:" \
+        f"{_option(args, '--master-port', '--master_port') or 29500}"
+    try:
+        torchrun([*args, "-m", "attnlab", *command])
+    except RendezvousTimeoutError as e:
+        raise UsageError(
+            f"the rendezvous at {endpoint} did not complete in {join_timeout_s:g} s: not every "
+            f"machine of "
+            f"--nnodes {nodes} joined. Start the same `attnlab launch` (same --nnodes, "
+            "--rdzv-endpoint and --rdzv-id) on every machine, and check that the endpoint's "
+            "host and port can be reached from each") from e
+    except RendezvousError as e:
+        raise UsageError(f"the rendezvous at {endpoint} failed: "
+                         f"{' '.join(str(e).split()) or type(e).__name__} (check --rdzv-endpoint "
+                         "and that every machine can reach it)") from e
+    except ChildFailedError as e:
+        codes = [f.exitcode for f in e.failures.values()]
+        return next((c for c in codes if c > 0), 1)
+    return 0
