@@ -1,12 +1,20 @@
 """Model weights as safetensors files: saved atomically (tied weights once, no wrapper
 prefixes), loaded with an error that names the tensors that do not fit. Loading never
-unpickles; :class:`~attnlab.runs.RunDir` decides where the files go."""
+unpickles; :class:`~attnlab.runs.RunDir` decides where the files go.
+
+A model sharded over processes (``train.parallel = "fsdp"``) is saved as shards instead, each
+process its own, with its optimizer's moments: a ``torch.distributed.checkpoint`` folder
+(:func:`save_sharded`), which any number of processes, one without a process group included,
+loads (:func:`load_sharded`). Its tensors load without unpickling; its index of the shards is
+torch's pickle.
+"""
 
 from __future__ import annotations
 
 import errno
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -82,10 +90,71 @@ def load_weights(model: nn.Module, path: Path) -> None:
             f"checkpoint {path} does not fit this model (different config?): "
             f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}"
         )
+    check_finite(model, path)
+
+
+def check_finite(model: nn.Module, path: Path) -> None:
+    """Refuse weights just loaded from ``path`` that hold NaN or inf (a diverged run's)."""
     for name, tensor in unwrap(model).state_dict().items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise RunError(f"checkpoint {path} is damaged: tensor {name!r} holds NaN or inf "
                            "values; use another checkpoint (best/ or last/) or train again")
+
+
+def save_sharded(folder: Path, model: nn.Module,
+                 optimizer: torch.optim.Optimizer | None = None) -> list[dict] | None:
+    """Write ``model``'s weights (and ``optimizer``'s per-parameter state) into ``folder`` as
+    a ``torch.distributed.checkpoint``: every process of the group calls it and writes its
+    own shards; it returns on each once all are written. Tensors are named as in the
+    unwrapped model (``model.NAME``, ``optimizer.NAME.exp_avg``). Returns the optimizer's
+    param groups (parameters by name, no tensors), for the training state's JSON."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    tensors: dict[str, Any] = {"model": get_model_state_dict(model)}
+    groups = None
+    if optimizer is not None:
+        state = get_optimizer_state_dict(model, optimizer)
+        tensors["optimizer"], groups = state["state"], state["param_groups"]
+    dcp.save(tensors, checkpoint_id=folder)
+    return groups
+
+
+def load_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 groups: list[dict] | None = None) -> None:
+    """Load a :func:`save_sharded` folder into ``model`` (and ``optimizer``, with the param
+    ``groups`` it returned), sharded or whole, under any number of processes: each reads the
+    parts of the shards it holds.
+
+    Raises:
+        RunError: tensors that do not fit the model (different config), an unreadable
+            folder, or NaN / inf values.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    tensors: dict[str, Any] = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        tensors["optimizer"] = get_optimizer_state_dict(model, optimizer)["state"]
+    try:
+        dcp.load(tensors, checkpoint_id=folder)
+    except (dcp.api.CheckpointException, OSError, RuntimeError, ValueError) as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln or "key" in ln]
+        raise RunError(f"checkpoint {folder} does not fit this model (was it trained with a "
+                       f"different config?): {(lines or [str(e)])[-1][:300]}") from None
+    set_model_state_dict(model, tensors["model"])
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer,
+                                 {"state": tensors["optimizer"], "param_groups": groups})
+    check_finite(model, folder)
 
 
 def average_weights(model: nn.Module, paths: list[Path]) -> None:

@@ -30,7 +30,18 @@ from ..runs import RunDir, RunError
 from ..speed import probe, use_cpu_dropout, use_cpu_sdpa, use_fused_loss
 from ..tasks import Task
 from .average import WeightEMA
-from .distributed import DistInfo, all_gather_objects, all_reduce_sum, any_process, shard, wrap_ddp
+from .distributed import (
+    DistInfo,
+    all_gather_objects,
+    all_reduce_sum,
+    any_process,
+    barrier,
+    checkpoint_blocks,
+    held_gradients,
+    load_whole,
+    shard,
+    wrap,
+)
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, optimizer_kind, set_lr
 from .precision import STALE, Amp, fastest, probe_key, resolve_precision, stale
@@ -170,6 +181,10 @@ class Trainer:
         on in (see :func:`~attnlab.train.precision.resolve_precision`)."""
         self.rc, self.cfg, self.task = rc, rc.train, task
         self.info = info or DistInfo()
+        if self.cfg.parallel == "fsdp" and self.info.world_size < 2:
+            raise ConfigError("train.parallel='fsdp' shards the model over processes: it needs "
+                              "torchrun with 2 or more (torchrun --nproc_per_node=2 -m attnlab "
+                              "train ...); one process trains with train.parallel='ddp'")
         if self.info.enabled:  # a batch too small to split fails here, before any file is written
             data = self.task.state_dict()
             with torch.random.fork_rng(devices=[]):
@@ -189,10 +204,13 @@ class Trainer:
         self.precision = resolve_precision(self.cfg.precision, self.device,
                                            self._measure_precision, precision)
         self.amp = Amp(self.precision, self.device, self.cfg.sdpa_backend)  # around each forward
+        if self.cfg.activation_checkpointing:
+            checkpoint_blocks(self.model)
+        # (fsdp replaces the parameters by their shards: the optimizer takes those)
+        self.ddp = wrap(self.model, self.info, self.device, self.cfg.parallel, self.precision)
         self.optimizer = build_optimizer(self.model, self.cfg, self.device.type, self.precision)
         self.ema = WeightEMA(self.model, self.cfg.ema_decay) if self.cfg.ema_decay else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
-        self.ddp = wrap_ddp(self.model, self.info, self.device)
         self.fwd = self.ddp
         self.compile_pending = False
         if self.cfg.compile:
@@ -277,7 +295,7 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro):
             hold = self.info.enabled and i < len(micro) - 1  # all-reduce once, at the last
-            with self.ddp.no_sync() if hold else contextlib.nullcontext():
+            with held_gradients(self.ddp, hold):
                 with self.amp():
                     loss_sum = self.task.loss_sum(self.fwd, batch, self.cfg.label_smoothing)
                 self.scaler.scale(loss_sum * scale).backward()
@@ -322,7 +340,10 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resume needs besides the weights, as the last/ checkpoint stores it."""
-        return {"step": self.step, "optimizer": self.optimizer.state_dict(),
+        # (sharded: the optimizer's tensors go to the shards, its groups with the rest)
+        optimizer = {} if self.cfg.parallel == "fsdp" else {
+            "optimizer": self.optimizer.state_dict()}
+        return {"step": self.step, **optimizer,
                 "scaler": self.scaler.state_dict(), "rng": rng_state(),
                 "data": self.task.state_dict(), "best": self.best, "bad_evals": self.bad_evals,
                 "window": self.window.state_dict(), "world_size": self.info.world_size,
@@ -336,7 +357,8 @@ class Trainer:
         # every process's RNG state (they differ), gathered on all of them before rank 0 writes
         ranks = all_gather_objects(rng_state(), self.info) \
             if which == "last" and self.info.enabled else None
-        if self.run is None or not self.info.is_main:
+        sharded = self.cfg.parallel == "fsdp"  # (every process writes its shards)
+        if self.run is None or not (self.info.is_main or sharded):
             return
         state = self.state_dict() if which == "last" else None
         if ranks:
@@ -344,7 +366,12 @@ class Trainer:
         meta = {"step": self.step, "precision": self.precision}
         if which == "best" and self.best is not None:
             meta.update(self.best)
-        self.run.save_checkpoint(which, self.model, state, meta)
+        self.run.save_checkpoint(
+            which, self.model, state, meta, shards=self.info.world_size if sharded else 0,
+            optimizer=self.optimizer if state and sharded else None, main=self.info.is_main,
+            sync=(lambda: barrier(self.info)) if sharded else None)
+        if not self.info.is_main:
+            return
         if which == "last" and self.cfg.keep_checkpoints and step_weights:
             self.run.save_step_weights(self.step, self.model, meta, self.cfg.keep_checkpoints)
 
@@ -360,7 +387,6 @@ class Trainer:
                            "evaluations against a value of another metric: resume with "
                            f"train.best_metric={best['metric']!r}, or train into a new --out "
                            "(--init-from the run)")
-        self.run.load_weights(self.model, "last")
         opt_state = state.get("optimizer") if isinstance(state, dict) else None
         saved = optimizer_kind(opt_state) if isinstance(opt_state, dict) else self.cfg.optimizer
         if saved != self.cfg.optimizer:  # (a malformed state is refused below)
@@ -369,7 +395,7 @@ class Trainer:
                            f"{self.cfg.optimizer!r}: resume with train.optimizer={saved!r}, or "
                            "train into a new --out (--init-from the run)")
         try:
-            self.optimizer.load_state_dict(state["optimizer"])
+            self._load_weights_and_optimizer(state["optimizer"])
             self.scaler.load_state_dict(state["scaler"])
             self.task.load_state_dict(state["data"])
             ranks = state.get("rng_ranks") or []  # each process its own, when they match
@@ -392,6 +418,8 @@ class Trainer:
                         isinstance(self.best, dict) and type(self.best.get("step")) is int
                         and isinstance(self.best.get("value"), (int, float))))):
                 raise ValueError("step, bad_evals, window, elapsed_s or best out of range")
+        except RunError:  # (the weights': said already)
+            raise
         except KeyError as e:
             raise RunError(f"the training state of {self.run.checkpoint_dir('last')} has no "
                            f"{e.args[0]!r} entry (a damaged or foreign checkpoint); it cannot "
@@ -400,6 +428,23 @@ class Trainer:
             raise RunError(f"the training state of {self.run.checkpoint_dir('last')} does not "
                            f"fit this run ({type(e).__name__}: {str(e).splitlines()[0][:150]}); "
                            "it cannot be resumed: train into a new --out") from None
+
+    def _load_weights_and_optimizer(self, optimizer: dict[str, Any]) -> None:
+        """last/'s weights and optimizer state (``optimizer``: the training state's), however
+        the checkpoint and this run are split over processes: a sharded checkpoint loads under
+        any number of them, each its part; a whole one into a sharded model goes through a
+        whole copy, of which each process keeps its shards."""
+        if self.run.sharded("last"):
+            self.run.load_weights(self.model, "last", self.optimizer, optimizer)
+        elif self.cfg.parallel == "fsdp":
+            whole = build_model(self.task.model_config)
+            whole_optimizer = build_optimizer(whole, self.cfg, "cpu", self.precision)
+            self.run.load_weights(whole, "last")
+            whole_optimizer.load_state_dict(optimizer)
+            load_whole(self.model, self.optimizer, whole, whole_optimizer)
+        else:
+            self.run.load_weights(self.model, "last")
+            self.optimizer.load_state_dict(optimizer)
 
     # ---- the loop ------------------------------------------------------------------------------
     def _better(self, a: float, b: float) -> float:

@@ -160,6 +160,17 @@ def resumed_config(run: RunDir, saved: dict, rc: RunConfig) -> RunConfig:
     return RunConfig.from_dict(merged)
 
 
+def unsharded_alone(run: RunDir, rc: RunConfig, explicit: frozenset[str]) -> RunConfig:
+    """``rc`` of a run resumed by one process (no torchrun): a run trained sharded
+    (``train.parallel = "fsdp"``, its config's) goes on unsharded, its checkpoint loaded
+    whole; asked for by this command (``explicit``), fsdp on one process is refused later."""
+    if rc.train.parallel != "fsdp" or "train.parallel" in explicit or env_info().world_size > 1:
+        return rc
+    log.info("%s was trained sharded over processes (train.parallel='fsdp'); one process goes "
+             "on with the whole model (train.parallel='ddp')", run.path)
+    return rc.replace("train", parallel="ddp")
+
+
 def check_steps_left(run: RunDir, rc: RunConfig) -> None:
     """A resume must have steps to train: one that stops at or before the checkpoint would
     only evaluate again and rewrite the run's results."""
@@ -268,7 +279,7 @@ def _resumed_start(rc: RunConfig, run: RunDir) -> RunStart:
     """The start of ``--resume``: the run's own config where ``rc`` leaves a key out, its
     tokenizer, and whether there is a last/ to go on from (with steps left to train)."""
     saved = run.read_config()
-    rc = resumed_config(run, saved, rc)
+    rc = unsharded_alone(run, resumed_config(run, saved, rc), rc.explicit)
     tokenizer = run.load_tokenizer()
     resume = not _restart_from_nothing(run)
     if resume:
@@ -310,7 +321,7 @@ def _announce(trainer: Trainer, rc: RunConfig, info: DistInfo) -> None:
     log.info("training %s model (%.2fM parameters) on %s, %s, %s%s",
              FAMILY_WORDS.get(rc.model.family, rc.model.family),
              n_params / 1e6, trainer.device, trainer.precision, data_words(rc.data),
-             describe(info))
+             describe(info, rc.train.parallel))
     if info.is_main:
         for warning in schedule_warnings(rc.train):
             log.warning("%s", warning)
