@@ -5,14 +5,18 @@ unpickles; :class:`~attnlab.runs.RunDir` decides where the files go.
 A model sharded over processes (``train.parallel = "fsdp"``) is saved as shards instead, each
 process its own, with its optimizer's moments: a ``torch.distributed.checkpoint`` folder
 (:func:`save_sharded`), which any number of processes, one without a process group included,
-loads (:func:`load_sharded`). Its tensors load without unpickling; its index of the shards is
-torch's pickle.
+loads (:func:`load_sharded`). Its tensors load without unpickling, and its index of the
+shards (a pickle, torch's format) is read by an unpickler that builds the index's own classes
+and nothing else (:class:`IndexUnpickler`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
-from collections.abc import Callable
+import pickle
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +105,49 @@ def check_finite(model: nn.Module, path: Path) -> None:
                            "values; use another checkpoint (best/ or last/) or train again")
 
 
+class IndexUnpickler(pickle.Unpickler):
+    """Reads a ``torch.distributed.checkpoint`` index (``.metadata``, which torch pickles)
+    but refuses every class and function outside it: the index's own dataclasses, torch's
+    sizes, dtypes and layouts, and paths. A pickle that would run anything else fails."""
+
+    ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"),
+               ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+               ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "Path")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if not ((module, name) in self.ALLOWED
+                or module == "torch.distributed.checkpoint.metadata"
+                or module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            raise pickle.UnpicklingError(f"{module}.{name} is no part of a checkpoint's index")
+        return super().find_class(module, name)
+
+
+@contextlib.contextmanager
+def _alone() -> Iterator[None]:
+    """Quiet about one process without a process group: a sharded checkpoint's reader often
+    is one (``attnlab eval``), and torch warns at every save and load."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _index_reader(folder: Path) -> Any:
+    """torch's reader of a checkpoint folder, whose index is read by :class:`IndexUnpickler`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            with open(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
+                metadata = IndexUnpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return Reader(folder)
+
+
 def save_sharded(folder: Path, model: nn.Module,
                  optimizer: torch.optim.Optimizer | None = None) -> list[dict] | None:
     """Write ``model``'s weights (and ``optimizer``'s per-parameter state) into ``folder`` as
@@ -119,7 +166,8 @@ def save_sharded(folder: Path, model: nn.Module,
     if optimizer is not None:
         state = get_optimizer_state_dict(model, optimizer)
         tensors["optimizer"], groups = state["state"], state["param_groups"]
-    dcp.save(tensors, checkpoint_id=folder)
+    with _alone():
+        dcp.save(tensors, checkpoint_id=folder, no_dist=not torch.distributed.is_initialized())
     return groups
 
 
@@ -145,8 +193,11 @@ def load_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimize
     if optimizer is not None:
         tensors["optimizer"] = get_optimizer_state_dict(model, optimizer)["state"]
     try:
-        dcp.load(tensors, checkpoint_id=folder)
-    except (dcp.api.CheckpointException, OSError, RuntimeError, ValueError) as e:
+        with _alone():
+            dcp.load(tensors, storage_reader=_index_reader(folder),
+                     no_dist=not torch.distributed.is_initialized())
+    except (dcp.api.CheckpointException, OSError, RuntimeError, ValueError,
+            pickle.UnpicklingError) as e:
         lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln or "key" in ln]
         raise RunError(f"checkpoint {folder} does not fit this model (was it trained with a "
                        f"different config?): {(lines or [str(e)])[-1][:300]}") from None

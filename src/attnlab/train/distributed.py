@@ -196,6 +196,14 @@ def load_whole(model: nn.Module, optimizer: torch.optim.Optimizer, whole: nn.Mod
                              options=full)
 
 
+def whole_state(model: nn.Module) -> dict[str, Tensor]:
+    """The weights of fsdp-sharded ``model``, whole, on every process (a collective: every
+    process calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
 @contextlib.contextmanager
 def held_gradients(model: nn.Module, hold: bool) -> Iterator[None]:
     """With ``hold``, the backward passes inside keep their gradients on each process (summed

@@ -40,6 +40,7 @@ from .distributed import (
     held_gradients,
     load_whole,
     shard,
+    whole_state,
     wrap,
 )
 from .monitor import Monitor
@@ -445,6 +446,16 @@ class Trainer:
         else:
             self.run.load_weights(self.model, "last")
             self.optimizer.load_state_dict(optimizer)
+
+    def whole_model(self) -> torch.nn.Module:
+        """The trained model as one module, for what runs after training, outside the
+        process group (samples): fsdp's shards gathered on every process (each calls this),
+        else the model itself."""
+        if self.cfg.parallel != "fsdp" or not self.info.enabled:
+            return self.model
+        whole = build_model(self.task.model_config).to(self.device)
+        whole.load_state_dict(whole_state(self.model))
+        return whole
 
     # ---- the loop ------------------------------------------------------------------------------
     def _better(self, a: float, b: float) -> float:

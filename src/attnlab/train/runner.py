@@ -240,8 +240,8 @@ def train_run(rc: RunConfig, run_dir: str | Path, resume: bool = False) -> RunOu
         result = trainer.fit()
         if info.is_main:
             _write_results(run, result, trainer, info)
-        return RunOutcome(result, trainer.model, trainer.task.tokenizer, run.path, trainer.rc,
-                          info.is_main)
+        return RunOutcome(result, trainer.whole_model(), trainer.task.tokenizer, run.path,
+                          trainer.rc, info.is_main)
     except BaseException:
         if created is not None:
             _remove_if_empty(created, run.path)
