@@ -269,7 +269,8 @@ def test_a_sharded_run_goes_on_alone_and_a_run_of_one_process_goes_on_sharded(tm
         assert losses(tmp_path / resumed) == pytest.approx(losses(tmp_path / "one"), abs=1e-5)
     assert (tmp_path / "alone" / "last" / ".metadata").is_file()  # sharded from then on
     assert main(["eval", str(tmp_path / "alone")]) == 0
-    assert main(["sample", str(tmp_path / "alone"), "--max-new-tokens", "5"]) == 0
+    assert main(["sample", str(tmp_path / "alone"), "--prompt", "all", "--max-new-tokens",
+                 "5"]) == 0
     broken = run(command(text, tmp_path / "broken") + six + ["--resume"], 1, tmp_path, ok=False)
     assert broken.returncode == 2
     line = broken.stderr.strip().splitlines()[-1]

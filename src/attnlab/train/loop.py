@@ -196,9 +196,8 @@ class Trainer:
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)  # process-wide, as torch has it
         seed_everything(self.cfg.seed)  # the same initial weights on every process
-        self.model = use_cpu_dropout(use_cpu_sdpa(build_model(task.model_config).to(self.device)))
-        if not self.cfg.compile:  # (a compiled model's projection and loss: fused by inductor)
-            use_fused_loss(self.model)
+        self.model = self._build_model()
+        self.whole: torch.nn.Module | None = None  # fsdp: the gathered model, once made
         if self.info.enabled:  # then each process its own random stream (dropout masks)
             torch.manual_seed(self.cfg.seed + self.info.rank)
         self.auto_key: str | None = None  # the probe's cache key of a measured "auto"
@@ -332,12 +331,13 @@ class Trainer:
     def evaluate(self, split: str = "val", max_batches: int | None = None) -> dict[str, float]:
         """The task's metrics of the model on ``max_batches`` batches of ``split`` (default:
         ``train.eval_batches``; 0: the whole split), in eval mode and training's precision."""
-        self.model.eval()
+        model = self.whole_model()  # (fsdp: every process evaluates the gathered weights)
+        model.eval()
         try:
             n = self.cfg.eval_batches if max_batches is None else max_batches
-            return self.task.evaluate(self.model, split, self.device, self.amp, n)
+            return self.task.evaluate(model, split, self.device, self.amp, n)
         finally:
-            self.model.train()
+            model.train()
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resume needs besides the weights, as the last/ checkpoint stores it."""
@@ -447,15 +447,25 @@ class Trainer:
             self.run.load_weights(self.model, "last")
             self.optimizer.load_state_dict(optimizer)
 
+    def _build_model(self) -> torch.nn.Module:
+        """The task's model on the device, with the speed layer's kernels."""
+        model = use_cpu_dropout(use_cpu_sdpa(build_model(self.task.model_config).to(self.device)))
+        if not self.cfg.compile:  # (a compiled model's projection and loss: fused by inductor)
+            use_fused_loss(model)
+        return model
+
     def whole_model(self) -> torch.nn.Module:
-        """The trained model as one module, for what runs after training, outside the
-        process group (samples): fsdp's shards gathered on every process (each calls this),
-        else the model itself."""
+        """The model as one module with its current weights: fsdp's shards gathered on every
+        process (each calls this), into a copy made once; the model itself otherwise. The
+        evaluations run on it (an encoder-decoder's decoding calls more than its forward),
+        and so does what runs after training, outside the process group (samples)."""
         if self.cfg.parallel != "fsdp" or not self.info.enabled:
             return self.model
-        whole = build_model(self.task.model_config).to(self.device)
-        whole.load_state_dict(whole_state(self.model))
-        return whole
+        if self.whole is None:
+            with torch.random.fork_rng(devices=[]):  # (training's random stream untouched)
+                self.whole = self._build_model()
+        self.whole.load_state_dict(whole_state(self.model))
+        return self.whole
 
     # ---- the loop ------------------------------------------------------------------------------
     def _better(self, a: float, b: float) -> float:

@@ -160,11 +160,12 @@ def resumed_config(run: RunDir, saved: dict, rc: RunConfig) -> RunConfig:
     return RunConfig.from_dict(merged)
 
 
-def unsharded_alone(run: RunDir, rc: RunConfig, explicit: frozenset[str]) -> RunConfig:
+def unsharded_alone(run: RunDir, rc: RunConfig, saved: dict[str, Any]) -> RunConfig:
     """``rc`` of a run resumed by one process (no torchrun): a run trained sharded
-    (``train.parallel = "fsdp"``, its config's) goes on unsharded, its checkpoint loaded
-    whole; asked for by this command (``explicit``), fsdp on one process is refused later."""
-    if rc.train.parallel != "fsdp" or "train.parallel" in explicit or env_info().world_size > 1:
+    (``train.parallel = "fsdp"`` in its config, ``saved``) goes on unsharded, its checkpoint
+    loaded whole; fsdp for a run that was not sharded is refused (by the trainer)."""
+    sharded = (saved.get("train") or {}).get("parallel") == "fsdp"
+    if rc.train.parallel != "fsdp" or not sharded or env_info().world_size > 1:
         return rc
     log.info("%s was trained sharded over processes (train.parallel='fsdp'); one process goes "
              "on with the whole model (train.parallel='ddp')", run.path)
@@ -279,7 +280,7 @@ def _resumed_start(rc: RunConfig, run: RunDir) -> RunStart:
     """The start of ``--resume``: the run's own config where ``rc`` leaves a key out, its
     tokenizer, and whether there is a last/ to go on from (with steps left to train)."""
     saved = run.read_config()
-    rc = unsharded_alone(run, resumed_config(run, saved, rc), rc.explicit)
+    rc = unsharded_alone(run, resumed_config(run, saved, rc), saved)
     tokenizer = run.load_tokenizer()
     resume = not _restart_from_nothing(run)
     if resume:
