@@ -276,3 +276,21 @@ def test_a_sharded_run_goes_on_alone_and_a_run_of_one_process_goes_on_sharded(tm
     line = broken.stderr.strip().splitlines()[-1]
     assert str(tmp_path / "broken") in line and "__1_0.distcp missing" in line, line
     assert len(read_metrics(tmp_path / "broken" / "metrics.csv")) == 3  # nothing lost
+
+
+@pytest.mark.slow
+def test_fsdp_in_bf16_gathers_bf16_weights_and_tracks_ddp(tmp_path):
+    """precision bf16: fsdp gathers bf16 weights and averages the gradients in float32
+    (MixedPrecisionPolicy), DDP runs float32 weights under autocast; the curves agree to
+    bf16's rounding, and activation checkpointing changes nothing."""
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    bf16 = ["--set", "train.precision='bf16'", "--set", "train.max_steps=10"]
+    run(command(text, tmp_path / "ddp") + bf16, 2, tmp_path)
+    run(command(text, tmp_path / "fsdp") + bf16 + FSDP, 2, tmp_path)
+    ac = ["--set", "train.activation_checkpointing=true"]
+    run(command(text, tmp_path / "ac") + bf16 + FSDP + ac, 2, tmp_path)
+    curve = losses(tmp_path / "fsdp")
+    assert losses(tmp_path / "ddp") == pytest.approx(curve, abs=2e-2)
+    assert losses(tmp_path / "ddp") != curve  # the weights were gathered in bf16
+    assert losses(tmp_path / "ac") == curve

@@ -675,8 +675,16 @@ def test_activation_checkpointing_trains_the_same_run(tmp_path, make):
     same_run(tmp_path / "plain", tmp_path / "ac")
 
 
-def test_fsdp_on_one_process_is_refused_before_any_file(tmp_path):
+def test_fsdp_on_one_process_is_refused_in_one_line_before_any_file(tmp_path, capsys):
+    from attnlab.cli import main
+
     d = lm_dict(tmp_path, parallel="fsdp")
     with pytest.raises(ConfigError, match="needs torchrun with 2 or more"):
         train_run(RunConfig.from_dict(d), tmp_path / "run")
     assert not (tmp_path / "run").exists()
+    code = main(["train", "--set", f"data.path={tmp_path / 'text.txt'}", "--set",
+                 "train.device='cpu'", "--set", "train.parallel='fsdp'", "--out",
+                 str(tmp_path / "cli")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "needs torchrun with 2 or more" in err[0], err
+    assert not (tmp_path / "cli").exists()

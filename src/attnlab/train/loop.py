@@ -381,20 +381,7 @@ class Trainer:
         if self.run is None:
             raise ValueError("cannot resume a Trainer without a run dir")
         state = self.run.load_state("last")
-        best = state.get("best") if isinstance(state, dict) else None
-        if isinstance(best, dict) and best.get("metric") not in (None, self.metric):
-            raise RunError(f"{self.run.path} chose its best checkpoint by {best['metric']!r}; "
-                           f"resuming it with train.best_metric={self.metric!r} would rank new "
-                           "evaluations against a value of another metric: resume with "
-                           f"train.best_metric={best['metric']!r}, or train into a new --out "
-                           "(--init-from the run)")
-        opt_state = state.get("optimizer") if isinstance(state, dict) else None
-        saved = optimizer_kind(opt_state) if isinstance(opt_state, dict) else self.cfg.optimizer
-        if saved != self.cfg.optimizer:  # (a malformed state is refused below)
-            raise RunError(f"{self.run.path} was trained with train.optimizer={saved!r}; its "
-                           f"optimizer state cannot go on under train.optimizer="
-                           f"{self.cfg.optimizer!r}: resume with train.optimizer={saved!r}, or "
-                           "train into a new --out (--init-from the run)")
+        self._check_choices(state)
         try:
             self._load_weights_and_optimizer(state["optimizer"])
             self.scaler.load_state_dict(state["scaler"])
@@ -429,6 +416,24 @@ class Trainer:
             raise RunError(f"the training state of {self.run.checkpoint_dir('last')} does not "
                            f"fit this run ({type(e).__name__}: {str(e).splitlines()[0][:150]}); "
                            "it cannot be resumed: train into a new --out") from None
+
+    def _check_choices(self, state: dict[str, Any]) -> None:
+        """A resume keeps the choices its checkpoint was made under: the best metric (new
+        evaluations are ranked against best/'s value) and the optimizer (its state)."""
+        best = state.get("best") if isinstance(state, dict) else None
+        if isinstance(best, dict) and best.get("metric") not in (None, self.metric):
+            raise RunError(f"{self.run.path} chose its best checkpoint by {best['metric']!r}; "
+                           f"resuming it with train.best_metric={self.metric!r} would rank new "
+                           "evaluations against a value of another metric: resume with "
+                           f"train.best_metric={best['metric']!r}, or train into a new --out "
+                           "(--init-from the run)")
+        opt_state = state.get("optimizer") if isinstance(state, dict) else None
+        saved = optimizer_kind(opt_state) if isinstance(opt_state, dict) else self.cfg.optimizer
+        if saved != self.cfg.optimizer:  # (a malformed state: refused when loaded)
+            raise RunError(f"{self.run.path} was trained with train.optimizer={saved!r}; its "
+                           f"optimizer state cannot go on under train.optimizer="
+                           f"{self.cfg.optimizer!r}: resume with train.optimizer={saved!r}, or "
+                           "train into a new --out (--init-from the run)")
 
     def _load_weights_and_optimizer(self, optimizer: dict[str, Any]) -> None:
         """last/'s weights and optimizer state (``optimizer``: the training state's), however
