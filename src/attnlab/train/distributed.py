@@ -3,7 +3,11 @@
 The same ``attnlab train`` command runs as one process or as K under ``torchrun``; every
 process draws the same global micro-batch and keeps its own rows (:func:`shard`), so K
 processes train exactly the model one process would train on the whole batch. Only rank 0
-writes files.
+writes files, except the shards of a sharded checkpoint.
+
+How the model is spread (:func:`wrap`): ``train.parallel = "ddp"`` copies it to every process,
+``"fsdp"`` shards it (FSDP2); :func:`checkpoint_blocks` recomputes each block's activations in
+the backward pass (``train.activation_checkpointing``).
 """
 
 from __future__ import annotations
