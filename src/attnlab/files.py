@@ -98,14 +98,20 @@ def _siblings(dest: Path) -> tuple[Path, Path]:
     return dest.parent / f".{dest.name}.tmp", dest.parent / f".{dest.name}.old"
 
 
-def _is_complete(folder: Path, manifest: str) -> bool:
-    """True if ``folder`` holds ``manifest`` and every file it lists, with the listed size."""
+def missing_files(folder: Path, manifest: str) -> list[str]:
+    """The files that ``folder``'s ``manifest`` lists but the folder lacks (or holds with
+    another size), in the manifest's order; ``[manifest]`` when it is missing or unreadable."""
     try:
         files = json.loads((folder / manifest).read_text())["files"]
-        return all((folder / n).is_file() and (folder / n).stat().st_size == size
-                   for n, size in files.items())
+        return [n for n, size in files.items()
+                if not ((folder / n).is_file() and (folder / n).stat().st_size == size)]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
+        return [manifest]
+
+
+def _is_complete(folder: Path, manifest: str) -> bool:
+    """True if ``folder`` holds ``manifest`` and every file it lists, with the listed size."""
+    return not missing_files(folder, manifest)
 
 
 def interrupted_copy(dest: Path, manifest: str) -> Path | None:
@@ -118,7 +124,8 @@ def interrupted_copy(dest: Path, manifest: str) -> Path | None:
 
 
 def write_dir_atomic(dest: Path, write: Callable[[Path], None], *, manifest: str | None = None,
-                     meta: dict[str, Any] | None = None) -> None:
+                     meta: dict[str, Any] | None = None, main: bool = True,
+                     sync: Callable[[], None] | None = None) -> None:
     """Create or replace folder ``dest`` so that readers see the old folder or the new one,
     never a mix, and a failed ``write`` leaves nothing new behind.
 
@@ -134,19 +141,30 @@ def write_dir_atomic(dest: Path, write: Callable[[Path], None], *, manifest: str
             with one, a kill between the two renames leaves a complete copy that
             :func:`interrupted_copy` finds and the next write puts back first.
         meta: more entries of the manifest.
+        main, sync: a folder that several processes fill (a sharded checkpoint): each calls
+            this with the same ``dest``, ``sync`` waits for all of them (a barrier), and
+            ``write`` must return on every process only once all have written (as
+            ``torch.distributed.checkpoint.save`` does). The ``main`` process alone makes
+            the temporary folder (before ``sync``) and, after ``write``, does the rest.
     """
     dest = Path(dest)
     tmp, old = _siblings(dest)
-    found = interrupted_copy(dest, manifest) if manifest and not dest.exists() else None
-    if found is not None:  # a kill between the renames: put the complete copy back first
-        os.replace(found, dest)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    if main:
+        found = interrupted_copy(dest, manifest) if manifest and not dest.exists() else None
+        if found is not None:  # a kill between the renames: put the complete copy back first
+            os.replace(found, dest)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    if sync is not None:
+        sync()
     try:
         write(tmp)
     except BaseException:  # (a full disk: give its space back; the old folder stays)
-        shutil.rmtree(tmp, ignore_errors=True)
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if not main:
+        return
     set_umask_modes(tmp)
     if manifest:
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}

@@ -29,6 +29,7 @@ Schedule = Literal["cosine", "inverse_sqrt", "constant"]
 OptimizerKind = Literal["adamw", "muon"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 SdpaBackend = Literal["auto", "default", "math", "flash", "efficient"]
+Parallel = Literal["ddp", "fsdp"]
 
 SECTIONS = ("model", "data", "train")
 # data.name of the user's own files before data.name named data sets only, with the model
@@ -158,6 +159,10 @@ class TrainConfig:
     dist_timeout_s: int = 1800
     sdpa_backend: SdpaBackend = "auto"  # auto = torch's choice (short bf16 sequences on a CPU:
     # attnlab.nn.fused_attention's own two matmuls or fp32 flash, where they are faster)
+    # under torchrun: ddp, every process holds the whole model; fsdp, each holds a 1/K shard of
+    # the weights, gradients and optimizer moments (FSDP2's fully_shard, sharded checkpoints)
+    parallel: Parallel = "ddp"
+    activation_checkpointing: bool = False  # recompute each block's activations in backward
     max_steps: int = 2000
     batch_size: int = 12  # sequences / sentences per optimizer micro-step, over all processes
     block_size: int = 0  # LM context; 0 = model.max_len
@@ -208,6 +213,7 @@ class TrainConfig:
         check_literal(self, "schedule", Schedule)
         check_literal(self, "optimizer", OptimizerKind)
         check_literal(self, "sdpa_backend", SdpaBackend)
+        check_literal(self, "parallel", Parallel)
         dev = self.device
         check(dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:")
                                                         and dev[5:].isdigit()),
@@ -239,6 +245,12 @@ class TrainConfig:
               "one of " + ", ".join(repr(m) for m in METRICS))
         check(self.threads <= 4096, "threads", self.threads, "an integer in 0..4096 (0 = torch's "
               "default)")
+        if self.parallel == "fsdp":  # each needs the whole of a tensor that fsdp shards
+            for name, value, needs in (("optimizer", self.optimizer, "adamw"),
+                                       ("ema_decay", self.ema_decay, 0.0),
+                                       ("keep_checkpoints", self.keep_checkpoints, 0)):
+                check(value == needs, name, value, f"{needs!r} with parallel='fsdp' (the "
+                      "weights are sharded over the processes); or parallel='ddp'")
         if self.schedule == "cosine":
             check(self.min_lr <= self.lr, "min_lr", self.min_lr,
                   f"a float <= lr={self.lr} (cosine decays from lr down to min_lr)")

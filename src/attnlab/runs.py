@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,12 @@ from .config import ModelConfig
 from .data.synthetic import SYNTHETIC_NAMES
 from .devices import resolve_device
 from .errors import RunError, UsageError
-from .files import atomic_write_json, interrupted_copy, write_dir_atomic
+from .files import atomic_write_json, interrupted_copy, missing_files, write_dir_atomic
 from .metrics_log import Row, read_metrics
 from .models import build_model
 from .state_tree import flatten, unflatten
 from .tokenizers import Tokenizer, load_tokenizer
-from .weights import load_weights, save_weights, write_tensors
+from .weights import load_sharded, load_weights, save_sharded, save_weights, write_tensors
 
 # The layout of a run dir:
 #   config.json        the resolved run config: {"model": {...}, "data": {...}, "train": {...}}
@@ -44,7 +45,12 @@ from .weights import load_weights, save_weights, write_tensors
 #                          RNG states, the batch generator's state, numpy's RNG key)
 #     state.json           last/ only: the rest of it, {"__tensor__": key} where a tensor was
 #     manifest.json        written last: file sizes, plus the checkpoint's meta (step, best)
+#   ... or, trained with train.parallel = "fsdp", sharded (its manifest's "shards": K):
+#     .metadata            torch.distributed.checkpoint's index of the shards
+#     __R_0.distcp         process R's shards of the weights and optimizer moments
+#     state.safetensors, state.json, manifest.json   as above (the optimizer: its groups only)
 MODEL_FILE = "model.safetensors"
+SHARDS_INDEX = ".metadata"
 STATE_TENSORS = "state.safetensors"
 STATE_JSON = "state.json"
 MANIFEST = "manifest.json"
@@ -121,9 +127,14 @@ class RunDir:
         """The usable copy of checkpoint folder ``which`` (best / last), or None: the folder, or
         the complete copy a kill while it was being replaced left beside it."""
         folder = self.path / _checked(which)
-        if (folder / MODEL_FILE).is_file():
+        if (folder / MODEL_FILE).is_file() or _shards(folder):
             return folder
         return interrupted_copy(folder, MANIFEST)
+
+    def sharded(self, which: str) -> bool:
+        """Whether checkpoint ``which`` (best / last, as :meth:`find_checkpoint` picks it) is
+        sharded: written by the processes of a ``train.parallel = "fsdp"`` run."""
+        return self.find_checkpoint(which).name == SHARDS_INDEX
 
     def has_checkpoint(self, which: str | None = None) -> bool:
         """Whether checkpoint ``which`` (default: either) exists."""
@@ -146,7 +157,7 @@ class RunDir:
         for name in order:
             folder = self.checkpoint_dir(name)
             if folder is not None:
-                return folder / MODEL_FILE
+                return folder / (SHARDS_INDEX if _shards(folder) else MODEL_FILE)
         raise RunError(f"run dir {self.path} has no checkpoint yet (no best/ or "
                        f"last/{MODEL_FILE}): train first, or wait for the first checkpoint")
 
@@ -170,21 +181,35 @@ class RunDir:
                 f"it first: attnlab train RECIPE --init-from {self.path}")
 
     def save_checkpoint(self, which: str, model: nn.Module, state: dict[str, Any] | None = None,
-                        meta: dict[str, Any] | None = None) -> None:
+                        meta: dict[str, Any] | None = None, *, shards: int = 0,
+                        optimizer: torch.optim.Optimizer | None = None, main: bool = True,
+                        sync: Callable[[], None] | None = None) -> None:
         """Write checkpoint folder ``which`` atomically: the weights, the training ``state``
-        if given (tensors to safetensors, the rest to JSON), and ``meta`` in the manifest."""
+        if given (tensors to safetensors, the rest to JSON), and ``meta`` in the manifest.
+
+        ``shards``: K > 0 for a model sharded over K processes, which all call this (``main``
+        the first, ``sync`` a barrier of them): the weights and ``optimizer``'s moments go to
+        each process's shards (:func:`~attnlab.weights.save_sharded`), the optimizer's param
+        groups into ``state``'s ``"optimizer"``, which rank 0 writes."""
         from safetensors.torch import save_file
 
         def write(tmp: Path) -> None:
-            save_weights(model, tmp / MODEL_FILE)
-            if state is not None:
+            doc = dict(state or {})
+            if shards:
+                groups = save_sharded(tmp, model, optimizer)
+                doc["optimizer"] = {"param_groups": groups}
+            else:
+                save_weights(model, tmp / MODEL_FILE)
+            if state is not None and main:
                 tensors: dict[str, torch.Tensor] = {}
-                doc = flatten(state, tensors)
+                doc = flatten(doc, tensors)
                 write_tensors(tmp / STATE_TENSORS, lambda p: save_file(tensors, p),
                               "the training state")
                 atomic_write_json(tmp / STATE_JSON, doc)
 
-        write_dir_atomic(self.path / _checked(which), write, manifest=MANIFEST, meta=meta)
+        write_dir_atomic(self.path / _checked(which), write, manifest=MANIFEST,
+                         meta={**(meta or {}), **({"shards": shards} if shards else {})},
+                         main=main, sync=sync)
 
     def save_step_weights(self, step: int, model: nn.Module, meta: dict[str, Any],
                           keep: int) -> None:
@@ -207,11 +232,30 @@ class RunDir:
             if root.is_dir() else []
         return sorted(found)
 
-    def load_weights(self, model: nn.Module, which: str = "best") -> Path:
-        """Load the weights of :meth:`find_checkpoint` ``(which)`` into ``model``; returns
-        the file read."""
+    def load_weights(self, model: nn.Module, which: str = "best",
+                     optimizer: torch.optim.Optimizer | None = None,
+                     optimizer_state: dict[str, Any] | None = None) -> Path:
+        """Load the weights of :meth:`find_checkpoint` ``(which)`` into ``model``, whole or
+        sharded (a sharded checkpoint: under any number of processes, also into ``optimizer``
+        with the ``optimizer_state`` of :meth:`load_state`); returns the file read.
+
+        Raises:
+            RunError: a sharded checkpoint that lacks a file its manifest lists (one line
+                naming the run dir and the files), or any error of the weights' loaders.
+        """
         path = self.find_checkpoint(which)
-        load_weights(model, path)
+        if path.name != SHARDS_INDEX:
+            load_weights(model, path)
+            return path
+        missing = missing_files(path.parent, MANIFEST)
+        if missing:
+            shards = self.checkpoint_meta(which).get("shards", "several")
+            raise RunError(f"run dir {self.path}: the sharded checkpoint {path.parent.name}/ "
+                           f"(written by {shards} processes) is incomplete: "
+                           f"{', '.join(missing)} missing; copy the whole folder from where "
+                           "the run was trained")
+        groups = (optimizer_state or {}).get("param_groups")
+        load_sharded(path.parent, model, optimizer, groups)
         return path
 
     def load_state(self, which: str = "last") -> dict[str, Any]:
@@ -259,6 +303,15 @@ class RunDir:
     def write_results(self, results: dict[str, Any]) -> None:
         """Write the final metrics of a finished training."""
         atomic_write_json(self.results_file, results)
+
+
+def _shards(folder: Path) -> bool:
+    """Whether checkpoint ``folder`` is sharded: its manifest says how many processes wrote
+    it (the files it lists are checked when it is read)."""
+    try:
+        return "shards" in json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def _checked(which: str) -> str:

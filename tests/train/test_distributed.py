@@ -4,6 +4,7 @@ on the same global batch."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -151,3 +152,145 @@ def same_weights_and_losses(a, b):
     assert [r["train_loss"] for r in ra] == [r["train_loss"] for r in rb]
     wa, wb = (load_file(r / "last" / "model.safetensors") for r in (a, b))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+# ---- train.parallel = "fsdp" ----------------------------------------------------------------
+FSDP = ["--set", "train.parallel='fsdp'"]
+# rank 1 alone dies at once during step 5 (kill -9); torchrun then ends the other process
+KILLED = SIGNALLED.replace("signal.SIGTERM", "signal.SIGKILL")
+
+
+def weights(run_dir, which="last"):
+    """The weights of a run dir's checkpoint, whole (sharded or not), by name."""
+    from attnlab.runs import load_run
+
+    return load_run(run_dir, which).model.state_dict()
+
+
+def losses(run_dir, key="train_loss"):
+    return [r[key] for r in read_metrics(run_dir / "metrics.csv") if r.get(key) is not None]
+
+
+@pytest.mark.slow
+def test_fsdp_trains_what_ddp_and_one_process_train_over_50_steps(tmp_path):
+    """fully_shard on 2 CPU processes (gloo): the loss curve of 50 steps is DDP's and one
+    process's, up to float rounding; activation checkpointing changes nothing; the
+    checkpoints are sharded (each process's own file) and load whole on one process."""
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    steps = ["--set", "model.n_layers=2", "--set", "train.max_steps=50", "--set",
+             "train.eval_every=25", "--set", "train.log_every=5"]
+    run(command(text, tmp_path / "one") + steps, 1, tmp_path)
+    run(command(text, tmp_path / "ddp") + steps, 2, tmp_path)
+    fsdp = run(command(text, tmp_path / "fsdp") + steps + FSDP, 2, tmp_path)
+    assert "2 processes (FSDP, gloo)" in fsdp.stderr, fsdp.stderr[-3000:]
+    ac = ["--set", "train.activation_checkpointing=true"]
+    run(command(text, tmp_path / "ac") + steps + FSDP + ac, 2, tmp_path)
+    curve = losses(tmp_path / "fsdp")
+    assert len(curve) == 10 and curve[-1] < curve[0] - 0.5  # it learns
+    for other in ("one", "ddp"):
+        assert losses(tmp_path / other) == pytest.approx(curve, abs=1e-5), other
+        assert losses(tmp_path / other, "val_loss") == pytest.approx(
+            losses(tmp_path / "fsdp", "val_loss"), abs=1e-5), other
+    assert losses(tmp_path / "ac") == pytest.approx(curve, abs=1e-6)
+    for which in ("last", "best"):
+        folder = tmp_path / "fsdp" / which
+        assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= {p.name for p in
+                                                                 folder.iterdir()}
+        assert not (folder / "model.safetensors").exists()
+    whole, sharded = weights(tmp_path / "one"), weights(tmp_path / "fsdp")
+    assert whole.keys() == sharded.keys()
+    for k in whole:
+        torch.testing.assert_close(whole[k], sharded[k], rtol=0, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["encoder", "encoder_decoder"])
+def test_fsdp_shards_the_blocks_of_every_family(tmp_path, family):
+    """A classifier (encoder blocks) and a translation model (encoder and decoder blocks)
+    train under fsdp what one process trains."""
+    if family == "encoder":
+        data = tmp_path / "train.tsv"
+        data.write_text("label\tsentence\n" + "".join(
+            f"{i % 2}\t{'a good' if i % 2 else 'a bad'} movie {i}\n" for i in range(40)))
+        task = ["--set", f"data.path='{data}'", "--set", "data.tokenizer='char'",
+                "--set", "model.max_len=32"]
+    else:
+        task = ["--set", "data.name='reverse'", "--set", "data.val_size=16"]
+    tiny = command("", "")[3:-2]  # the tiny model and training, without data.path and --out
+    args = ["train", *tiny, *task, "--set", f"model.family='{family}'",
+            "--set", "model.n_layers=2", "--set", "train.eval_every=3"]
+    run(args + ["--out", str(tmp_path / "one")], 1, tmp_path)
+    run(args + FSDP + ["--out", str(tmp_path / "fsdp")], 2, tmp_path)
+    assert losses(tmp_path / "one") == pytest.approx(losses(tmp_path / "fsdp"), abs=1e-5)
+    assert len(losses(tmp_path / "one")) == 3
+
+
+@pytest.mark.slow
+def test_fsdp_resumes_exactly_after_kill_9(tmp_path):
+    """Rank 1 is killed (SIGKILL) in step 5: last/ of step 3 is complete, and resuming it on
+    the same 2 processes gives the run that never stopped, bit for bit (dropout included)."""
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    extra = ["--set", "model.dropout=0.1", "--set", "train.batch_size=5", "--set",
+             "train.decay_steps=6", "--set", "train.eval_every=3", "--set",
+             "train.max_steps=6", *FSDP]
+    run(command(text, tmp_path / "whole") + extra, 2, tmp_path)
+    run(command(text, tmp_path / "killed") + extra, 2, tmp_path, ok=False, main=KILLED)
+    assert [r["step"] for r in read_metrics(tmp_path / "killed" / "metrics.csv")] == [
+        1, 2, 3, 4]
+    run(command(text, tmp_path / "killed") + extra + ["--resume"], 2, tmp_path)
+    assert losses(tmp_path / "whole") == losses(tmp_path / "killed")
+    wa, wb = weights(tmp_path / "whole"), weights(tmp_path / "killed")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.slow
+def test_a_sharded_run_goes_on_alone_and_a_run_of_one_process_goes_on_sharded(tmp_path):
+    """A run trained on 2 fsdp processes is resumed, evaluated and sampled by one process (no
+    torchrun); a one-process run is resumed on 2 fsdp processes: both end as the one-process
+    run that never stopped. A sharded checkpoint missing a file is refused in one line."""
+    from attnlab.cli import main
+
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    six = ["--set", "train.max_steps=6", "--set", "train.decay_steps=6",
+           "--set", "train.eval_every=3"]
+    three = six + ["--set", "train.max_steps=3"]
+    run(command(text, tmp_path / "one") + six, 1, tmp_path)
+    run(command(text, tmp_path / "sharded") + three + FSDP, 2, tmp_path)
+    shutil.copytree(tmp_path / "sharded", tmp_path / "broken")
+    (tmp_path / "broken" / "last" / "__1_0.distcp").unlink()
+    alone = run(command(text, tmp_path / "sharded") + six + ["--resume"], 1, tmp_path)
+    assert "goes on with the whole model" in alone.stderr
+    run(command(text, tmp_path / "alone") + three, 1, tmp_path)
+    run(command(text, tmp_path / "alone") + six + FSDP + ["--resume"], 2, tmp_path)
+    for resumed in ("sharded", "alone"):
+        assert losses(tmp_path / resumed) == pytest.approx(losses(tmp_path / "one"), abs=1e-5)
+    assert (tmp_path / "alone" / "last" / ".metadata").is_file()  # sharded from then on
+    assert main(["eval", str(tmp_path / "alone")]) == 0
+    assert main(["sample", str(tmp_path / "alone"), "--prompt", "all", "--max-new-tokens",
+                 "5"]) == 0
+    broken = run(command(text, tmp_path / "broken") + six + ["--resume"], 1, tmp_path, ok=False)
+    assert broken.returncode == 2
+    line = broken.stderr.strip().splitlines()[-1]
+    assert str(tmp_path / "broken") in line and "__1_0.distcp missing" in line, line
+    assert len(read_metrics(tmp_path / "broken" / "metrics.csv")) == 3  # nothing lost
+
+
+@pytest.mark.slow
+def test_fsdp_in_bf16_gathers_bf16_weights_and_tracks_ddp(tmp_path):
+    """precision bf16: fsdp gathers bf16 weights and averages the gradients in float32
+    (MixedPrecisionPolicy), DDP runs float32 weights under autocast; the curves agree to
+    bf16's rounding, and activation checkpointing changes nothing."""
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    bf16 = ["--set", "train.precision='bf16'", "--set", "train.max_steps=10"]
+    run(command(text, tmp_path / "ddp") + bf16, 2, tmp_path)
+    run(command(text, tmp_path / "fsdp") + bf16 + FSDP, 2, tmp_path)
+    ac = ["--set", "train.activation_checkpointing=true"]
+    run(command(text, tmp_path / "ac") + bf16 + FSDP + ac, 2, tmp_path)
+    curve = losses(tmp_path / "fsdp")
+    assert losses(tmp_path / "ddp") == pytest.approx(curve, abs=2e-2)
+    assert losses(tmp_path / "ddp") != curve  # the weights were gathered in bf16
+    assert losses(tmp_path / "ac") == curve

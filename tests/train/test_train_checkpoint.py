@@ -164,3 +164,34 @@ def test_load_run_gives_the_data_section_and_label_names(tmp_path):
     RunDir(tmp_path / "cls2").save_checkpoint("best", run.model)
     assert load_run(tmp_path / "cls2").label_names == ["0", "1", "2"]
     assert load_run(lm_run(tmp_path / "lm")).data == {"name": "embedded"}
+
+
+class RunsCode:  # a pickle that would call os.system on load
+    def __reduce__(self):
+        return os.system, ("echo hacked > hacked.txt",)
+
+
+def test_a_sharded_checkpoint_round_trips_on_one_process_and_its_index_runs_no_code(
+        tmp_path, monkeypatch):
+    """save_sharded / load_sharded without a process group (one process: one shard file):
+    weights and optimizer moments come back exactly; an index (.metadata) that would run
+    code when unpickled is refused in one line, and nothing runs."""
+    from attnlab.errors import RunError
+    from attnlab.weights import load_sharded, save_sharded
+
+    model = tiny_model(0)
+    opt = trained_optimizer(model)
+    groups = save_sharded(tmp_path / "ckpt", model, opt)
+    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {".metadata", "__0_0.distcp"}
+    other = tiny_model(1)
+    other_opt = build_optimizer(other, TrainConfig(lr=0.01), "cpu")
+    load_sharded(tmp_path / "ckpt", other, other_opt, groups)
+    for (name, a), b in zip(model.state_dict().items(), other.state_dict().values()):
+        assert torch.equal(a, b), name
+    for a, b in zip(opt.state.values(), other_opt.state.values()):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    (tmp_path / "ckpt" / ".metadata").write_bytes(pickle.dumps(RunsCode()))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RunError, match="system is no part of a checkpoint's index"):
+        load_sharded(tmp_path / "ckpt", tiny_model(0))
+    assert not (tmp_path / "hacked.txt").exists()

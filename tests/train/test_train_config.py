@@ -59,6 +59,12 @@ def test_parse_value_reads_toml_literals_else_text():
     (["train.device=tpu"], "train.device='tpu' is not allowed"),
     (["train.best_metric=loss"], "train.best_metric='loss' is not allowed"),
     (["data.label_names=[1, 2]"], "data.label_names=[1, 2] is not allowed"),
+    (["train.parallel=zero3"], "train.parallel='zero3' is not allowed: one of 'ddp', 'fsdp'"),
+    (["train.parallel=fsdp", "train.optimizer=muon"],
+     "train.optimizer='muon' is not allowed: 'adamw' with parallel='fsdp'"),
+    (["train.parallel=fsdp", "train.ema_decay=0.9"], "train.ema_decay=0.9 is not allowed"),
+    (["train.parallel=fsdp", "train.keep_checkpoints=2"],
+     "train.keep_checkpoints=2 is not allowed: 0 with parallel='fsdp'"),
 ])
 def test_bad_keys_and_values_name_key_value_and_allowed(overrides, message):
     with pytest.raises(ConfigError) as e:

@@ -659,3 +659,32 @@ def test_a_metrics_log_with_a_step_that_is_no_whole_number_is_one_line(tmp_path,
     (tmp_path / "m.csv").write_text(f"step,train_loss\n1,2.0\n{step},1.0\n")
     with pytest.raises(ValueError, match=r"line 3: step .* is not a whole number >= 0"):
         read_metrics(tmp_path / "m.csv")
+
+
+@pytest.mark.parametrize("make", [lm_dict, translation_dict, classify_dict],
+                         ids=["lm", "translation", "classification"])
+def test_activation_checkpointing_trains_the_same_run(tmp_path, make):
+    """Each block's forward runs again in the backward pass, with the RNG state it first ran
+    with: the same dropout masks, so the same losses and weights."""
+    d = make(tmp_path, max_steps=3)
+    plain = train_run(RunConfig.from_dict(d), tmp_path / "plain")
+    ac = {**d, "train": {**d["train"], "activation_checkpointing": True}}
+    recomputed = train_run(RunConfig.from_dict(ac), tmp_path / "ac")
+    blocks = [m for m in recomputed.model.modules() if "forward" in vars(m)]
+    assert len(blocks) >= plain.config.model.n_layers  # every block's forward is checkpointed
+    same_run(tmp_path / "plain", tmp_path / "ac")
+
+
+def test_fsdp_on_one_process_is_refused_in_one_line_before_any_file(tmp_path, capsys):
+    from attnlab.cli import main
+
+    d = lm_dict(tmp_path, parallel="fsdp")
+    with pytest.raises(ConfigError, match="needs torchrun with 2 or more"):
+        train_run(RunConfig.from_dict(d), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    code = main(["train", "--set", f"data.path={tmp_path / 'text.txt'}", "--set",
+                 "train.device='cpu'", "--set", "train.parallel='fsdp'", "--out",
+                 str(tmp_path / "cli")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "needs torchrun with 2 or more" in err[0], err
+    assert not (tmp_path / "cli").exists()

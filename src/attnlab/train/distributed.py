@@ -3,13 +3,19 @@
 The same ``attnlab train`` command runs as one process or as K under ``torchrun``; every
 process draws the same global micro-batch and keeps its own rows (:func:`shard`), so K
 processes train exactly the model one process would train on the whole batch. Only rank 0
-writes files.
+writes files, except the shards of a sharded checkpoint.
+
+How the model is spread (:func:`wrap`): ``train.parallel = "ddp"`` copies it to every process,
+``"fsdp"`` shards it (FSDP2); :func:`checkpoint_blocks` recomputes each block's activations in
+the backward pass (``train.activation_checkpointing``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -77,12 +83,14 @@ def init_distributed(device_type: str, timeout_s: float = 1800) -> DistInfo:
     return info
 
 
-def describe(info: DistInfo) -> str:
-    """", K processes (DDP, backend)" for the start-of-run line; "" without torchrun."""
+def describe(info: DistInfo, parallel: str = "ddp") -> str:
+    """", K processes (DDP, backend)" (or FSDP) for the start-of-run line; "" without
+    torchrun."""
     if not info.enabled:
         return ""
     backend = dist.get_backend() if dist.is_initialized() else "no process group"
-    return f", {info.world_size} process{'es' * (info.world_size > 1)} (DDP, {backend})"
+    return (f", {info.world_size} process{'es' * (info.world_size > 1)} "
+            f"({parallel.upper()}, {backend})")
 
 
 def cleanup() -> None:
@@ -145,15 +153,97 @@ def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
     return out
 
 
-def wrap_ddp(model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
-    """``model`` in ``DistributedDataParallel`` (gradients averaged over the processes) when
-    training is distributed; as it is otherwise."""
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The residual blocks of ``model``, in order: every encoder and decoder layer of any
+    family (what fsdp shards one by one and activation checkpointing recomputes)."""
+    from ..nn import ResidualBlock
+
+    return [m for m in model.modules() if isinstance(m, ResidualBlock)]
+
+
+def checkpoint_blocks(model: nn.Module) -> nn.Module:
+    """``train.activation_checkpointing``: each block's forward keeps only its input and runs
+    again in the backward pass (``torch.utils.checkpoint``, non-reentrant, the RNG state kept:
+    the same dropout masks), in place; returns ``model``. Memory of one block's activations
+    instead of all of them, for about one more forward pass of compute."""
+    from functools import partial
+
+    from torch.utils.checkpoint import checkpoint
+
+    for block in blocks(model):  # (an instance's forward: the hooks of DDP and fsdp stay outside)
+        block.forward = partial(checkpoint, block.forward, use_reentrant=False)
+    return model
+
+
+def wrap(model: nn.Module, info: DistInfo, device: torch.device, parallel: str = "ddp",
+         precision: str = "fp32") -> nn.Module:
+    """``model`` ready to train over the processes, as it is without them.
+
+    ``ddp``: in ``DistributedDataParallel`` (gradients averaged over the processes).
+    ``fsdp``: sharded in place by FSDP2's ``fully_shard``, each block, then the root (the
+    embeddings, the head, the final norm); each process keeps 1/K of every parameter, its
+    gradient and optimizer moments, and gathers a block's weights just before it runs. Under
+    bf16 the gathered weights are bf16 and the gradients are averaged in float32 (the master
+    weights and the optimizer stay float32, as under DDP's autocast)."""
     if not info.enabled:
         return model
+    if parallel == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low else None)
+        for block in blocks(model):
+            fully_shard(block, mp_policy=policy)
+        return fully_shard(model, mp_policy=policy)
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids)
+
+
+def load_whole(model: nn.Module, optimizer: torch.optim.Optimizer, whole: nn.Module,
+               whole_optimizer: torch.optim.Optimizer) -> None:
+    """Copy the weights and optimizer state of an unsharded model (``whole``, a one-process
+    run's checkpoint loaded into it) into their fsdp-sharded twins: each process keeps its
+    shards of every tensor."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    full = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, get_model_state_dict(whole), options=full)
+    set_optimizer_state_dict(model, optimizer, get_optimizer_state_dict(whole, whole_optimizer),
+                             options=full)
+
+
+def whole_state(model: nn.Module) -> dict[str, Tensor]:
+    """The weights of fsdp-sharded ``model``, whole, on every process (a collective: every
+    process calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
+@contextlib.contextmanager
+def held_gradients(model: nn.Module, hold: bool) -> Iterator[None]:
+    """With ``hold``, the backward passes inside keep their gradients on each process (summed
+    there) instead of averaging them over the processes: every micro-batch of a step but the
+    last (DDP's ``no_sync``; fsdp's gradient sync off)."""
+    if not hold:
+        yield
+    elif hasattr(model, "no_sync"):  # DistributedDataParallel
+        with model.no_sync():
+            yield
+    else:  # fully_shard
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
 
 
 def barrier(info: DistInfo) -> None:

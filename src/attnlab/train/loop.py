@@ -30,7 +30,19 @@ from ..runs import RunDir, RunError
 from ..speed import probe, use_cpu_dropout, use_cpu_sdpa, use_fused_loss
 from ..tasks import Task
 from .average import WeightEMA
-from .distributed import DistInfo, all_gather_objects, all_reduce_sum, any_process, shard, wrap_ddp
+from .distributed import (
+    DistInfo,
+    all_gather_objects,
+    all_reduce_sum,
+    any_process,
+    barrier,
+    checkpoint_blocks,
+    held_gradients,
+    load_whole,
+    shard,
+    whole_state,
+    wrap,
+)
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, optimizer_kind, set_lr
 from .precision import STALE, Amp, fastest, probe_key, resolve_precision, stale
@@ -170,6 +182,10 @@ class Trainer:
         on in (see :func:`~attnlab.train.precision.resolve_precision`)."""
         self.rc, self.cfg, self.task = rc, rc.train, task
         self.info = info or DistInfo()
+        if self.cfg.parallel == "fsdp" and self.info.world_size < 2:
+            raise ConfigError("train.parallel='fsdp' shards the model over processes: it needs "
+                              "torchrun with 2 or more (torchrun --nproc_per_node=2 -m attnlab "
+                              "train ...); one process trains with train.parallel='ddp'")
         if self.info.enabled:  # a batch too small to split fails here, before any file is written
             data = self.task.state_dict()
             with torch.random.fork_rng(devices=[]):
@@ -180,19 +196,21 @@ class Trainer:
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)  # process-wide, as torch has it
         seed_everything(self.cfg.seed)  # the same initial weights on every process
-        self.model = use_cpu_dropout(use_cpu_sdpa(build_model(task.model_config).to(self.device)))
-        if not self.cfg.compile:  # (a compiled model's projection and loss: fused by inductor)
-            use_fused_loss(self.model)
+        self.model = self._build_model()
+        self.whole: torch.nn.Module | None = None  # fsdp: the gathered model, once made
         if self.info.enabled:  # then each process its own random stream (dropout masks)
             torch.manual_seed(self.cfg.seed + self.info.rank)
         self.auto_key: str | None = None  # the probe's cache key of a measured "auto"
         self.precision = resolve_precision(self.cfg.precision, self.device,
                                            self._measure_precision, precision)
         self.amp = Amp(self.precision, self.device, self.cfg.sdpa_backend)  # around each forward
+        if self.cfg.activation_checkpointing:
+            checkpoint_blocks(self.model)
+        # (fsdp replaces the parameters by their shards: the optimizer takes those)
+        self.ddp = wrap(self.model, self.info, self.device, self.cfg.parallel, self.precision)
         self.optimizer = build_optimizer(self.model, self.cfg, self.device.type, self.precision)
         self.ema = WeightEMA(self.model, self.cfg.ema_decay) if self.cfg.ema_decay else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
-        self.ddp = wrap_ddp(self.model, self.info, self.device)
         self.fwd = self.ddp
         self.compile_pending = False
         if self.cfg.compile:
@@ -277,7 +295,7 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro):
             hold = self.info.enabled and i < len(micro) - 1  # all-reduce once, at the last
-            with self.ddp.no_sync() if hold else contextlib.nullcontext():
+            with held_gradients(self.ddp, hold):
                 with self.amp():
                     loss_sum = self.task.loss_sum(self.fwd, batch, self.cfg.label_smoothing)
                 self.scaler.scale(loss_sum * scale).backward()
@@ -313,16 +331,20 @@ class Trainer:
     def evaluate(self, split: str = "val", max_batches: int | None = None) -> dict[str, float]:
         """The task's metrics of the model on ``max_batches`` batches of ``split`` (default:
         ``train.eval_batches``; 0: the whole split), in eval mode and training's precision."""
-        self.model.eval()
+        model = self.whole_model()  # (fsdp: every process evaluates the gathered weights)
+        model.eval()
         try:
             n = self.cfg.eval_batches if max_batches is None else max_batches
-            return self.task.evaluate(self.model, split, self.device, self.amp, n)
+            return self.task.evaluate(model, split, self.device, self.amp, n)
         finally:
-            self.model.train()
+            model.train()
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resume needs besides the weights, as the last/ checkpoint stores it."""
-        return {"step": self.step, "optimizer": self.optimizer.state_dict(),
+        # (sharded: the optimizer's tensors go to the shards, its groups with the rest)
+        optimizer = {} if self.cfg.parallel == "fsdp" else {
+            "optimizer": self.optimizer.state_dict()}
+        return {"step": self.step, **optimizer,
                 "scaler": self.scaler.state_dict(), "rng": rng_state(),
                 "data": self.task.state_dict(), "best": self.best, "bad_evals": self.bad_evals,
                 "window": self.window.state_dict(), "world_size": self.info.world_size,
@@ -336,7 +358,8 @@ class Trainer:
         # every process's RNG state (they differ), gathered on all of them before rank 0 writes
         ranks = all_gather_objects(rng_state(), self.info) \
             if which == "last" and self.info.enabled else None
-        if self.run is None or not self.info.is_main:
+        sharded = self.cfg.parallel == "fsdp"  # (every process writes its shards)
+        if self.run is None or not (self.info.is_main or sharded):
             return
         state = self.state_dict() if which == "last" else None
         if ranks:
@@ -344,7 +367,12 @@ class Trainer:
         meta = {"step": self.step, "precision": self.precision}
         if which == "best" and self.best is not None:
             meta.update(self.best)
-        self.run.save_checkpoint(which, self.model, state, meta)
+        self.run.save_checkpoint(
+            which, self.model, state, meta, shards=self.info.world_size if sharded else 0,
+            optimizer=self.optimizer if state and sharded else None, main=self.info.is_main,
+            sync=(lambda: barrier(self.info)) if sharded else None)
+        if not self.info.is_main:
+            return
         if which == "last" and self.cfg.keep_checkpoints and step_weights:
             self.run.save_step_weights(self.step, self.model, meta, self.cfg.keep_checkpoints)
 
@@ -353,23 +381,9 @@ class Trainer:
         if self.run is None:
             raise ValueError("cannot resume a Trainer without a run dir")
         state = self.run.load_state("last")
-        best = state.get("best") if isinstance(state, dict) else None
-        if isinstance(best, dict) and best.get("metric") not in (None, self.metric):
-            raise RunError(f"{self.run.path} chose its best checkpoint by {best['metric']!r}; "
-                           f"resuming it with train.best_metric={self.metric!r} would rank new "
-                           "evaluations against a value of another metric: resume with "
-                           f"train.best_metric={best['metric']!r}, or train into a new --out "
-                           "(--init-from the run)")
-        self.run.load_weights(self.model, "last")
-        opt_state = state.get("optimizer") if isinstance(state, dict) else None
-        saved = optimizer_kind(opt_state) if isinstance(opt_state, dict) else self.cfg.optimizer
-        if saved != self.cfg.optimizer:  # (a malformed state is refused below)
-            raise RunError(f"{self.run.path} was trained with train.optimizer={saved!r}; its "
-                           f"optimizer state cannot go on under train.optimizer="
-                           f"{self.cfg.optimizer!r}: resume with train.optimizer={saved!r}, or "
-                           "train into a new --out (--init-from the run)")
+        self._check_choices(state)
         try:
-            self.optimizer.load_state_dict(state["optimizer"])
+            self._load_weights_and_optimizer(state["optimizer"])
             self.scaler.load_state_dict(state["scaler"])
             self.task.load_state_dict(state["data"])
             self._resume_rng(state.get("rng_ranks") or [state["rng"]], state["rng"],
@@ -391,6 +405,8 @@ class Trainer:
                         isinstance(self.best, dict) and type(self.best.get("step")) is int
                         and isinstance(self.best.get("value"), (int, float))))):
                 raise ValueError("step, bad_evals, window, elapsed_s or best out of range")
+        except RunError:  # (the weights': said already)
+            raise
         except KeyError as e:
             raise RunError(f"the training state of {self.run.checkpoint_dir('last')} has no "
                            f"{e.args[0]!r} entry (a damaged or foreign checkpoint); it cannot "
@@ -418,6 +434,61 @@ class Trainer:
             log.info("resumed on %d process%s (saved by %d): each process draws its random "
                      "numbers (dropout) from a new stream", self.info.world_size,
                      "es" * (self.info.world_size > 1), len(ranks))
+
+    def _check_choices(self, state: dict[str, Any]) -> None:
+        """A resume keeps the choices its checkpoint was made under: the best metric (new
+        evaluations are ranked against best/'s value) and the optimizer (its state)."""
+        best = state.get("best") if isinstance(state, dict) else None
+        if isinstance(best, dict) and best.get("metric") not in (None, self.metric):
+            raise RunError(f"{self.run.path} chose its best checkpoint by {best['metric']!r}; "
+                           f"resuming it with train.best_metric={self.metric!r} would rank new "
+                           "evaluations against a value of another metric: resume with "
+                           f"train.best_metric={best['metric']!r}, or train into a new --out "
+                           "(--init-from the run)")
+        opt_state = state.get("optimizer") if isinstance(state, dict) else None
+        saved = optimizer_kind(opt_state) if isinstance(opt_state, dict) else self.cfg.optimizer
+        if saved != self.cfg.optimizer:  # (a malformed state: refused when loaded)
+            raise RunError(f"{self.run.path} was trained with train.optimizer={saved!r}; its "
+                           f"optimizer state cannot go on under train.optimizer="
+                           f"{self.cfg.optimizer!r}: resume with train.optimizer={saved!r}, or "
+                           "train into a new --out (--init-from the run)")
+
+    def _load_weights_and_optimizer(self, optimizer: dict[str, Any]) -> None:
+        """last/'s weights and optimizer state (``optimizer``: the training state's), however
+        the checkpoint and this run are split over processes: a sharded checkpoint loads under
+        any number of them, each its part; a whole one into a sharded model goes through a
+        whole copy, of which each process keeps its shards."""
+        if self.run.sharded("last"):
+            self.run.load_weights(self.model, "last", self.optimizer, optimizer)
+        elif self.cfg.parallel == "fsdp":
+            whole = build_model(self.task.model_config)
+            whole_optimizer = build_optimizer(whole, self.cfg, "cpu", self.precision)
+            self.run.load_weights(whole, "last")
+            whole_optimizer.load_state_dict(optimizer)
+            load_whole(self.model, self.optimizer, whole, whole_optimizer)
+        else:
+            self.run.load_weights(self.model, "last")
+            self.optimizer.load_state_dict(optimizer)
+
+    def _build_model(self) -> torch.nn.Module:
+        """The task's model on the device, with the speed layer's kernels."""
+        model = use_cpu_dropout(use_cpu_sdpa(build_model(self.task.model_config).to(self.device)))
+        if not self.cfg.compile:  # (a compiled model's projection and loss: fused by inductor)
+            use_fused_loss(model)
+        return model
+
+    def whole_model(self) -> torch.nn.Module:
+        """The model as one module with its current weights: fsdp's shards gathered on every
+        process (each calls this), into a copy made once; the model itself otherwise. The
+        evaluations run on it (an encoder-decoder's decoding calls more than its forward),
+        and so does what runs after training, outside the process group (samples)."""
+        if self.cfg.parallel != "fsdp" or not self.info.enabled:
+            return self.model
+        if self.whole is None:
+            with torch.random.fork_rng(devices=[]):  # (training's random stream untouched)
+                self.whole = self._build_model()
+        self.whole.load_state_dict(whole_state(self.model))
+        return self.whole
 
     # ---- the loop ------------------------------------------------------------------------------
     def _better(self, a: float, b: float) -> float:

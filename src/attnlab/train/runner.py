@@ -160,6 +160,18 @@ def resumed_config(run: RunDir, saved: dict, rc: RunConfig) -> RunConfig:
     return RunConfig.from_dict(merged)
 
 
+def unsharded_alone(run: RunDir, rc: RunConfig, saved: dict[str, Any]) -> RunConfig:
+    """``rc`` of a run resumed by one process (no torchrun): a run trained sharded
+    (``train.parallel = "fsdp"`` in its config, ``saved``) goes on unsharded, its checkpoint
+    loaded whole; fsdp for a run that was not sharded is refused (by the trainer)."""
+    sharded = (saved.get("train") or {}).get("parallel") == "fsdp"
+    if rc.train.parallel != "fsdp" or not sharded or env_info().world_size > 1:
+        return rc
+    log.info("%s was trained sharded over processes (train.parallel='fsdp'); one process goes "
+             "on with the whole model (train.parallel='ddp')", run.path)
+    return rc.replace("train", parallel="ddp")
+
+
 def check_steps_left(run: RunDir, rc: RunConfig) -> None:
     """A resume must have steps to train: one that stops at or before the checkpoint would
     only evaluate again and rewrite the run's results."""
@@ -230,8 +242,8 @@ def train_run(rc: RunConfig, run_dir: str | Path, resume: bool = False) -> RunOu
         result = trainer.fit()
         if info.is_main:
             _write_results(run, result, trainer, info)
-        return RunOutcome(result, trainer.model, trainer.task.tokenizer, run.path, trainer.rc,
-                          info.is_main)
+        return RunOutcome(result, trainer.whole_model(), trainer.task.tokenizer, run.path,
+                          trainer.rc, info.is_main)
     except BaseException:
         if created is not None:
             _remove_if_empty(created, run.path)
@@ -269,7 +281,7 @@ def _resumed_start(rc: RunConfig, run: RunDir) -> RunStart:
     """The start of ``--resume``: the run's own config where ``rc`` leaves a key out, its
     tokenizer, and whether there is a last/ to go on from (with steps left to train)."""
     saved = run.read_config()
-    rc = resumed_config(run, saved, rc)
+    rc = unsharded_alone(run, resumed_config(run, saved, rc), saved)
     tokenizer = run.load_tokenizer()
     resume = not _restart_from_nothing(run)
     if resume:
@@ -311,7 +323,7 @@ def _announce(trainer: Trainer, rc: RunConfig, info: DistInfo) -> None:
     log.info("training %s model (%.2fM parameters) on %s, %s, %s%s",
              FAMILY_WORDS.get(rc.model.family, rc.model.family),
              n_params / 1e6, trainer.device, trainer.precision, data_words(rc.data),
-             describe(info))
+             describe(info, rc.train.parallel))
     if info.is_main:
         for warning in schedule_warnings(rc.train):
             log.warning("%s", warning)
