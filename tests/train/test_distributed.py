@@ -116,7 +116,10 @@ def test_the_precision_probe_agrees_over_processes_and_a_small_batch_writes_noth
     text.write_text(TEXT)
     auto = ["--set", "train.precision='auto'"]
     run(command(text, tmp_path / "one") + auto + ["--set", "train.batch_size=3"], 1, tmp_path)
-    run(command(text, tmp_path / "two") + auto + ["--set", "train.batch_size=5"], 2, tmp_path)
+    two = run(command(text, tmp_path / "two") + auto + ["--set", "train.batch_size=5"], 2,
+              tmp_path)
+    assert "train.batch_size=5 over 2 processes: 3 + 2 rows (every loss is averaged over all " \
+        "of them, so the run is one process's" in two.stderr, two.stderr[-3000:]
     small = run(command(text, tmp_path / "small") + ["--set", "train.batch_size=1"], 2,
                 tmp_path, ok=False)
     assert "cannot be split over 2 processes" in small.stderr
@@ -271,6 +274,18 @@ def test_a_sharded_run_goes_on_alone_and_a_run_of_one_process_goes_on_sharded(tm
     assert main(["eval", str(tmp_path / "alone")]) == 0
     assert main(["sample", str(tmp_path / "alone"), "--prompt", "all", "--max-new-tokens",
                  "5"]) == 0
+    # exported on one process: transformers' model of the folder computes the run's logits
+    assert main(["export", str(tmp_path / "alone"), "--to", "hf", "--checkpoint", "last",
+                 "--out", str(tmp_path / "hf")]) == 0
+    from transformers import AutoModelForCausalLM
+
+    from attnlab.runs import load_run
+
+    ours = load_run(tmp_path / "alone", "last")
+    ids = torch.tensor([ours.encode("all the world")])
+    with torch.no_grad():
+        theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()(ids).logits
+        assert torch.allclose(ours.model(ids)[0], theirs, atol=1e-4)
     broken = run(command(text, tmp_path / "broken") + six + ["--resume"], 1, tmp_path, ok=False)
     assert broken.returncode == 2
     line = broken.stderr.strip().splitlines()[-1]

@@ -7,7 +7,6 @@ rendezvous; they train the distributed guide's small recipe.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 import subprocess
@@ -46,14 +45,6 @@ tensorboard = false
 """
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 ATTNLAB = ["-m", "attnlab", "train"]
-
-
-def parallel_modes():
-    """DDP, and FSDP once ``train.parallel`` is a key (one more ``--set`` each)."""
-    keys = {f.name for f in dataclasses.fields(TrainConfig)}
-    return [pytest.param([], id="ddp"),
-            pytest.param(["--set", "train.parallel='fsdp'"], id="fsdp", marks=pytest.mark.skipif(
-                "parallel" not in keys, reason="train.parallel is not a config key (no FSDP)"))]
 
 
 @pytest.fixture
@@ -123,11 +114,9 @@ def same_losses(a, b):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallel", parallel_modes())
-def test_two_machines_on_loopback_train_what_one_process_trains(tmp_path, recipe, parallel):
+def test_two_machines_on_loopback_train_what_one_process_trains(tmp_path, recipe):
     train([str(recipe), "--out", "one"], 1, tmp_path)
-    done = machines([str(recipe), "--out", "runs/two", *parallel],
-                    [tmp_path / "a", tmp_path / "b"])
+    done = machines([str(recipe), "--out", "runs/two"], [tmp_path / "a", tmp_path / "b"])
     for rc, _, err in done:
         assert rc == 0, err[-3000:]
     # global rank 0 alone writes (and says) anything: its machine's folder holds the run dir
@@ -138,6 +127,23 @@ def test_two_machines_on_loopback_train_what_one_process_trains(tmp_path, recipe
     assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in (tmp_path / "one")
                                                            .iterdir())
     same_losses(tmp_path / "one", two)
+
+
+@pytest.mark.slow
+def test_two_machines_on_loopback_train_sharded_into_a_shared_run_dir(tmp_path, recipe):
+    """fsdp: every process writes its own shards of the checkpoints, so the machines share
+    the run dir's folder (as on a cluster's shared file system: here one absolute path)."""
+    train([str(recipe), "--out", "one"], 1, tmp_path)
+    shared = tmp_path / "shared" / "two"
+    done = machines([str(recipe), "--out", str(shared), "--set", "train.parallel='fsdp'"],
+                    [tmp_path / "a", tmp_path / "b"])
+    for rc, _, err in done:
+        assert rc == 0, err[-3000:]
+    assert "2 processes (FSDP, gloo)" in "".join(err for _, _, err in done)
+    assert sorted(p.name for p in (shared / "last").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp", "manifest.json", "state.json",
+        "state.safetensors"]
+    same_losses(tmp_path / "one", shared)
 
 
 @pytest.mark.slow

@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         from attnlab.cli.train import cmd_launch
 
         logging.basicConfig(level=logging.INFO, format="%(message)s")
-        return run_command(cmd_launch, argparse.Namespace(command="launch", argv=argv[1:]))
+        return run_command(cmd_launch, argparse.Namespace(
+            command="launch", argv=argv[1:], commands=build_parser().commands))
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:  # named with the command they were given to

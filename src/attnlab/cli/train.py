@@ -223,11 +223,10 @@ def _register_launch(subparsers: argparse._SubParsersAction) -> None:
 def cmd_launch(args: argparse.Namespace) -> int:
     """``attnlab launch [TORCHRUN OPTIONS] COMMAND ...`` (main() passes the words unparsed:
     they are torchrun's options)."""
-    from attnlab.cli import build_parser
     from attnlab.train.distributed import launch
 
     words = list(args.argv)
-    commands = [c for c in build_parser().commands if c != "launch"]
+    commands = [c for c in args.commands if c != "launch"]
     at = next((k for k, w in enumerate(words) if w in commands), None)
     if at is None:
         raise UsageError("give an attnlab command after torchrun's options, e.g. `attnlab "

@@ -327,6 +327,12 @@ def _announce(trainer: Trainer, rc: RunConfig, info: DistInfo) -> None:
     if info.is_main:
         for warning in schedule_warnings(rc.train):
             log.warning("%s", warning)
+        rows, k = rc.train.batch_size, info.world_size
+        if info.enabled and rows % k and "batch_size" in trainer.task.train_keys:
+            split = " + ".join(str(len(range(r, rows, k))) for r in range(k))
+            log.info("train.batch_size=%d over %d processes: %s rows (every loss is averaged "
+                     "over all of them, so the run is one process's; a multiple of %d "
+                     "balances the work)", rows, k, split, k)
     if trainer.compile_pending:
         log.info("compiling the model with torch.compile (train.compile=true) at the first "
                  "step: this takes a while, often a minute or more")
