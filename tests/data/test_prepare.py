@@ -200,6 +200,26 @@ def test_spans_give_the_ids_and_split_of_the_text_read_whole(tmp_path, monkeypat
                                                                 // 61)
 
 
+def test_spans_among_documents_and_compressed_text_keep_each_splits_order(tmp_path,
+                                                                         monkeypatch):
+    """Text files (spans), rows and a compressed text file (read here) in one prepare: each
+    split's ids and documents are those of attnlab before spans."""
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs(40)))
+    (tmp_path / "b.txt").write_text(tricky(40, seed=1))
+    (tmp_path / "c.txt.gz").write_bytes(gzip.compress(corpus(60).encode()))
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n"
+                                              for t in docs(30, seed=2)))
+    (tmp_path / "e.txt").write_text(corpus(80, seed=3))
+    names = [tmp_path / n for n in ("a.jsonl", "b.txt", "c.txt.gz", "d.jsonl", "e.txt")]
+    out = prepare(names, tmp_path / "new", "char", val_fraction=0.3, piece_bytes=300)
+    as_before_byte_ranges(monkeypatch)
+    old = prepare(names, tmp_path / "old", "char", val_fraction=0.3, piece_bytes=300)
+    for split in ("train", "val"):
+        assert torch.equal(TokenShards(out, split).ids(), TokenShards(old, split).ids())
+        assert (read_manifest(out)["splits"][split]["documents"]
+                == read_manifest(old)["splits"][split]["documents"])
+
+
 def test_a_text_file_without_a_cut_is_one_span_and_empty_ones(tmp_path):
     """CRLF lines (a newline after a space: no cut anywhere): the first span holds the whole
     train part and the spans after it are empty; the ids are the whole text's."""
