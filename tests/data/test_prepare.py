@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from _oracles import LMData
-from attnlab.data import DataError
+from attnlab.data import DataError, pipeline
 from attnlab.data import prepare as prep
 from attnlab.data.pipeline import DiskFullError
 from attnlab.data.prepare import prepare, prepare_cached
@@ -83,6 +83,206 @@ def test_subword_pieces_tokenize_as_the_whole_text(tmp_path, kind):
     tok = load_tokenizer(out / "tokenizer.json")
     assert tok.kind == kind and len(read_manifest(out)["splits"]["train"]["shards"]) > 5
     assert all_ids(out) == tok.encode(text) + [tok.eos_id]
+
+
+def tricky(n_lines: int = 300, seed: int = 0) -> str:
+    """Text whose every byte may be a span's edge: characters of 2, 3 and 4 bytes, runs of
+    blank lines and spaces, Unicode spaces beside newlines (no cut there), CRLF lines."""
+    rng = random.Random(seed)
+    words = ["é", "naïve", "日本語", "😀😀", "ok", "a", "Ωmega", "x" * 40, "'s", "123456"]
+    spaces = [" ", "  ", "\t", "\u00a0", "\u3000", "\u2028", "\u0085"]
+    lines = []
+    for _ in range(n_lines):
+        words_ = [rng.choice(words) for _ in range(rng.randint(0, 8))]
+        line = "".join(w + rng.choice(spaces[:2] * 4 + spaces) for w in words_).rstrip(" ")
+        lines.append(line + rng.choice(["", "", "", " ", "\u00a0", "\r"]))
+        if rng.random() < 0.2:
+            lines.append(rng.choice(["", " ", "\u3000", "\n"]))
+        if rng.random() < 0.2:
+            lines[-1] = rng.choice(spaces) + lines[-1]
+    return "\n".join(lines) + "\n"
+
+
+def offsets(text: str) -> list[int]:
+    """The UTF-8 byte offset of each character of ``text``, and of its end."""
+    out = [0]
+    for ch in text:
+        out.append(out[-1] + len(ch.encode()))
+    return out
+
+
+def split_by_the_rule(data: bytes, val_fraction: float, anywhere: bool) -> int:
+    """Where prepare splits a text file (an index of its text): at the first newline at or
+    after byte int(size * (1 - val_fraction)), after the first character, with a non-space
+    character on each side (char tokenizer: that byte's character, or the next); the end if
+    none. (A byte-order mark is not text, but its bytes count.)"""
+    text = data.decode("utf-8-sig")
+    off = [b + len(data) - offsets(text)[-1] for b in offsets(text)]
+    val_at = int(len(data) * (1 - val_fraction))
+    first = next(c for c, b in enumerate(off) if b >= val_at)
+    if anywhere:
+        return first
+    for i in range(max(first, 1), len(text) - 1):
+        if text[i] == "\n" and not text[i - 1].isspace() and not text[i + 1].isspace():
+            return i + 1
+    return len(text)
+
+
+def as_before_byte_ranges(monkeypatch) -> None:
+    """Prepare as attnlab did before byte ranges: text files read and cut in the main process,
+    under a plan without "pieces"."""
+    monkeypatch.setattr(pipeline, "made_plan", lambda out, plan, older: older)
+
+
+def test_the_cut_rule_reads_bytes_near_the_edge_as_the_whole_text(tmp_path, monkeypatch):
+    """cut() of the UTF-8 bytes at any byte, and of the file read only near that byte (from a
+    1-byte window up), is the place cut() finds in the decoded text: the character at or
+    after that byte, moved on to a newline between non-space characters."""
+    text = tricky(60)
+    data = text.encode()
+    (tmp_path / "a.txt").write_bytes(data)
+    off = offsets(text)
+    char_of = {b: c for c, b in enumerate(off)}
+    monkeypatch.setattr(prep, "SEARCH", 1)  # the window grows from 1 byte
+    with open(tmp_path / "a.txt", "rb") as f:
+        for anywhere in (False, True):
+            c = 0
+            for at in range(len(data) + 1):
+                while off[c] < at:
+                    c += 1
+                want = off[prep.cut(text, c, anywhere)]
+                assert prep.cut(data, at, anywhere) == want
+                assert prep._cut_in_file(f, at, len(data), anywhere) == want
+                assert char_of[want] >= c
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe", "gpt2"])
+def test_spans_give_the_ids_and_split_of_the_text_read_whole(tmp_path, monkeypatch, kind):
+    """A text file as spans the workers read: span edges inside characters of 2-4 bytes and
+    inside runs of whitespace, files smaller than one span, a byte-order mark: the ids of each
+    split are those of the text read and cut in the main process (attnlab before spans) and
+    those of its two parts encoded whole, split where split_by_the_rule says."""
+    if kind == "gpt2":
+        needs_gpt2_files()
+    text = tricky(100)
+    data = text.encode()
+    edges = [b for b in range(61, len(data), 61)]
+    assert any(data[b] & 0xC0 == 0x80 for b in edges)  # an edge inside a character
+    assert any(text[c].isspace() and text[c - 1].isspace()  # ... and inside whitespace
+               for c, b in enumerate(offsets(text)[:-1]) if b in edges)
+    (tmp_path / "a.txt").write_bytes(data)
+    (tmp_path / "small.txt").write_bytes("\ufeffsmall\nfile é\n\n 日本\n".encode())
+    runs = [("a.txt", 0.1, 61, 2), ("a.txt", 0.37, 500, 1), ("a.txt", 0.0, 61, 1),
+            ("small.txt", 0.5, 1 << 20, 1)]
+    for name, vf, piece_bytes, workers in runs:
+        args = dict(tokenizer=kind, vocab_size=300, val_fraction=vf, workers=workers,
+                    piece_bytes=piece_bytes)
+        out = prepare([tmp_path / name], tmp_path / f"new-{name}-{vf}", **args)
+        with monkeypatch.context() as m:
+            as_before_byte_ranges(m)
+            old = prepare([tmp_path / name], tmp_path / f"old-{name}-{vf}", **args)
+        new_m, old_m = read_manifest(out), read_manifest(old)
+        assert new_m["plan"]["pieces"] == "byte-ranges" and "pieces" not in old_m["plan"]
+        for split in ("train", "val"):
+            assert torch.equal(TokenShards(out, split).ids(), TokenShards(old, split).ids())
+            assert new_m["splits"][split]["documents"] == old_m["splits"][split]["documents"]
+        tok = load_tokenizer(out / "tokenizer.json")
+        raw = (tmp_path / name).read_bytes()
+        whole = raw.decode("utf-8-sig")
+        at = split_by_the_rule(raw, vf, kind == "char") if vf else len(whole)
+        eot = [tok.eos_id] if tok.eos_id is not None else []
+        assert TokenShards(out, "train").ids().tolist() == tok.encode(whole[:at]) + (
+            [] if vf else eot)
+        assert TokenShards(out, "val").ids().tolist() == (tok.encode(whole[at:]) + eot
+                                                          if vf else [])
+        if piece_bytes == 61:
+            assert len(new_m["splits"]["train"]["shards"]) == -(-int(len(data) * (1 - vf))
+                                                                // 61)
+
+
+def test_spans_among_documents_and_compressed_text_keep_each_splits_order(tmp_path,
+                                                                         monkeypatch):
+    """Text files (spans), rows and a compressed text file (read here) in one prepare: each
+    split's ids and documents are those of attnlab before spans."""
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs(40)))
+    (tmp_path / "b.txt").write_text(tricky(40, seed=1))
+    (tmp_path / "c.txt.gz").write_bytes(gzip.compress(corpus(60).encode()))
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n"
+                                              for t in docs(30, seed=2)))
+    (tmp_path / "e.txt").write_text(corpus(80, seed=3))
+    names = [tmp_path / n for n in ("a.jsonl", "b.txt", "c.txt.gz", "d.jsonl", "e.txt")]
+    out = prepare(names, tmp_path / "new", "char", val_fraction=0.3, piece_bytes=300)
+    as_before_byte_ranges(monkeypatch)
+    old = prepare(names, tmp_path / "old", "char", val_fraction=0.3, piece_bytes=300)
+    for split in ("train", "val"):
+        assert torch.equal(TokenShards(out, split).ids(), TokenShards(old, split).ids())
+        assert (read_manifest(out)["splits"][split]["documents"]
+                == read_manifest(old)["splits"][split]["documents"])
+
+
+def test_a_text_file_without_a_cut_is_one_span_and_empty_ones(tmp_path):
+    """CRLF lines (a newline after a space: no cut anywhere): the first span holds the whole
+    train part and the spans after it are empty; the ids are the whole text's."""
+    needs_gpt2_files()
+    text = "".join(f"line {i} of a file with CRLF endings\r\n" for i in range(200))
+    (tmp_path / "a.txt").write_text(text, newline="")
+    out = prepare([tmp_path / "a.txt"], tmp_path / "p", "gpt2", workers=2, piece_bytes=500,
+                  val_fraction=0.0)
+    tokens = [s["tokens"] for s in read_manifest(out)["splits"]["train"]["shards"]]
+    assert len(tokens) > 10 and tokens[0] > 1 and tokens[1:] == [0] * (len(tokens) - 2) + [1]
+    tok = load_tokenizer(out / "tokenizer.json")
+    assert all_ids(out) == tok.encode(text) + [tok.eos_id]
+
+
+def test_undecodable_bytes_of_a_span_read_by_a_worker_are_one_line(tmp_path):
+    """A worker process finds the byte (past what the main process reads): one DataError
+    naming its offset in the file; with errors="replace", U+FFFD as in the whole text."""
+    needs_gpt2_files()
+    data = corpus(6000).encode()
+    assert len(data) > 100_000 > 1 << 16  # (the main process reads 64 KiB: not this far)
+    bad = data[:100_000] + b"\xe2\x80 x" + data[100_000:]
+    (tmp_path / "a.txt").write_bytes(bad)
+    with pytest.raises(DataError, match=r"a\.txt is not UTF-8 text: undecodable byte 0xe2 at "
+                       r"byte offset 100000; convert it"):
+        prepare([tmp_path / "a.txt"], tmp_path / "p", "gpt2", workers=2, piece_bytes=16384)
+    assert not (tmp_path / "p").exists()
+    out = prepare([tmp_path / "a.txt"], tmp_path / "p", "gpt2", workers=2, piece_bytes=16384,
+                  errors="replace", val_fraction=0.0)
+    tok = load_tokenizer(out / "tokenizer.json")
+    assert all_ids(out) == tok.encode(bad.decode("utf-8", "replace")) + [tok.eos_id]
+
+
+def test_a_dir_prepared_before_byte_ranges_resumes_and_is_kept(tmp_path, monkeypatch):
+    """An unfinished DIR of attnlab before spans (its plan has no "pieces") is finished with
+    its own pieces: the shards it wrote are kept; a finished one is kept as it is."""
+    (tmp_path / "a.txt").write_text(corpus(800))
+    real, written = prep.write_shard, []
+
+    def dies_after_three(path, ids):
+        if len(written) == 3:
+            raise KeyboardInterrupt
+        real(path, ids)
+        written.append(path)
+
+    with monkeypatch.context() as m:
+        as_before_byte_ranges(m)
+        whole = prepare([tmp_path / "a.txt"], tmp_path / "whole", "char", workers=1,
+                        piece_bytes=500)
+        m.setattr(prep, "write_shard", dies_after_three)
+        with pytest.raises(KeyboardInterrupt):
+            prepare([tmp_path / "a.txt"], tmp_path / "p", "char", workers=1, piece_bytes=500)
+    assert "pieces" not in json.loads((tmp_path / "p" / ".plan.json").read_text())
+    encoded = []
+    real_encode = prep._encode
+    monkeypatch.setattr(prep, "_encode", lambda *a, **k: encoded.append(1) or real_encode(*a, **k))
+    prepare([tmp_path / "a.txt"], tmp_path / "p", "char", workers=1, piece_bytes=500)
+    n = sum(len(s["shards"]) for s in read_manifest(whole)["splits"].values())
+    assert len(encoded) == n - 3  # the old pieces: three kept, the rest tokenized
+    assert read_manifest(tmp_path / "p") == read_manifest(whole)
+    assert all_ids(tmp_path / "p") == all_ids(whole)
+    before = (whole / MANIFEST).stat().st_mtime_ns
+    assert prepare([tmp_path / "a.txt"], whole, "char", workers=1, piece_bytes=500) == whole
+    assert (whole / MANIFEST).stat().st_mtime_ns == before and len(encoded) == n - 3
 
 
 def test_the_gpt2_tokenizer_is_gpt2s(tmp_path):

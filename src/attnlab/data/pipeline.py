@@ -114,7 +114,10 @@ class Pieces(Generic[P]):
                 yield self._close(split)
 
     def _close(self, split: str) -> P:
-        piece = self._open.pop(split)
+        return self.numbered(self._open.pop(split))
+
+    def numbered(self, piece: P) -> P:
+        """``piece``, given the next number (a piece made whole, not filled)."""
         piece.index, self._next = self._next, self._next + 1
         return piece
 
@@ -223,6 +226,17 @@ def start(out: Path, plan: dict[str, Any]) -> bool:
         clear_unfinished(out)
         atomic_write_json(out / PLAN, plan)
     return False
+
+
+def made_plan(out: Path, plan: dict[str, Any], older: dict[str, Any]) -> dict[str, Any]:
+    """``older`` when the DIR ``out`` (finished or not) was made by it: the plan an earlier
+    attnlab wrote for the prepare that ``plan`` describes, which cut its input otherwise; such
+    a DIR is resumed (or kept) the way it was made. Else ``plan``."""
+    made = read_plan(out)
+    if (out / MANIFEST).is_file():
+        with contextlib.suppress(DataError):
+            made = read_manifest(out).get("plan")
+    return older if made == older else plan
 
 
 def read_plan(out: Path) -> dict[str, Any] | None:

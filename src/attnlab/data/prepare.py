@@ -3,8 +3,10 @@
 :func:`prepare` streams the documents of its sources (:mod:`attnlab.data.sources`), cuts
 them into pieces of about ``PIECE_BYTES`` of text, tokenizes the pieces in worker processes
 and writes each as one shard (:mod:`attnlab.data.shards`): memory stays flat whatever the
-corpus size. :func:`prepare_cached` does it once per raw file, in a cache keyed by the
-file's content and the tokenizer settings.
+corpus size. A plain text file is not read here: each worker is sent a byte range of it
+(:class:`_Span`), reads it and finds the cuts at its edges itself (:func:`cut`).
+:func:`prepare_cached` does it once per raw file, in a cache keyed by the file's content and
+the tokenizer settings.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from attnlab.data.sources import (
     check_source,
     documents,
     find_sources,
+    holds_text,
     scan,
     text_blocks_at,
+    text_range,
     text_size,
 )
 from attnlab.tokenizers import BPETokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer
@@ -40,6 +44,7 @@ from attnlab.tokenizers import BPETokenizer, CharTokenizer, GPT2Tokenizer, Token
 log = logging.getLogger(__name__)
 
 TOKENIZER_KINDS = ("char", "bpe", "gpt2")
+SEARCH = 1 << 12  # bytes a worker reads at first around a span's edge to find its cut
 
 
 @dataclass
@@ -52,6 +57,38 @@ class _Piece(Piece):
     def file(self) -> str:
         return f"{self.name}.bin"
 
+    def read(self) -> list[str]:
+        """The texts to tokenize (in a worker process)."""
+        return self.texts
+
+
+@dataclass
+class _Span(_Piece):
+    """Bytes ``[start, end)`` of a plain text file, all the main process sends of it: the
+    worker reads them and moves each edge to the first place at or after it where the text may
+    be cut (:func:`cut`), looking only at the bytes near that edge, so the span before ends
+    where this one begins (an empty span when none is inside it)."""
+
+    source: Source | None = None
+    start: int = 0
+    end: int = 0
+    size: int = 0  # of the file
+    anywhere: bool = False
+    errors: str = "strict"
+
+    def read(self) -> list[str]:
+        assert self.source is not None
+        with open(self.source.path, "rb") as f:
+            first = self.split == "train" and self.start == 0  # the file's first span
+            begin = 0 if first else _cut_in_file(f, self.start, self.size, self.anywhere,
+                                                 stop=self.end)
+            if begin is None:  # no cut inside: the span before ends past this one
+                return [""]
+            end = _cut_in_file(f, self.end, self.size, self.anywhere)
+        if end is None or begin >= end:
+            return [""]
+        return [text_range(self.source, begin, end, self.errors)]
+
 
 class _Pieces(Pieces[_Piece]):
     """Cuts the documents of the sources into pieces, in an order fixed by the input alone,
@@ -60,11 +97,13 @@ class _Pieces(Pieces[_Piece]):
     piece = _Piece
 
     def __init__(self, sources: list[Source], val_fraction: float, seed: int, text_field: str,
-                 errors: str, piece_bytes: int, anywhere: bool = False) -> None:
+                 errors: str, piece_bytes: int, anywhere: bool = False,
+                 spans: bool = False) -> None:
         super().__init__(piece_bytes)
         self.sources, self.val_fraction, self.seed = sources, val_fraction, seed
         self.text_field, self.errors = text_field, errors
         self.anywhere = anywhere  # characters: a text may be cut at any character
+        self.spans = spans  # a plain text file as spans that the workers read (else: read here)
         self.documents = {"train": 0, "val": 0}
 
     def _add(self, split: str, text: str, ends: bool) -> Iterator[_Piece]:
@@ -75,7 +114,9 @@ class _Pieces(Pieces[_Piece]):
 
     def __iter__(self) -> Iterator[_Piece]:
         for i, source in enumerate(self.sources):
-            if source.is_text:
+            if source.is_text and self.spans and not source.compression:
+                yield from self._spans(source)
+            elif source.is_text:
                 yield from self._text(source)
             else:
                 rng = random.Random(f"{self.seed}:{i}")  # one draw per document, in order
@@ -88,9 +129,28 @@ class _Pieces(Pieces[_Piece]):
                     raise DataError(f"source {source.path} holds no document")
         yield from self.rest()
 
+    def _spans(self, source: Source) -> Iterator[_Piece]:
+        """A plain ``.txt`` file as :class:`_Span` s of ``piece_bytes``: bytes up to
+        ``int(size * (1 - val_fraction))`` to train, the rest to val, each edge moved to the
+        next cut (:func:`cut`). Here only its start is read, to tell an empty file."""
+        if not holds_text(source, self.errors):
+            raise DataError(f"source {source.path} is empty (or only whitespace)")
+        yield from self.rest()  # the pieces open before it first: each split keeps its order
+        size = source.path.stat().st_size
+        val_at = int(size * (1 - self.val_fraction)) if self.val_fraction else size
+        parts = [("train", 0, val_at)] + ([("val", val_at, size)] if self.val_fraction else [])
+        for split, lo, hi in parts:
+            self.documents[split] += 1  # (a file split in two counts in both)
+            for start in range(lo, hi, self.piece_bytes) or [lo]:
+                end = min(start + self.piece_bytes, hi)
+                yield self.numbered(_Span(
+                    -1, split, nbytes=end - start, ends=[end == size], source=source,
+                    start=start, end=end, size=size, anywhere=self.anywhere,
+                    errors=self.errors))
+
     def _text(self, source: Source) -> Iterator[_Piece]:
-        """A ``.txt`` file: its first part to train, its last ``val_fraction`` to val, cut at
-        places where tokenizing the parts gives the ids of the whole."""
+        """A ``.txt`` file read here (compressed, or the plan of an earlier attnlab): its first
+        part to train, its last ``val_fraction`` to val, cut by :func:`cut`."""
         size = text_size(source)
         val_at = int(size * (1 - self.val_fraction)) if self.val_fraction else size + 1
         buf, split, empty = "", "train", True
@@ -121,7 +181,7 @@ class _Pieces(Pieces[_Piece]):
         return text
 
     def _cut(self, text: str, at: int) -> int:
-        return at if self.anywhere else _cut(text, at)
+        return cut(text, at, self.anywhere)  # (an int: the text is final)
 
 
 def _chars_after(text: str, nbytes: int) -> int:
@@ -132,19 +192,66 @@ def _chars_after(text: str, nbytes: int) -> int:
     return len(tail.decode("utf-8", "ignore"))
 
 
-def _cut(text: str, at: int) -> int:
-    """A place at or after ``at`` where ``text`` may be cut without changing its tokens: after
-    a newline with a non-space character on each side (a byte-level pre-tokenizer joins runs of
-    whitespace, and a run cut in two would tokenize differently). The end of the text when
-    there is none."""
-    at = max(1, min(at, len(text)))
-    while True:
-        i = text.find("\n", at)
-        if i < 0 or i + 1 >= len(text):
-            return len(text)
-        if not text[i + 1].isspace() and not text[i - 1].isspace():
+def cut(text: str | bytes, at: int, anywhere: bool = False, final: bool = True) -> int | None:
+    """The first place at or after ``at`` where ``text`` (or its UTF-8 bytes) may be cut
+    without changing its tokens: after a newline at or after ``at`` (and after the first
+    character) with a non-space character on each side (a byte-level pre-tokenizer joins runs
+    of whitespace, and a run cut in two would tokenize differently); with ``anywhere`` (the
+    char tokenizer), the first character boundary. The end of the text when there is none.
+
+    Only the characters next to the place decide, so the same rule gives the same place
+    whether it reads the whole text or the bytes near ``at``: bytes that are not the ``final``
+    part of the file give None when their end leaves it open."""
+    n = len(text)
+    if anywhere:
+        at = min(max(at, 0), n)
+        while isinstance(text, bytes) and at < n and text[at] & 0xC0 == 0x80:
+            at += 1  # a continuation byte: inside a character
+        return at if at < n or final else None
+    newline = "\n" if isinstance(text, str) else b"\n"
+    at = max(1, min(at, n))
+    while (i := text.find(newline, at)) >= 0:
+        if i + 1 >= n or (not final and i + 5 > n):  # the character after it is not all here
+            break
+        if not _char_before(text, i).isspace() and not _char_at(text, i + 1).isspace():
             return i + 1
         at = i + 1
+    return n if final else None
+
+
+def _char_before(text: str | bytes, i: int) -> str:
+    """The character that ends where ``text[i]`` begins (of bytes: as decoding the whole file
+    with ``errors="replace"`` reads it; U+FFFD when not UTF-8)."""
+    if isinstance(text, str):
+        return text[i - 1]
+    for k in range(i - 1, max(i - 4, 0) - 1, -1):
+        if text[k] & 0xC0 != 0x80:  # ASCII or a lead byte: where that character begins
+            return text[k:i].decode("utf-8", "replace")[-1]
+    return "\ufffd"
+
+
+def _char_at(text: str | bytes, i: int) -> str:
+    """The character that begins at ``text[i]`` (as :func:`_char_before` reads bytes)."""
+    if isinstance(text, str):
+        return text[i]
+    return text[i:i + 4].decode("utf-8", "replace")[0]
+
+
+def _cut_in_file(f, at: int, size: int, anywhere: bool, stop: int | None = None) -> int | None:
+    """:func:`cut` of the whole file ``f`` (``size`` bytes) at byte ``at``, read near ``at``
+    (``SEARCH`` bytes, more while the rule is undecided); None when it is not decided by byte
+    ``stop``: it is at or after ``stop``."""
+    lo, more = max(0, at - 4), SEARCH  # (4: the character before a newline at ``at``)
+    limit = size if stop is None else min(size, stop + 4)  # (4: the character after one)
+    while True:
+        hi = min(max(at + more, lo), limit)
+        f.seek(lo)
+        found = cut(f.read(hi - lo), at - lo, anywhere, final=hi >= size)
+        if found is not None:
+            return lo + found
+        if hi >= limit:
+            return None
+        more *= 4
 
 
 # ---- tokenizing (in worker processes) ------------------------------------------------------
@@ -162,7 +269,7 @@ def _encode(texts: list[str], ends: list[bool], eot: int | None, dtype: str,
 def _encode_piece(tokenizer: Tokenizer, piece: _Piece, *, eot: int | None,
                   dtype: str) -> np.ndarray:
     """The work of :func:`prepare` on one piece (an :class:`Encoder`'s ``work``)."""
-    return _encode(piece.texts, piece.ends, eot, dtype, tokenizer)
+    return _encode(piece.read(), piece.ends, eot, dtype, tokenizer)
 
 
 # ---- the tokenizer ---------------------------------------------------------------------------
@@ -252,7 +359,10 @@ def prepare(sources: Sequence[str | Path] | str | Path, out: str | Path,
         A row of ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` / ``.tsv`` is a
         document that goes to val with probability ``val_fraction`` (seeded); a text file
         (``.txt`` or any other name) is one long document whose last ``val_fraction`` goes
-        to val, as nanoGPT splits Tiny Shakespeare. The tokenizer's end-of-text id follows
+        to val, as nanoGPT splits Tiny Shakespeare: from the first newline at or after byte
+        ``int(size * (1 - val_fraction))`` with a non-space character on each side (``char``:
+        the first character that starts there or after; val is empty when there is none).
+        The tokenizer's end-of-text id follows
         every document (``char`` adds ``<eos>`` when there is more than one). Each shard is
         written atomically and ``prepared.json`` last: a killed prepare leaves no DIR that
         looks complete, and the same call again keeps the finished shards and tokenizes only
@@ -292,10 +402,14 @@ def _prepare(sources: Sequence[str | Path] | str | Path, out: Path, tokenizer: s
     plan = {"sources": described, "val_fraction": val_fraction, "seed": seed,
             "text_field": text_field, "errors": errors, "piece_bytes": piece_bytes,
             "tokenizer": kind if kind != "bpe" else [kind, vocab_size, pre_tokenizer],
-            "given": tokenizer.to_dict() if isinstance(tokenizer, Tokenizer) else None}
+            "given": tokenizer.to_dict() if isinstance(tokenizer, Tokenizer) else None,
+            "pieces": "byte-ranges"}  # plain text files: spans read by the workers
+    # a DIR an earlier attnlab made (no "pieces": it read and cut text files here) goes on so
+    plan = pipeline.made_plan(out, plan, {k: v for k, v in plan.items() if k != "pieces"})
     if pipeline.start(out, plan):
         return out
-    pieces = _Pieces(found, val_fraction, seed, text_field, errors, piece_bytes)
+    pieces = _Pieces(found, val_fraction, seed, text_field, errors, piece_bytes,
+                     spans="pieces" in plan)
     tok = pipeline.kept_tokenizer(out, lambda: _build_tokenizer(tokenizer, pieces, vocab_size,
                                                                 pre_tokenizer))
     pieces.anywhere = tok.kind == "char"

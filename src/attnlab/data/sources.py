@@ -242,7 +242,10 @@ class NotUTF8Error(DataError):
 
     def __init__(self, fact: str, hint: str) -> None:
         super().__init__(f"{fact}; {hint}")
-        self.fact = fact
+        self.fact, self.hint = fact, hint
+
+    def __reduce__(self):  # (raised in a worker process, it is pickled back)
+        return type(self), (self.fact, self.hint)
 
 
 def check_source(source: Source, text_field: str = "text") -> None:
@@ -264,9 +267,9 @@ def check_source(source: Source, text_field: str = "text") -> None:
 class _Decoder:
     """UTF-8 decoding of a byte stream block by block, knowing each byte's offset."""
 
-    def __init__(self, source: Source, errors: str) -> None:
-        self.source, self.errors = source, errors
-        self.offset, self.carry, self.first = 0, b"", True
+    def __init__(self, source: Source, errors: str, offset: int = 0) -> None:
+        self.source, self.errors = source, errors  # (offset: of the first byte it is given)
+        self.offset, self.carry, self.first = offset, b"", offset == 0
 
     def __call__(self, data: bytes, final: bool = False) -> str:
         data = self.carry + data
@@ -322,6 +325,27 @@ def text_blocks_at(source: Source, errors: str = "strict") -> Iterator[tuple[str
     tail = decode(b"", final=True)
     if tail:
         yield tail, decode.offset
+
+
+def text_range(source: Source, start: int, end: int, errors: str = "strict") -> str:
+    """The text of bytes ``[start, end)`` of a plain (not compressed) text source, whole
+    characters: an undecodable byte is named by its offset in the file, and a byte-order mark
+    at byte 0 is dropped, as :func:`text_blocks` does."""
+    decode = _Decoder(source, errors, start)
+    with source.open() as f:
+        f.seek(start)
+        return decode(f.read(end - start), final=True)
+
+
+def holds_text(source: Source, errors: str = "strict") -> bool:
+    """Does a ``.txt`` source hold more than whitespace? Read ``SNIFF`` bytes at a time up to
+    its first other character (a file of whitespace only: through)."""
+    decode = _Decoder(source, errors)
+    with source.open() as f:
+        while data := f.read(SNIFF):
+            if decode(data).strip():
+                return True
+    return bool(decode(b"", final=True).strip())
 
 
 def text_size(source: Source) -> int:
