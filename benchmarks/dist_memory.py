@@ -36,6 +36,7 @@ from data_speed import git_head, machine  # noqa: E402  (the benchmarks' one mac
 NPROC = 2
 SHAPES = {  # small but not tiny: the training state outweighs the activations of 2 rows
     "full": {"d_model": 384, "n_heads": 6, "n_layers": 6, "max_len": 64, "steps": 3},
+    "large": {"d_model": 768, "n_heads": 12, "n_layers": 12, "max_len": 64, "steps": 3},
     "tiny": {"d_model": 32, "n_heads": 2, "n_layers": 1, "max_len": 16, "steps": 2},
 }
 BATCH = 4
@@ -119,11 +120,13 @@ def measure(shape: dict, choose: list[str], tmp: Path, name: str) -> tuple[int, 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tiny", action="store_true", help="a tiny model: checks the script runs")
+    p.add_argument("--large", action="store_true",
+                   help="a GPT-2-small-sized decoder (85M parameters, a char vocabulary)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args, rest = p.parse_known_args(argv)
     if args.worker:
         return worker(args.worker, [a for a in rest if a != "--"])
-    shape = SHAPES["tiny" if args.tiny else "full"]
+    shape = SHAPES["tiny" if args.tiny else "large" if args.large else "full"]
     print(f"machine: {machine()}\ndate: {date.today().isoformat()}\ncommit: {git_head()}\n"
           f"command: {' '.join(['benchmarks/dist_memory.py', *(argv or sys.argv[1:])])}")
     print(f"decoder d_model={shape['d_model']}, {shape['n_layers']} layers, batch {BATCH} x "

@@ -220,6 +220,27 @@ def load_whole(model: nn.Module, optimizer: torch.optim.Optimizer, whole: nn.Mod
                              options=full)
 
 
+@contextlib.contextmanager
+def gathered(model: nn.Module) -> Iterator[nn.Module]:
+    """fsdp: ``model`` with its whole weights on every process inside (each calls this; one
+    copy of the weights, no second model), run by any method any number of times without a
+    collective: evaluations, an encoder-decoder's decoding (whose processes decode different
+    numbers of steps); sharded again after. Any other model: itself."""
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in sharded:
+        m.unshard()
+        m.set_reshard_after_forward(False, recurse=False)  # (a forward then gathers nothing)
+    try:
+        yield model
+    finally:
+        for m in sharded:
+            m.reshard()
+            if m is not model:  # (the root keeps its weights between forward and backward)
+                m.set_reshard_after_forward(True, recurse=False)
+
+
 def whole_state(model: nn.Module) -> dict[str, Tensor]:
     """The weights of fsdp-sharded ``model``, whole, on every process (a collective: every
     process calls it)."""

@@ -37,6 +37,7 @@ from .distributed import (
     any_process,
     barrier,
     checkpoint_blocks,
+    gathered,
     held_gradients,
     load_whole,
     shard,
@@ -331,13 +332,13 @@ class Trainer:
     def evaluate(self, split: str = "val", max_batches: int | None = None) -> dict[str, float]:
         """The task's metrics of the model on ``max_batches`` batches of ``split`` (default:
         ``train.eval_batches``; 0: the whole split), in eval mode and training's precision."""
-        model = self.whole_model()  # (fsdp: every process evaluates the gathered weights)
-        model.eval()
-        try:
-            n = self.cfg.eval_batches if max_batches is None else max_batches
-            return self.task.evaluate(model, split, self.device, self.amp, n)
-        finally:
-            model.train()
+        with gathered(self.model) as model:  # (fsdp: whole weights, no collective inside)
+            model.eval()
+            try:
+                n = self.cfg.eval_batches if max_batches is None else max_batches
+                return self.task.evaluate(model, split, self.device, self.amp, n)
+            finally:
+                model.train()
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resume needs besides the weights, as the last/ checkpoint stores it."""
@@ -479,9 +480,8 @@ class Trainer:
 
     def whole_model(self) -> torch.nn.Module:
         """The model as one module with its current weights: fsdp's shards gathered on every
-        process (each calls this), into a copy made once; the model itself otherwise. The
-        evaluations run on it (an encoder-decoder's decoding calls more than its forward),
-        and so does what runs after training, outside the process group (samples)."""
+        process (each calls this) into a copy; the model itself otherwise. What runs after
+        training, outside the process group (samples), runs on it."""
         if self.cfg.parallel != "fsdp" or not self.info.enabled:
             return self.model
         if self.whole is None:
