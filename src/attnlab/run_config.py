@@ -83,6 +83,11 @@ class DataConfig:
     vocab_size: int = 8000  # BPE vocabulary to train
     pre_tokenizer: PreTokenizer = "whitespace"  # BPE pre-tokenizer
     train_frac: float = 0.9  # LM: first part train, rest val (nanoGPT)
+    # LM: this fraction of the training windows (each row drawn apart) is a passage of the text
+    # read over and over: the window's first p tokens (p from block/8 to block/2) repeated to
+    # fill it, so copying from earlier in the context pays (induction heads form)
+    repeat_frac: float = 0.0
+    repeat_steps: int = 0  # LM: every window repeats in the first N optimizer steps
     holdout: float = 0.1  # classification: fraction of the training file held out as val
     # sentence: hold out whole sentences and drop their phrases from training
     # (attnlab.data.labelled.split_sentences); row: a random fraction of the rows
@@ -110,6 +115,10 @@ class DataConfig:
         for name in ("train_frac", "holdout"):
             v = getattr(self, name)
             check(0.0 < v < 1.0, name, v, "a fraction strictly between 0 and 1")
+        check(0.0 <= self.repeat_frac <= 1.0, "repeat_frac", self.repeat_frac,
+              "a fraction from 0 to 1")
+        check(self.repeat_steps >= 0, "repeat_steps", self.repeat_steps,
+              "an integer >= 0")
         check(self.max_len >= 0, "max_len", self.max_len, "0 (the model's) or a positive int")
         check(self.synth_vocab > 3, "synth_vocab", self.synth_vocab, "an integer > 3")
         check(1 <= self.seq_min <= self.seq_max, "seq_min", self.seq_min,

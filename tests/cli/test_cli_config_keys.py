@@ -33,7 +33,8 @@ MISSING = "'/nonexistent/attnlab/x'"
 # Which data a key needs to be read at all (the rest: a synthetic task, no files).
 BASE_OF = {
     **dict.fromkeys(("path", "val_path", "test_path", "cache_dir", "tokenizer", "vocab_size",
-                     "pre_tokenizer", "train_frac", "mix"), "lm"),
+                     "pre_tokenizer", "train_frac", "repeat_frac", "repeat_steps", "mix"),
+                  "lm"),
     **dict.fromkeys(("src_path", "tgt_path", "val_src_path", "val_tgt_path", "test_src_path",
                      "test_tgt_path", "src_add_special"), "pairs"),
     **dict.fromkeys(("holdout", "holdout_unit", "split_seed", "label_names", "bucket"), "tsv"),

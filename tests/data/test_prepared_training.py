@@ -406,3 +406,43 @@ def test_a_run_on_a_prepared_dir_records_the_tokenizer_it_read_and_resumes(tmp_p
     assert data["pre_tokenizer"] == pre and data["path"] == str(prep)
     train_run(RunConfig.from_dict(lm_dict(prep, max_steps=4)), run, resume=True)
     assert max(r["step"] for r in read_metrics(run / "metrics.csv")) == 4
+
+
+def test_repeated_passages_fill_the_first_repeat_steps_then_a_repeat_frac_of_rows(tmp_path):
+    """data.repeat_steps: in those optimizer steps every row is the window's first p tokens
+    (block/8 to block/2 of them) over and over, inputs and targets one apart as always; then
+    a data.repeat_frac of the rows (0: plain windows); resumable; both 0 (the default) leave
+    the batches of the plain path unchanged."""
+    text = write(tmp_path / "t.txt", TEXT)
+    plain = build_task(RunConfig.from_dict(lm_dict(text, batch_size=8)))
+    d = lm_dict(text, batch_size=8, grad_accum=2)
+    d["data"].update(repeat_frac=0.0, repeat_steps=3)
+    task = build_task(RunConfig.from_dict(d))
+    task.check_data()
+    corpus = task.corpora[0].train.ids()
+    for i in range(8):  # 6 batches: 3 steps of 2 micro-batches repeat, then plain ones
+        x, y = task.next_batch()
+        assert torch.equal(x[:, 1:], y[:, :-1])
+        w = torch.cat([x, y[:, -1:]], dim=1)  # (B, 17): the windows
+        for row in w:
+            period = next(p for p in range(2, 9) if torch.equal(row[p:], row[:-p])) \
+                if i < 6 else None
+            if i < 6:
+                assert 2 <= period <= 8  # 17 // 8 .. 17 // 2
+            # every row starts as a window of the text
+            start = next(s for s in range(len(corpus) - 16)
+                         if torch.equal(corpus[s:s + (period or 17)], row[:period or 17]))
+            assert i < 6 or torch.equal(corpus[start:start + 17], row)
+    state = task.state_dict()
+    later = [task.next_batch()[0] for _ in range(2)]
+    resumed = build_task(RunConfig.from_dict(d))
+    resumed.load_state_dict(state)
+    assert all(torch.equal(resumed.next_batch()[0], x) for x in later)
+    d["data"].update(repeat_frac=0.5, repeat_steps=0)  # half the rows, at every step
+    half = build_task(RunConfig.from_dict(d))
+    rows = torch.cat([half.next_batch()[0] for _ in range(40)])  # (320, 16)
+    looped = sum(any(torch.equal(r[p:], r[:-p]) for p in range(2, 9)) for r in rows)
+    assert looped / len(rows) == pytest.approx(0.5, abs=0.1)
+    d["data"].update(repeat_frac=0.0, repeat_steps=0)
+    off = build_task(RunConfig.from_dict(d))
+    assert all(torch.equal(off.next_batch()[0], plain.next_batch()[0]) for _ in range(3))

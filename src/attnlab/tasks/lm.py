@@ -110,6 +110,22 @@ class JoinedTokens:
         return torch.stack([self.window(s, n) for s in starts])  # (len(starts), n)
 
 
+def repeat_passages(w: Tensor, frac: float, generator: torch.Generator) -> Tensor:
+    """``w`` (B, n) with each row, with probability ``frac``, made a passage read over and
+    over: its first p tokens (p uniform in n // 8 .. n // 2, at least 2) repeated to fill the
+    n (the last copy cut short). In place; returns ``w``. Draws nothing from ``generator``
+    when ``frac`` is 0 (the batches of a run without repeats are unchanged)."""
+    if frac <= 0:
+        return w
+    b, n = w.shape
+    rows = (torch.rand(b, generator=generator) < frac).nonzero().flatten().tolist()
+    lo, hi = max(2, n // 8), max(2, n // 2)
+    for r in rows:
+        p = int(torch.randint(lo, hi + 1, (1,), generator=generator))
+        w[r] = w[r, :p].repeat(-(-n // p))[:n]
+    return w
+
+
 @dataclass
 class Corpus:
     """One training corpus: its prepared DIR, its splits and its share of the rows."""
@@ -135,7 +151,7 @@ class LMTask(Task):
     strided = True
     eval_data_keys = ("path",)
     data_keys = ("name", "path", "mix", "val_path", "test_path", "cache_dir", "tokenizer", "unk",
-                 "vocab_size", "pre_tokenizer", "train_frac")
+                 "vocab_size", "pre_tokenizer", "train_frac", "repeat_frac", "repeat_steps")
     train_keys = ("batch_size", "block_size", "eval_batches", "final_eval_batches", "samples",
                   "sample_tokens", "temperature", "top_k")
     metric_names = ("ppl",)
@@ -158,6 +174,7 @@ class LMTask(Task):
             raise ConfigError(f"train.block_size={self.block} is longer than model.max_len="
                               f"{self.model_config.max_len}; allowed: <= model.max_len")
         self.stride = self.block  # the whole split's windows start this far apart
+        self._drawn = 0  # training batches drawn (data.repeat_steps counts their steps)
 
     def _recorded(self, tok: Tokenizer) -> RunConfig:
         """The run config with the tokenizer a prepared DIR given as data brings (its kind;
@@ -360,12 +377,34 @@ class LMTask(Task):
 
     def next_batch(self) -> tuple[Tensor, Tensor]:
         """``batch_size`` windows at random places: of the one corpus, or of a mix's corpus
-        that each row draws by weight (the same generator: resumable)."""
+        that each row draws by weight (the same generator: resumable); passages read over
+        again (:func:`repeat_passages`): all of them in the first ``data.repeat_steps``
+        optimizer steps, then a ``data.repeat_frac`` of them."""
+        d, step = self.rc.data, self._drawn // self.rc.train.grad_accum
+        self._drawn += 1
+        frac = 1.0 if step < d.repeat_steps else d.repeat_frac
+        if frac:
+            w = repeat_passages(self._rows(), frac, self.generator)
+            return w[:, :-1].clone(), w[:, 1:].clone()
+        return self._rows(split=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "drawn": self._drawn}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._drawn = state.get("drawn", 0)  # (a checkpoint from before repeat_steps: 0)
+
+    def _rows(self, split: bool = False) -> Any:
+        """The batch's windows of ``block + 1`` tokens, (B, T + 1), or (``split``) as inputs
+        and targets."""
         bs, gen = self.rc.train.batch_size, self.generator
         if len(self.corpora) == 1:
             data = self.corpora[0].train
             ix = torch.randint(len(data) - self.block, (bs,), generator=gen)
-            return self._windows(data, ix.tolist())
+            if split:
+                return self._windows(data, ix.tolist())
+            return data.windows(ix.tolist(), self.block + 1).clone()
         weights = torch.tensor([c.weight for c in self.corpora], dtype=torch.float64)  # (C,)
         which = torch.multinomial(weights, bs, replacement=True, generator=gen)  # (B,)
         starts = torch.zeros(bs, dtype=torch.long)  # (B,)
@@ -376,6 +415,8 @@ class LMTask(Task):
                                              generator=gen)
         w = torch.stack([self.corpora[i].train.window(s, self.block + 1)
                          for i, s in zip(which.tolist(), starts.tolist())])  # (B, T + 1)
+        if not split:
+            return w
         return w[:, :-1].clone(), w[:, 1:].clone()  # (B, T), (B, T): no shared storage
 
     # ---- evaluation --------------------------------------------------------------------------
