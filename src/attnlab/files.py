@@ -141,11 +141,12 @@ def write_dir_atomic(dest: Path, write: Callable[[Path], None], *, manifest: str
             with one, a kill between the two renames leaves a complete copy that
             :func:`interrupted_copy` finds and the next write puts back first.
         meta: more entries of the manifest.
-        main, sync: a folder that several processes fill (a sharded checkpoint): each calls
-            this with the same ``dest``, ``sync`` waits for all of them (a barrier), and
-            ``write`` must return on every process only once all have written (as
-            ``torch.distributed.checkpoint.save`` does). The ``main`` process alone makes
-            the temporary folder (before ``sync``) and, after ``write``, does the rest.
+        main: for a folder that several processes fill (a sharded checkpoint), each calling
+            this with the same ``dest``: whether this is the process that makes the temporary
+            folder (before ``sync``) and, after ``write``, does the rest. ``write`` must
+            return on every process only once all have written (as
+            ``torch.distributed.checkpoint.save`` does).
+        sync: waits for all of those processes (a barrier).
     """
     dest = Path(dest)
     tmp, old = _siblings(dest)

@@ -145,9 +145,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     model config."""
     cfg, vocabulary, precision = _config_from(Path(args.target))
     length = cfg.max_len if args.length is None else args.length
-    if args.batch < 1 or length < 1 or args.world_size < 1:
-        raise UsageError(f"--batch {args.batch}, --length {length} and --world-size "
-                         f"{args.world_size} must be positive integers")
+    for flag, value in (("--batch", args.batch), ("--length", length),
+                        ("--world-size", args.world_size)):
+        if value < 1:
+            raise UsageError(f"{flag} {value} must be positive (an integer >= 1)")
     if length > cfg.max_len:  # the model refuses longer inputs: no figures for them
         raise UsageError(f"--length {length} is more than the model's max_len={cfg.max_len}: "
                          "give at most that (or a config with a larger model.max_len)")

@@ -378,7 +378,7 @@ class LMTask(Task):
     def next_batch(self) -> tuple[Tensor, Tensor]:
         """``batch_size`` windows at random places: of the one corpus, or of a mix's corpus
         that each row draws by weight (the same generator: resumable); passages read over
-        again (:func:`repeat_passages`): all of them in the first ``data.repeat_steps``
+        again (``repeat_passages``): all of them in the first ``data.repeat_steps``
         optimizer steps, then a ``data.repeat_frac`` of them."""
         d, step = self.rc.data, self._drawn // self.rc.train.grad_accum
         self._drawn += 1
