@@ -21,7 +21,7 @@ demo: $(STAMP)
 # The suite on every core (pytest-xdist; one test file per worker at a time, so a file's
 # fixtures are built once); `$(BIN)/python -m pytest tests/x` runs part of it in one process.
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -n auto --dist loadfile
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -n auto --dist loadgroup
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

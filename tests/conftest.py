@@ -30,3 +30,20 @@ def _private_cache(tmp_path_factory):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under ``make test`` (pytest-xdist, ``--dist loadgroup``) every test file runs on one
+    worker, so a module's fixtures are made once, except the docs pages other than the
+    tutorials: each is a group of its own and they spread over the workers (test_docs.py
+    would otherwise hold one worker for most of the run). The tutorials stay with their file,
+    whose site build then shows the outputs their tests kept."""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    for item in items:
+        group = item.nodeid.split("::")[0]
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if group == "tests/test_docs.py" and item.originalname == "test_page" and \
+                not str(params.get("rel", "")).startswith("tutorials/"):
+            group = item.nodeid
+        item.add_marker(pytest.mark.xdist_group(group))
