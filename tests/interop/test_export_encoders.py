@@ -216,17 +216,20 @@ def test_bert_to_hf_names_what_prevents_it() -> None:
 def test_a_decoder_neither_gpt2_nor_llama_names_what_each_needs_and_what_it_has() -> None:
     from attnlab.interop.pretrained import decoder_to_hf
 
-    # rope makes it Llama-like, layernorm and gelu keep it from Llama; rope keeps it from GPT-2
+    # rope makes it Llama-like, layernorm and gelu keep it from Llama; rope keeps it from GPT-2;
+    # scaled embeddings keep it from GPT-NeoX
     odd = DecoderLM(ModelConfig(family="decoder", vocab_size=50, d_model=32, n_heads=4,
                                 n_layers=1, norm="pre", pos="rope", ffn="gelu", max_len=16,
-                                scale_embeddings=False))
+                                scale_embeddings=True))
     with pytest.raises(ValueError) as e:
         decoder_to_hf(odd)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("this decoder cannot be exported")
-    assert "as GPT-2 it needs pos='learned' (got 'rope'); as Llama it needs" in msg
+    assert "as GPT-2 it needs pos='learned' (got 'rope'), scale_embeddings" in msg
+    llama, neox = msg.split("as Llama")[1].split("as GPT-NeoX it needs")
     for needed in ("norm_type='rmsnorm' (got 'layernorm')", "ffn='swiglu' or 'none' (got 'gelu')"):
-        assert needed in msg.split("as Llama")[1]
+        assert needed in llama
+    assert neox.strip() == "scale_embeddings=False (got True)"
 
 
 def test_minilm_real_weights_through_the_pooler() -> None:

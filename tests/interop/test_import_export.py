@@ -19,7 +19,7 @@ import torch
 from _runs import char_tokenizer, gpt2_files, scramble, write_run
 from attnlab import DecoderLM, ModelConfig
 from attnlab.cli import main
-from attnlab.interop import llama_from_hf
+from attnlab.interop import llama_from_hf, neox_from_hf
 from attnlab.recipes import RECIPES
 from attnlab.runs import load_run
 
@@ -206,11 +206,6 @@ def test_shipped_decoder_recipes_export_and_import_back(recipe, tmp_path) -> Non
     model = scramble(DecoderLM(cfg), std=0.05)
     run = write_run(tmp_path / "run", model, tok, data={"name": ""})
     out = tmp_path / "hf"
-    if cfg.pos == "rope" and cfg.norm_type == "layernorm":  # neither GPT-2 nor Llama
-        assert cli("export", run, "--to", "hf", "--out", out) == 2
-        assert not out.exists()
-        assert cli("export", run, "--to", "onnx", "--out", tmp_path / "m.onnx") == 0
-        return
     assert cli("export", run, "--to", "hf", "--out", out) == 0
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     ids = torch.tensor([tok.encode("the quick brown fox"), tok.encode("over the lazy dog.\n")[:19]])
@@ -264,6 +259,80 @@ def test_an_attention_only_decoder_exports_with_a_feed_forward_of_zeros(tmp_path
     ids = torch.tensor([tok.encode("the quick brown fox")])
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids)[0], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(("bias", "ffn", "tie"), [(False, "gelu", False), (True, "gelu", True),
+                                                  (False, "none", False), (True, "none", False),
+                                                  (True, "relu", False)])
+def test_rope_layernorm_attnlab_decoder_exports_as_gpt_neox(tmp_path, bias, ffn, tie) -> None:
+    """RoPE with LayerNorm is neither GPT-2 nor Llama: it goes out as GPT-NeoX (sequential
+    residuals, rotary on every head dimension), and back in with the same logits."""
+    tok = char_tokenizer()
+    cfg = ModelConfig(family="decoder", vocab_size=tok.vocab_size, d_model=32, n_heads=4,
+                      n_layers=2, norm="pre", norm_type="layernorm", pos="rope", ffn=ffn,
+                      bias=bias, scale_embeddings=False, tie_embeddings=tie, dropout=0.0,
+                      max_len=32, rope_base=500.0, norm_eps=1e-6, pad_id=None)
+    model = scramble(DecoderLM(cfg))
+    run = write_run(tmp_path / "run", model, tok, data={"name": ""})
+    assert cli("export", run, "--to", "hf", "--out", tmp_path / "hf") == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "GPTNeoXForCausalLM"
+    assert not hf.config.use_parallel_residual and hf.config.attention_bias == bias
+    assert hf.config.tie_word_embeddings == tie
+    ids = torch.tensor([tok.encode("the quick brown fox"), tok.encode("over the lazy dog.\n")[:19]])
+    back = neox_from_hf(tmp_path / "hf")  # and in again: every weight mapped both ways
+    assert back.config.bias == bias and back.config.pos == "rope"
+    with torch.no_grad():
+        want = model(ids)[0]
+        torch.testing.assert_close(hf(ids).logits, want, atol=1e-4, rtol=0)
+        torch.testing.assert_close(back(ids)[0], want, atol=1e-5, rtol=0)
+    assert cli("import", tmp_path / "hf", "--out", tmp_path / "back") == 0
+    with torch.no_grad():
+        torch.testing.assert_close(load_run(tmp_path / "back").model(ids)[0], want, atol=1e-4,
+                                   rtol=0)
+
+
+def test_gpt_neox_settings_attnlab_lacks_are_refused(tmp_path) -> None:
+    """Pythia's parallel residuals and partial rotary are not attnlab's blocks: one line."""
+    from attnlab.interop import neox_config
+
+    for kwargs, needed in (({"use_parallel_residual": True}, "use_parallel_residual"),
+                           ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                 "partial_rotary_factor": 0.25}},
+                            "rotary_pct")):
+        base = dict(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                    intermediate_size=32, use_parallel_residual=False)
+        cfg = transformers.GPTNeoXConfig(**(base | kwargs))
+        with pytest.raises(ValueError, match=needed):
+            neox_config(cfg)
+
+
+def test_a_gpt_neox_checkpoint_without_attention_bias_imports(tmp_path) -> None:
+    """A GPT-NeoX made by transformers (random, with a legacy ``embed_out`` name) imports
+    with the same logits; its MLP and LayerNorm biases are zero, as attnlab's bias=False."""
+    torch.manual_seed(5)
+    cfg = transformers.GPTNeoXConfig(
+        vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=24, use_parallel_residual=False, attention_bias=False,
+        hidden_act="gelu_new", max_position_embeddings=32,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0})
+    hf = scramble(transformers.GPTNeoXForCausalLM(cfg)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias"):
+                p.zero_()
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "neox"
+    cfg.save_pretrained(folder)
+    sd = {("embed_out." + k[len("lm_head."):] if k.startswith("lm_head.") else k):
+          v.contiguous() for k, v in hf.state_dict().items()}
+    save_file(sd, folder / "model.safetensors")
+    lm = neox_from_hf(folder)
+    assert not lm.config.bias and lm.config.ffn == "gelu_tanh"
+    ids = torch.randint(0, 60, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(lm(ids)[0], hf(ids).logits, atol=1e-4, rtol=0)
 
 
 def test_import_a_bert_encoder_without_pooler_then_classify(tmp_path, capsys) -> None:

@@ -32,10 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "export", help="write a run dir as a Hugging Face model folder or an ONNX file",
         description="--to hf: a folder that transformers' AutoModel* and AutoTokenizer "
-        ".from_pretrained load with the same outputs (decoders as GPT-2 or Llama, encoders as "
-        "BertForSequenceClassification, encoder-decoders as MarianMT). --to onnx: one .onnx "
-        "file with dynamic batch and length, checked against onnxruntime (weights over 2 GB "
-        "go to FILE.onnx.data beside it).")
+        ".from_pretrained load with the same outputs (decoders as GPT-2, Llama or GPT-NeoX, "
+        "encoders as BertForSequenceClassification, encoder-decoders as MarianMT). --to onnx: "
+        "one .onnx file with dynamic batch and length, checked against onnxruntime (weights "
+        "over 2 GB go to FILE.onnx.data beside it).")
     p.add_argument("run_dir", help="a run dir (trained, or made by `attnlab import`)")
     p.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="hf or onnx")
     p.add_argument("--out", required=True,

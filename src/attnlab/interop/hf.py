@@ -50,8 +50,8 @@ def unmet(checks: Iterable[tuple[str, bool, Any]]) -> list[str]:
 def with_zero_ffn(model: nn.Module, ffn: str) -> nn.Module:
     """An attention-only model (``ffn="none"``) as one with a feed-forward block of width 1
     (``ffn``) whose weights are all zero: it adds exactly 0 to the residual stream, so the
-    outputs are the same, and a format that has no attention-only blocks (GPT-2, Llama) can
-    hold it. Any other model is returned as it is."""
+    outputs are the same, and a format that has no attention-only blocks (GPT-2, Llama,
+    GPT-NeoX) can hold it. Any other model is returned as it is."""
     cfg = model.config
     if cfg.ffn != "none":
         return model
@@ -251,10 +251,10 @@ def load_hf_state(model: nn.Module, sd: dict[str, Tensor], where: str = "the che
 
 def _untied(sd: dict[str, Tensor]) -> bool:
     """Whether ``sd`` holds an output matrix ``lm_head.weight`` that is not its input
-    embedding (GPT-2's ``wte``, Llama's ``embed_tokens``)."""
+    embedding (GPT-2's ``wte``, Llama's ``embed_tokens``, GPT-NeoX's ``embed_in``)."""
     head = next((v for k, v in sd.items() if k.split(".")[-2:] == ["lm_head", "weight"]), None)
-    emb = next((v for k, v in sd.items() if k.endswith(("wte.weight", "embed_tokens.weight"))),
-               None)
+    emb = next((v for k, v in sd.items()
+                if k.endswith(("wte.weight", "embed_tokens.weight", "embed_in.weight"))), None)
     return head is not None and emb is not None and not torch.equal(head, emb)
 
 

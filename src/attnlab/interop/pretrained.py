@@ -3,9 +3,9 @@ tokenizer, and from there an ordinary run dir.
 
 :func:`load_pretrained` reads the directory's ``config.json``, picks the converter of its
 architecture (:data:`ARCHITECTURES`), converts the weights (:mod:`.gpt2`, :mod:`.bert`,
-:mod:`.llama`) and reads the tokenizer files (:mod:`.hf_tokenizer`). :func:`import_run`
-writes the result as a run dir that ``sample``, ``classify``, ``eval``, ``viz`` and ``info``
-take like any trained run.
+:mod:`.llama`, :mod:`.neox`) and reads the tokenizer files (:mod:`.hf_tokenizer`).
+:func:`import_run` writes the result as a run dir that ``sample``, ``classify``, ``eval``,
+``viz`` and ``info`` take like any trained run.
 """
 
 from __future__ import annotations
@@ -96,6 +96,12 @@ def _llama(path: Path, hf_cfg: dict[str, Any], dropout: float):
     return llama_from_hf(path, dropout=dropout), None
 
 
+def _neox(path: Path, hf_cfg: dict[str, Any], dropout: float):
+    from .neox import neox_from_hf
+
+    return neox_from_hf(path, dropout=dropout), None
+
+
 Converter = Callable[[Path, dict[str, Any], float], tuple[nn.Module, list[str] | None]]
 ARCHITECTURES: dict[str, Converter] = {
     "GPT2LMHeadModel": _gpt2,
@@ -103,9 +109,11 @@ ARCHITECTURES: dict[str, Converter] = {
     "BertModel": _bert,
     "BertForSequenceClassification": _bert,
     "LlamaForCausalLM": _llama,
+    "GPTNeoXForCausalLM": _neox,
 }
 # config.json without "architectures": the model_type's usual class
-_BY_MODEL_TYPE = {"gpt2": "GPT2LMHeadModel", "bert": "BertModel", "llama": "LlamaForCausalLM"}
+_BY_MODEL_TYPE = {"gpt2": "GPT2LMHeadModel", "bert": "BertModel", "llama": "LlamaForCausalLM",
+                  "gpt_neox": "GPTNeoXForCausalLM"}
 
 
 def architecture(hf_cfg: dict[str, Any], where: str = CONFIG_FILE) -> str:
@@ -159,7 +167,7 @@ def load_pretrained(src: str | os.PathLike, *, dropout: float = 0.0) -> Pretrain
         dropout: attnlab's dropout for the converted model (0 reproduces the original).
 
     Returns:
-        :class:`Pretrained`: GPT-2 and Llama become a :class:`~attnlab.models.DecoderLM`,
+        :class:`Pretrained`: GPT-2, Llama and GPT-NeoX become a :class:`~attnlab.models.DecoderLM`,
         BERT an :class:`~attnlab.models.EncoderClassifier` (a fresh classification head
         unless the checkpoint has one, whose class names come in ``label_names``).
 
@@ -246,24 +254,28 @@ def import_run(src: str | os.PathLike, out: str | os.PathLike, *,
 # ---- out: a run dir -> a Hugging Face model directory ---------------------------------------
 def decoder_to_hf(model: nn.Module) -> Any:
     """A ``transformers`` causal LM with the weights of a :class:`~attnlab.models.DecoderLM`:
-    Llama for a RoPE / RMSNorm / SwiGLU decoder, GPT-2 otherwise (a zero bias where attnlab
-    has none).
+    Llama for a RoPE / RMSNorm / SwiGLU decoder, GPT-NeoX for a RoPE / LayerNorm one, GPT-2
+    for learned positions and LayerNorm (a zero bias where attnlab has none).
 
     Raises:
-        ValueError: neither can express the model; names what each one needs.
+        ValueError: none of them can express the model; names what each one needs.
     """
     from .gpt2 import gpt2_problems, gpt2_to_hf
     from .llama import llama_problems, llama_to_hf
+    from .neox import neox_problems, neox_to_hf
 
     cfg = attnlab_config(model)
     llama_like = cfg.pos == "rope" or cfg.norm_type == "rmsnorm" or cfg.ffn == "swiglu"
     if llama_like and not llama_problems(cfg):
         return llama_to_hf(model)
+    if not neox_problems(cfg):  # rope with layernorm: never Llama nor GPT-2
+        return neox_to_hf(model)
     if not llama_like and not gpt2_problems(cfg):
         return gpt2_to_hf(model)
     raise UsageError(f"this decoder cannot be exported: as GPT-2 it needs "
                      f"{', '.join(gpt2_problems(cfg))}; as Llama it needs "
-                     f"{', '.join(llama_problems(cfg))}")
+                     f"{', '.join(llama_problems(cfg))}; as GPT-NeoX it needs "
+                     f"{', '.join(neox_problems(cfg))}")
 
 
 def bert_encoder_to_hf(model: nn.Module) -> Any:
@@ -296,7 +308,7 @@ def bert_encoder_to_hf(model: nn.Module) -> Any:
 def to_hf(model: nn.Module, *, label_names: list[str] | None = None,
           tokenizer: Tokenizer | None = None, encoder_only: bool = False) -> Any:
     """A ``transformers`` model with the weights of an attnlab model, by family: decoders as
-    GPT-2 or Llama (:func:`decoder_to_hf`), encoders as ``BertForSequenceClassification``
+    GPT-2, Llama or GPT-NeoX (:func:`decoder_to_hf`), encoders as ``BertForSequenceClassification``
     (with ``label_names``) or, with ``encoder_only``, as a headless ``BertModel``
     (:func:`bert_encoder_to_hf`), encoder-decoders as MarianMT (``generate()`` starts from
     the tokenizer's bos and stops at its eos).
