@@ -14,8 +14,8 @@ from .hf import (
     attnlab_config,
     check_model_type,
     import_transformers,
+    layernorm_decoder_problems,
     load_hf_model,
-    unmet,
     with_zero_ffn,
 )
 from .weight_map import layer_norm_weights, layer_weights, load_mapped
@@ -97,18 +97,7 @@ def gpt2_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
 def gpt2_problems(cfg: ModelConfig) -> list[str]:
     """The settings a GPT-2 checkpoint needs that ``cfg`` lacks, each with the value it has
     (empty: it exports)."""
-    return unmet((
-        ("family='decoder'", cfg.family == "decoder", cfg.family),
-        ("norm='pre'", cfg.norm == "pre", cfg.norm),
-        ("norm_type='layernorm'", cfg.norm_type == "layernorm", cfg.norm_type),
-        ("final_norm=True", cfg.final_norm, cfg.final_norm),
-        ("pos='learned'", cfg.pos == "learned", cfg.pos),
-        ("scale_embeddings=False", not cfg.scale_embeddings, cfg.scale_embeddings),
-        ("embed_norm=False", not cfg.embed_norm, cfg.embed_norm),
-        ("head_dim=d_model/n_heads", cfg.head_dim * cfg.n_heads == cfg.d_model, cfg.head_dim),
-        ("ffn relu/gelu/gelu_tanh/none", cfg.ffn in TO_HF_ACTIVATION or cfg.ffn == "none",
-         cfg.ffn),
-    ))
+    return layernorm_decoder_problems(cfg, "learned")
 
 
 def gpt2_to_hf(model: DecoderLM) -> Any:

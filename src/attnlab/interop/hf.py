@@ -47,6 +47,23 @@ def unmet(checks: Iterable[tuple[str, bool, Any]]) -> list[str]:
     return [f"{what} (got {got!r})" for what, ok, got in checks if not ok]
 
 
+def layernorm_decoder_problems(cfg: ModelConfig, pos: str) -> list[str]:
+    """The settings a pre-norm LayerNorm decoder checkpoint with ``pos`` positions (GPT-2:
+    ``"learned"``, GPT-NeoX: ``"rope"``) needs that ``cfg`` lacks (empty: it exports)."""
+    return unmet((
+        ("family='decoder'", cfg.family == "decoder", cfg.family),
+        ("norm='pre'", cfg.norm == "pre", cfg.norm),
+        ("norm_type='layernorm'", cfg.norm_type == "layernorm", cfg.norm_type),
+        ("final_norm=True", cfg.final_norm, cfg.final_norm),
+        (f"pos={pos!r}", cfg.pos == pos, cfg.pos),
+        ("scale_embeddings=False", not cfg.scale_embeddings, cfg.scale_embeddings),
+        ("embed_norm=False", not cfg.embed_norm, cfg.embed_norm),
+        ("head_dim=d_model/n_heads", cfg.head_dim * cfg.n_heads == cfg.d_model, cfg.head_dim),
+        ("ffn relu/gelu/gelu_tanh/none", cfg.ffn in TO_HF_ACTIVATION or cfg.ffn == "none",
+         cfg.ffn),
+    ))
+
+
 def with_zero_ffn(model: nn.Module, ffn: str) -> nn.Module:
     """An attention-only model (``ffn="none"``) as one with a feed-forward block of width 1
     (``ffn``) whose weights are all zero: it adds exactly 0 to the residual stream, so the

@@ -27,10 +27,10 @@ from .hf import (
     attnlab_config,
     check_model_type,
     import_transformers,
+    layernorm_decoder_problems,
     load_hf_model,
     read_hf_config,
     read_hf_weights,
-    unmet,
     with_zero_ffn,
 )
 from .weight_map import layer_norm_weights, layer_weights, load_mapped
@@ -152,18 +152,7 @@ def neox_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
 def neox_problems(cfg: ModelConfig) -> list[str]:
     """The settings a GPT-NeoX checkpoint needs that ``cfg`` lacks, each with the value it
     has (empty: it exports)."""
-    return unmet((
-        ("family='decoder'", cfg.family == "decoder", cfg.family),
-        ("norm='pre'", cfg.norm == "pre", cfg.norm),
-        ("norm_type='layernorm'", cfg.norm_type == "layernorm", cfg.norm_type),
-        ("final_norm=True", cfg.final_norm, cfg.final_norm),
-        ("pos='rope'", cfg.pos == "rope", cfg.pos),
-        ("scale_embeddings=False", not cfg.scale_embeddings, cfg.scale_embeddings),
-        ("embed_norm=False", not cfg.embed_norm, cfg.embed_norm),
-        ("head_dim=d_model/n_heads", cfg.head_dim * cfg.n_heads == cfg.d_model, cfg.head_dim),
-        ("ffn relu/gelu/gelu_tanh/none", cfg.ffn in TO_HF_ACTIVATION or cfg.ffn == "none",
-         cfg.ffn),
-    ))
+    return layernorm_decoder_problems(cfg, "rope")
 
 
 def neox_to_hf(model: DecoderLM) -> Any:
