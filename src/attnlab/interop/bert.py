@@ -15,13 +15,13 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ..errors import ConfigError, RunError, UsageError
+from ..errors import ConfigError, RunError
 from ..models import EncoderClassifier
 from .hf import (
     TO_HF_ACTIVATION,
     attnlab_activation,
-    attnlab_config,
     check_model_type,
+    exportable,
     import_transformers,
     load_hf_model,
     read_hf_config,
@@ -228,11 +228,7 @@ def bert_to_hf(model: EncoderClassifier, label_names: list[str] | None = None) -
         ValueError: one line naming the settings that BERT cannot express, or label names
             that do not match ``n_classes``.
     """
-    cfg = attnlab_config(model)
-    problems = bert_problems(cfg)
-    if problems:
-        raise UsageError(f"this encoder cannot be exported as {CLASSIFIER}: it needs "
-                         f"{', '.join(problems)}")
+    cfg = exportable(model, bert_problems, CLASSIFIER)
     names = [f"LABEL_{i}" for i in range(cfg.n_classes)] if label_names is None \
         else [str(n) for n in label_names]
     if len(names) != cfg.n_classes or len(set(names)) != len(names):

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ModelConfig
-from ..errors import RunError, UsageError
+from ..errors import RunError
 from ..models import DecoderLM
 from .hf import (
     FROM_HF_ACTIVATION,
     TO_HF_ACTIVATION,
     attnlab_activation,
-    attnlab_config,
     check_model_type,
+    exportable,
     import_transformers,
     layernorm_decoder_problems,
     load_hf_model,
@@ -110,11 +110,7 @@ def gpt2_to_hf(model: DecoderLM) -> Any:
             relu/gelu/gelu_tanh feed-forward, or none: then one of zero weights). Biases
             that attnlab lacks (``bias=False``) are zeros in GPT-2.
     """
-    cfg = attnlab_config(model)
-    problems = gpt2_problems(cfg)
-    if problems:
-        raise UsageError("this DecoderLM cannot be expressed as GPT-2: it needs "
-                         f"{', '.join(problems)}")
+    exportable(model, gpt2_problems, "GPT-2")
     model = with_zero_ffn(model, "gelu_tanh")
     cfg = model.config
     tf = import_transformers()

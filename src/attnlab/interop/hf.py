@@ -14,7 +14,7 @@ import os
 import pickle
 import re
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
-from ..errors import MissingDependencyError, MissingFileError, RunError
+from ..errors import MissingDependencyError, MissingFileError, RunError, UsageError
 
 log = logging.getLogger(__name__)
 CONFIG_FILE = "config.json"  # a Hugging Face model directory's, not a run dir's
@@ -45,6 +45,19 @@ def unmet(checks: Iterable[tuple[str, bool, Any]]) -> list[str]:
     """The settings an export needs that a config lacks: ``"what (got value)"`` for each
     ``(what, ok, value)`` of ``checks`` whose ``ok`` is False (empty: it exports)."""
     return [f"{what} (got {got!r})" for what, ok, got in checks if not ok]
+
+
+def exportable(model: nn.Module, problems: Callable[[ModelConfig], list[str]],
+               target: str) -> ModelConfig:
+    """The config of ``model``, once ``problems`` (a format's ``*_problems``) finds nothing it
+    lacks for ``target``; else one line naming every setting the format needs."""
+    cfg = attnlab_config(model)
+    missing = problems(cfg)
+    if missing:
+        kind = cfg.family.replace("_", "-")
+        raise UsageError(f"this {kind} cannot be exported as {target}: it needs "
+                         f"{', '.join(missing)}")
+    return cfg
 
 
 def layernorm_decoder_problems(cfg: ModelConfig, pos: str) -> list[str]:

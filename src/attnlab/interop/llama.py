@@ -15,11 +15,11 @@ import torch
 from torch import Tensor
 
 from ..config import ModelConfig
-from ..errors import RunError, UsageError
+from ..errors import RunError
 from ..models import DecoderLM
 from .hf import (
-    attnlab_config,
     check_model_type,
+    exportable,
     import_transformers,
     load_hf_model,
     unmet,
@@ -170,10 +170,7 @@ def llama_to_hf(model: DecoderLM) -> Any:
     Raises:
         ValueError: the model is not Llama shaped (see :func:`llama_problems`).
     """
-    cfg = attnlab_config(model)
-    problems = llama_problems(cfg)
-    if problems:
-        raise UsageError(f"this model cannot be expressed as Llama: it needs {', '.join(problems)}")
+    exportable(model, llama_problems, "Llama")
     model = with_zero_ffn(model, "swiglu")  # attention-only: a feed-forward block of zeros
     cfg = model.config
     tf = import_transformers()

@@ -15,9 +15,8 @@ import torch
 from torch import Tensor
 
 from ..config import ModelConfig, check_int
-from ..errors import UsageError
 from ..models import Transformer
-from .hf import TO_HF_ACTIVATION, attnlab_config, import_transformers, unmet
+from .hf import TO_HF_ACTIVATION, exportable, import_transformers, unmet
 from .weight_map import load_mapped
 
 
@@ -66,11 +65,7 @@ def marian_to_hf(model: Transformer, *, decoder_start_id: int | None = None,
     Raises:
         ValueError: one line naming the settings that MarianMT cannot express.
     """
-    cfg = attnlab_config(model)
-    problems = marian_problems(cfg)
-    if problems:
-        raise UsageError(f"this encoder-decoder cannot be exported as MarianMT: it needs "
-                         f"{', '.join(problems)}")
+    cfg = exportable(model, marian_problems, "MarianMT")
     for name, value in (("decoder_start_id", decoder_start_id), ("eos_id", eos_id)):
         if value is not None:
             check_int(name, value, 0, cfg.tgt_vocab_size - 1)  # (else generate() fails far later)

@@ -18,14 +18,14 @@ from typing import Any
 from torch import Tensor
 
 from ..config import ModelConfig
-from ..errors import RunError, UsageError
+from ..errors import RunError
 from ..models import DecoderLM
 from .hf import (
     FROM_HF_ACTIVATION,
     TO_HF_ACTIVATION,
     attnlab_activation,
-    attnlab_config,
     check_model_type,
+    exportable,
     import_transformers,
     layernorm_decoder_problems,
     load_hf_model,
@@ -164,11 +164,7 @@ def neox_to_hf(model: DecoderLM) -> Any:
     Raises:
         ValueError: the model is not GPT-NeoX shaped (see :func:`neox_problems`).
     """
-    cfg = attnlab_config(model)
-    problems = neox_problems(cfg)
-    if problems:
-        raise UsageError("this DecoderLM cannot be expressed as GPT-NeoX: it needs "
-                         f"{', '.join(problems)}")
+    exportable(model, neox_problems, "GPT-NeoX")
     model = with_zero_ffn(model, "gelu")
     cfg = model.config
     tf = import_transformers()
