@@ -15,7 +15,9 @@ Conventions (the header comment of mkdocs.yml; this file implements them):
   numbers. (The site build runs only the ``exec="on"`` blocks, each in a namespace of its
   own: a figure block imports and computes what it draws.)
 * ```` ```bash ```` blocks run with ``bash -e`` in that same folder, ``.venv/bin`` (the bin
-  folder of the Python running the tests) first on PATH.
+  folder of the Python running the tests) first on PATH. Their ``attnlab`` commands run in
+  children of one warm server that imported torch once (docs/warm.py; the same command on
+  the same input, 3 s sooner each; ``ATTNLAB_DOCS_COLD=1``: fresh processes).
 * ``<!-- docs-test: skip REASON -->`` before a block: the block is not run; the reasons are
   reported as one warning per page (pytest's warnings summary). A
   skip without a reason fails the page's test. A page whose every block is skipped is reported
@@ -349,6 +351,23 @@ def environment(data: Path) -> dict[str, str]:
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
+_WARM: list[dict[str, str]] = []
+
+
+def _warm(env: dict[str, str]) -> dict[str, str]:
+    """The variables that send the blocks' ``attnlab`` commands to one warm server (docs/warm.py)
+    started on first use and kept until this process ends."""
+    if not _WARM:
+        import atexit
+
+        from warm import warm_attnlab
+
+        server = contextlib.ExitStack()
+        _WARM.append(server.enter_context(warm_attnlab(env)))
+        atexit.register(server.close)
+    return _WARM[0]
+
+
 class BlockFailed(AssertionError):
     """A block of a page that raised or exited non-zero (the page's code, not the runner)."""
 
@@ -434,6 +453,8 @@ def run_page(rel: str, workdir: Path) -> PageRun:
     cwd, data = workdir / "page", fill_data_cache(workdir / "data")
     cwd.mkdir()
     env = environment(data)
+    if any(b.lang == "bash" and b.skip is None and "attnlab" in b.code for b in blocks):
+        env.update(_warm(env))
     run = PageRun(rel)
     namespace: dict = {"__name__": "__main__", "__file__": str(page)}
     with _as_a_fresh_process(cwd, env, rel):

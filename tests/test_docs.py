@@ -445,3 +445,53 @@ def test_the_built_tutorials_show_their_outputs_and_downloads(site: Site) -> Non
         assert (path / f"{stem}.py").read_text(encoding="utf-8") == pagerun.to_script(
             (DOCS / rel).read_text(encoding="utf-8"), rel)
         json.loads((path / f"{stem}.ipynb").read_text(encoding="utf-8"))
+
+
+def test_a_warm_attnlab_prints_and_exits_as_a_fresh_one(tmp_path: Path) -> None:
+    """docs/warm.py: the pages' `attnlab` commands (and the distributed tests') run in a child
+    forked from one server that imported torch once. Each prints, exits and trains as a fresh
+    process does; a signal to the command's script reaches the command."""
+    import signal
+    import time
+
+    from warm import warm_attnlab
+
+    data = fill_data_cache(tmp_path / "data")
+    env = environment(data)
+    tiny = ["train", "--set", "model.d_model=16", "--set", "model.n_heads=2", "--set",
+            "model.n_layers=1", "--set", "train.max_steps=3", "--set", "train.eval_every=3",
+            "--set", "train.eval_batches=1", "--set", "train.final_eval_batches=1",
+            "--set", "train.progress=false", "--set", "train.tensorboard=false",
+            "--set", "train.precision=fp32"]
+    commands = {"list": ["recipes"], "bad": ["train", "--set", "model.d_model=0"],
+                "unknown": ["nonsense"]}
+    with warm_attnlab(env) as warm:
+        assert warm, "the warm server did not start"
+        client = warm["PATH"].split(os.pathsep)[0] + "/attnlab"
+        for name, argv in {**commands, "run": [*tiny, "--out", "RUN"]}.items():
+            done = {}
+            for kind, exe, extra in (("fresh", str(BIN / "attnlab"), {}),
+                                     ("warm", client, warm)):
+                (tmp_path / kind).mkdir(exist_ok=True)
+                done[kind] = subprocess.run([exe, *argv], cwd=tmp_path / kind,
+                                            env={**os.environ, **env, **extra},
+                                            capture_output=True, text=True, timeout=300)
+            assert done["warm"].returncode == done["fresh"].returncode, name
+            assert done["warm"].stdout == done["fresh"].stdout, name
+            if name != "run":  # (a run's stderr holds its timings)
+                assert done["warm"].stderr == done["fresh"].stderr, name
+        assert done["fresh"].returncode == 0
+        fresh, warm_run = (json.loads((tmp_path / k / "RUN" / "results.json").read_text())
+                           for k in ("fresh", "warm"))
+        assert fresh["metrics"] == warm_run["metrics"]
+        # SIGTERM to the script: the command stops as it does on SIGTERM (saved, resumable)
+        proc = subprocess.Popen([client, *tiny, "--set", "train.max_steps=100000",
+                                 "--set", "train.eval_every=0", "--out", "LONG"],
+                                cwd=tmp_path / "warm", env={**os.environ, **env, **warm},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        while not (tmp_path / "warm" / "LONG" / "metrics.csv").exists():
+            time.sleep(0.1)
+            assert proc.poll() is None, proc.stdout.read()
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=120)[0]
+        assert proc.returncode != 0 and "resume with" in out, out[-2000:]

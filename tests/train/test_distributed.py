@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,14 +47,37 @@ sys.exit(main())
 """
 
 
+ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+WARM: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm():
+    """`attnlab` commands run by one warm server (docs/warm.py: forked, with torch imported
+    once); the scripts that patch attnlab (SIGNALLED, KILLED) run as fresh processes."""
+    sys.path.insert(0, str(Path(__file__).parents[2] / "docs"))
+    from warm import warm_attnlab
+
+    with warm_attnlab({**os.environ, **ENV}) as env:
+        WARM.update(env)
+        yield
+        WARM.clear()
+
+
 def run(args, nproc, tmp_path, ok=True, main=MAIN):
     script = tmp_path / "attnlab_main.py"
     script.write_text(main)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "ATTNLAB_CACHE_DIR": str(tmp_path / "cache")}
-    launcher = [sys.executable, str(script)] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc_per_node={nproc}", str(script)]
+    env = {**os.environ, **ENV, "ATTNLAB_CACHE_DIR": str(tmp_path / "cache")}
+    if WARM and main == MAIN:
+        env.update(WARM)
+        client = shutil.which("attnlab", path=WARM["PATH"])
+        launcher = [client] if nproc == 1 else [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={nproc}", "--no-python", client]
+    else:
+        launcher = [sys.executable, str(script)] if nproc == 1 else [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={nproc}", str(script)]
     proc = subprocess.run(launcher + args, env=env, capture_output=True, text=True, timeout=120)
     assert (proc.returncode == 0) == ok, proc.stderr[-3000:]
     return proc
