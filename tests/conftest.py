@@ -33,17 +33,21 @@ def _private_cache(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under ``make test`` (pytest-xdist, ``--dist loadgroup``) every test file runs on one
-    worker, so a module's fixtures are made once, except the docs pages other than the
-    tutorials: each is a group of its own and they spread over the workers (test_docs.py
-    would otherwise hold one worker for most of the run). The tutorials stay with their file,
-    whose site build then shows the outputs their tests kept."""
+    """Under ``make test`` (pytest-xdist, ``--dist loadgroup``) a test goes to any free
+    worker, except where a file shares a module- or class-scoped fixture between its tests:
+    those tests run on one worker, so the fixture is made once. The tutorials and the tests
+    of the built site stay together too (in that order), so the site build shows the outputs
+    the tutorials' tests kept."""
     if getattr(config.option, "dist", "no") != "loadgroup":
         return
     for item in items:
-        group = item.nodeid.split("::")[0]
+        file = item.nodeid.split("::")[0]
+        info = getattr(item, "_fixtureinfo", None)
+        shared = info is not None and any(
+            d.scope in ("module", "class", "package")
+            for defs in info.name2fixturedefs.values() for d in defs)
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if group == "tests/test_docs.py" and item.originalname == "test_page" and \
-                not str(params.get("rel", "")).startswith("tutorials/"):
-            group = item.nodeid
-        item.add_marker(pytest.mark.xdist_group(group))
+        site = file == "tests/test_docs.py" and (
+            "site" in item.fixturenames or (item.originalname == "test_page" and
+                                            str(params.get("rel", "")).startswith("tutorials/")))
+        item.add_marker(pytest.mark.xdist_group(file if shared or site else item.nodeid))

@@ -177,7 +177,7 @@ class Site:
         return self.path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
     """The site, built once for the tests below as ``make docs`` builds it."""
     tmp = tmp_path_factory.mktemp("site")

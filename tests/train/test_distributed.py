@@ -51,7 +51,7 @@ ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 WARM: dict[str, str] = {}
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="session", autouse=True)
 def _warm():
     """`attnlab` commands run by one warm server (docs/warm.py: forked, with torch imported
     once); the scripts that patch attnlab (SIGNALLED, KILLED) run as fresh processes."""
