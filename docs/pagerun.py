@@ -359,11 +359,14 @@ def _warm(env: dict[str, str]) -> dict[str, str]:
     started on first use and kept until this process ends."""
     if not _WARM:
         import atexit
+        import importlib.util
 
-        from warm import warm_attnlab
-
+        # by its path: the site build's hooks may run this with docs/ off sys.path
+        spec = importlib.util.spec_from_file_location("attnlab_docs_warm", DOCS / "warm.py")
+        warm = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(warm)
         server = contextlib.ExitStack()
-        _WARM.append(server.enter_context(warm_attnlab(env)))
+        _WARM.append(server.enter_context(warm.warm_attnlab(env)))
         atexit.register(server.close)
     return _WARM[0]
 
