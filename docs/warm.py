@@ -161,11 +161,19 @@ def serve(path: str) -> None:
     server = socket.socket(socket.AF_UNIX)
     server.bind(path)
     server.listen(64)
+    server.settimeout(2.0)
+    parent = os.getppid()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the children reap themselves
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     while True:
-        conn, _ = server.accept()
+        try:
+            conn, _ = server.accept()
+        except TimeoutError:
+            if os.getppid() != parent:  # the process that started it is gone (killed)
+                return
+            continue
+        conn.settimeout(None)
         if os.fork() == 0:
             server.close()
             try:
