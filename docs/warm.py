@@ -171,6 +171,7 @@ def serve(path: str) -> None:
             conn, _ = server.accept()
         except TimeoutError:
             if os.getppid() != parent:  # the process that started it is gone (killed)
+                shutil.rmtree(Path(path).parent, ignore_errors=True)
                 return
             continue
         conn.settimeout(None)
