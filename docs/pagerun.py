@@ -17,7 +17,7 @@ Conventions (the header comment of mkdocs.yml; this file implements them):
 * ```` ```bash ```` blocks run with ``bash -e`` in that same folder, ``.venv/bin`` (the bin
   folder of the Python running the tests) first on PATH. Their ``attnlab`` commands run in
   children of one warm server that imported torch once (docs/warm.py; the same command on
-  the same input, 3 s sooner each; ``ATTNLAB_DOCS_COLD=1``: fresh processes).
+  the same input, without its 2-3 s of imports; ``ATTNLAB_DOCS_COLD=1``: fresh processes).
 * ``<!-- docs-test: skip REASON -->`` before a block: the block is not run; the reasons are
   reported as one warning per page (pytest's warnings summary). A
   skip without a reason fails the page's test. A page whose every block is skipped is reported

@@ -1,7 +1,7 @@
 """A warm ``attnlab`` for the pages' bash blocks: the same command, without importing torch again.
 
-Every ``attnlab`` command a page runs is a new process that spends about 3 s importing torch
-and ``torch._dynamo`` (which torch's optimizers import) before it does anything; a tiny run
+Every ``attnlab`` command a page runs is a new process that spends 2-3 s importing torch and
+``torch._dynamo`` (which torch's optimizers import) before it does anything; a tiny run
 then takes a fraction of a second. :func:`warm_attnlab` starts one server process that has
 imported them once (and attnlab's command line and matplotlib), and puts a small ``attnlab``
 script first on the blocks' ``PATH``. The script hands the server its arguments, folder,
