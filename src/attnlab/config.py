@@ -8,6 +8,7 @@ which is how checkpoints store them and how models are rebuilt.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 import typing
@@ -49,10 +50,17 @@ def check_literal(obj: Any, name: str, lit: Any) -> None:
     check(value in allowed, name, value, "one of " + ", ".join(repr(a) for a in allowed))
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A dataclass's field annotations, evaluated once per class (the training step builds a
+    :class:`LossOptions` each time: evaluating them is most of its cost)."""
+    return typing.get_type_hints(cls)
+
+
 def check_types(obj: Any) -> None:
     """Check each field of a dataclass against its annotation (int, float, bool, str, Literal,
     ``X | None``), so a TOML typo like ``d_model = "128"`` fails with a clear message."""
-    hints = typing.get_type_hints(type(obj))
+    hints = _type_hints(type(obj))
     for f in fields(obj):
         value, hint = getattr(obj, f.name), hints[f.name]
         is_union = typing.get_origin(hint) in (typing.Union, _UnionType)
