@@ -13,8 +13,10 @@ attnlab of another checkout (DIR/src), such as the commit before a change
 (`git worktree add ../before HEAD~1`). The arms run A B B A A B ... for `--pairs`
 pairs, each a fresh process that trains `--skip` + `--steps` steps (no evaluation) and is
 timed over the last `--steps` (the run's own clock, `elapsed_s` in its metrics: the first
-steps, start-up and data preparation are left out). Prints each run's seconds per step and
-each pair's B / A ratio, with the median and range. Data: attnlab's data cache (`attnlab
+steps, start-up and data preparation are left out). Prints each run's milliseconds per step
+and each pair's B / A ratio, with the median and range. On a small shared machine one thread
+(`--set train.threads=1`) gives the steadier figures: two threads on two cores feel every
+other tenant's load. Data: attnlab's data cache (`attnlab
 data fetch NAME`), or `--data-dir DATA`.
 
 `--profile` instead runs arm A once, in this process, with `torch.profiler` around `--steps`
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     b_is += [f"attnlab of {args.b_src} ({git_head(args.b_src)})"] if args.b_src else []
     print(f"A: as shipped{' + ' + ', '.join(args.overrides) if args.overrides else ''}, "
           f"attnlab of {ROOT} ({git_head(ROOT)}); B: {', '.join(b_is)}\n")
-    print("| pair | order | A s/step | B s/step | B / A |")
+    print("| pair | order | A ms/step | B ms/step | B / A |")
     print("| ---: | --- | ---: | ---: | ---: |")
     ratios = []
     for i in range(args.pairs):
@@ -215,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             t[arm] = seconds_per_step(args.recipe, sets, skip, args.steps,
                                       torch_dropout=torch_dropout, env=env)
         ratios.append(t["B"] / t["A"])
-        print(f"| {i + 1} | {order} | {t['A']:.3f} | {t['B']:.3f} | {ratios[-1]:.3f} |",
-              flush=True)
+        ms = {arm: f"{1e3 * t[arm]:.2f}" for arm in "AB"}
+        print(f"| {i + 1} | {order} | {ms['A']} | {ms['B']} | {ratios[-1]:.3f} |", flush=True)
     print(f"\nB / A: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-"
           f"{max(ratios):.3f} over {len(ratios)} pairs")
     return 0
