@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/step_speed.py multi30k_de_en --b-src ../before
     .venv/bin/python benchmarks/step_speed.py shakespeare_char --pairs 6 --steps 40
     .venv/bin/python benchmarks/step_speed.py multi30k_de_en --profile --steps 5
+    .venv/bin/python benchmarks/step_speed.py shakespeare_char_cpu --b-src ../before --lockstep 100
 
 Arm A is `attnlab train RECIPE` as shipped (plus any `--set`), with this checkout's attnlab;
 arm B is the same with `--b-set` overrides, with `--b-torch-dropout`: attnlab's CPU dropout
@@ -18,6 +19,13 @@ and each pair's B / A ratio, with the median and range. On a small shared machin
 (`--set train.threads=1`) gives the steadier figures: two threads on two cores feel every
 other tenant's load. Data: attnlab's data cache (`attnlab
 data fetch NAME`), or `--data-dir DATA`.
+
+`--lockstep TURNS` keeps each arm's process up instead: the two take turns, `--steps` training
+steps a turn (after `--skip` untimed ones), TURNS turns each, so a change in the host's speed
+falls on both arms within a fraction of a second; each turn is timed around the trainer's
+`train_step` calls alone (fit's logging and schedule left out). Prints each pair of processes'
+median B / A over its turns, and the median over all turns: the measure for a difference of a
+few percent on a shared machine, where whole runs swing by more than that.
 
 `--profile` instead runs arm A once, in this process, with `torch.profiler` around `--steps`
 steps after `--skip`: where a step's time goes (matrix products, random numbers, attention,
@@ -54,6 +62,22 @@ TORCH_DROPOUT = (
     "from attnlab.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n")
 DEFAULT = "from attnlab.cli import main; import sys; sys.exit(main(sys.argv[1:]))"
+# --lockstep: the trainer's fit replaced by turns the parent asks for on stdin ("K": take K
+# steps, answer the seconds on a line that starts with TURN); only Trainer.train_step (and a
+# compiled model's first step) is called, which every version of attnlab has
+TURN = "@turn "
+LOCKSTEP = (
+    "import os, sys, time, attnlab.train.loop as loop\n"
+    "def fit(self):\n"
+    "    if getattr(self, 'compile_pending', False):\n"
+    "        self._first_step_compiled()\n"
+    "    for line in sys.stdin:\n"
+    "        begin = time.perf_counter()\n"
+    "        for _ in range(int(line)):\n"
+    "            self.train_step()\n"
+    f"        print({TURN!r} + repr(time.perf_counter() - begin), flush=True)\n"
+    "    os._exit(0)\n"
+    "loop.Trainer.fit = fit\n")
 
 
 def timed_settings(skip: int, steps: int) -> list[str]:
@@ -83,6 +107,48 @@ def seconds_per_step(recipe: str, sets: list[str], skip: int, steps: int, *,
         elapsed = {r["step"]: r["elapsed_s"] for r in run.read_metrics()
                    if r.get("elapsed_s") is not None}
     return (elapsed[skip + steps] - elapsed.get(skip, 0.0)) / steps  # skip = 0: from the start
+
+
+def lockstep(recipe: str, arms: dict[str, tuple[list[str], bool, dict[str, str]]], turns: int,
+             skip: int, steps: int) -> list[float]:
+    """One pair of processes, one per arm, taking turns: ``skip`` untimed steps each, then
+    ``turns`` turns of ``steps`` steps, A first in even turns; B / A of each turn."""
+    procs, tmp = {}, tempfile.TemporaryDirectory()
+    try:
+        for arm, (sets, torch_dropout, env) in arms.items():
+            code = LOCKSTEP + (TORCH_DROPOUT if torch_dropout else DEFAULT)
+            procs[arm] = subprocess.Popen(
+                [sys.executable, "-c", code, "train", recipe, "--out", f"{tmp.name}/{arm}",
+                 *(f"--set={s}" for s in sets + timed_settings(skip, steps))],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # (its log: a file, unread)
+                stderr=open(f"{tmp.name}/{arm}.log", "w"), text=True, cwd=ROOT, env=env)
+
+        def turn(arm: str, k: int) -> float:
+            proc = procs[arm]
+            try:
+                proc.stdin.write(f"{k}\n")
+                proc.stdin.flush()
+                for line in proc.stdout:
+                    if line.startswith(TURN):
+                        return float(line[len(TURN):])
+            except BrokenPipeError:
+                pass
+            proc.wait()
+            log = Path(f"{tmp.name}/{arm}.log").read_text(errors="replace")
+            raise SystemExit(f"arm {arm} stopped:\n{log.strip()[-3000:]}")
+
+        for arm in procs:
+            turn(arm, skip)
+        ratios = []
+        for i in range(turns):
+            t = {arm: turn(arm, steps) for arm in ("AB" if i % 2 == 0 else "BA")}
+            ratios.append(t["B"] / t["A"])
+        return ratios
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+        tmp.cleanup()
 
 
 # where a step's time goes: op names (self time) by group, the first match wins
@@ -182,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=30, help="timed steps per run")
     p.add_argument("--skip", type=int, default=None, help="untimed first steps (default: "
                    "--steps, so the log row at that step starts the clock)")
+    p.add_argument("--lockstep", type=int, default=0, metavar="TURNS",
+                   help="both arms' processes stay up and take TURNS turns each of --steps "
+                   "steps (--pairs pairs of processes)")
     p.add_argument("--profile", action="store_true",
                    help="instead: where arm A's step time goes, by torch.profiler")
     p.add_argument("--tiny", action="store_true", help="a tiny model, a few steps (for tests)")
@@ -206,6 +275,21 @@ def main(argv: list[str] | None = None) -> int:
     b_is += [f"attnlab of {args.b_src} ({git_head(args.b_src)})"] if args.b_src else []
     print(f"A: as shipped{' + ' + ', '.join(args.overrides) if args.overrides else ''}, "
           f"attnlab of {ROOT} ({git_head(ROOT)}); B: {', '.join(b_is)}\n")
+    if args.lockstep:
+        print(f"lockstep: {args.lockstep} turns of {args.steps} steps per arm after {skip}, "
+              f"in each of {args.pairs} pairs of processes\n")
+        print("| pair | turns | B / A (median of the turns) | range |")
+        print("| ---: | ---: | ---: | --- |")
+        every = []
+        for i in range(args.pairs):
+            ratios = lockstep(args.recipe, arms, args.lockstep, skip, args.steps)
+            every += ratios
+            print(f"| {i + 1} | {len(ratios)} | {statistics.median(ratios):.3f} | "
+                  f"{min(ratios):.3f}-{max(ratios):.3f} |", flush=True)
+        q = statistics.quantiles(every, n=4) if len(every) > 1 else every * 3
+        print(f"\nB / A: median {statistics.median(every):.3f} over {len(every)} turns "
+              f"(quartiles {q[0]:.3f}-{q[2]:.3f})")
+        return 0
     print("| pair | order | A ms/step | B ms/step | B / A |")
     print("| ---: | --- | ---: | ---: | ---: |")
     ratios = []
