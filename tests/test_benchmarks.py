@@ -333,6 +333,21 @@ def test_step_speed_times_another_checkouts_attnlab_as_arm_b(capsys, tmp_path):
         speed.main(["copy", "--tiny", "--pairs", "1", "--b-src", str(tmp_path)])
 
 
+def test_step_speed_lockstep_times_turns_of_both_arms_in_processes_that_stay_up(capsys):
+    """--lockstep: one process per arm, three turns of two steps each, per pair; a ratio per
+    pair and the median over every turn. An arm that fails says why."""
+    speed = script("step_speed")
+    speed.main(["copy", "--tiny", "--pairs", "2", "--lockstep", "3", "--steps", "2",
+                "--set", "model.dropout=0.1", "--b-torch-dropout"])
+    out = capsys.readouterr().out
+    rows = table_rows(out, "1 ") + table_rows(out, "2 ")
+    assert [r[1] for r in rows] == ["3", "3"] and all(float(r[2]) > 0 for r in rows), out
+    assert re.search(r"B / A: median \d+\.\d+ over 6 turns", out), out
+    with pytest.raises(SystemExit, match="(?s)arm B stopped:.*unknown config key 'model.bogus'"):
+        speed.main(["copy", "--tiny", "--pairs", "1", "--lockstep", "2",
+                    "--b-set", "model.bogus=1"])
+
+
 def test_step_speed_profile_splits_a_step_into_its_parts(capsys):
     script("step_speed").main(["copy", "--tiny", "--profile", "--steps", "2",
                                "--set", "model.dropout=0.1"])
