@@ -64,3 +64,22 @@ def test_frozen_and_derived_values():
     assert c.head_dim == 8 and c.d_ff == 256 and c.final_norm is False
     assert ModelConfig(norm="pre").final_norm is True
     assert ModelConfig(ffn="swiglu", d_model=96, n_heads=4).d_ff == 256
+
+
+def test_sizes_beyond_what_can_be_built_are_refused_by_name():
+    """A stack deeper than MAX_LAYERS (building it would run for hours), and a weight with
+    more elements than a tensor counts, name the key and the limit; the limits themselves
+    pass (only the config is made here)."""
+    from attnlab.config import MAX_ELEMENTS, MAX_LAYERS
+
+    ModelConfig(n_layers=MAX_LAYERS, n_heads=4)
+    with pytest.raises(ConfigError, match=r"n_layers=10001 is not allowed: at most 10,000"):
+        ModelConfig(n_layers=MAX_LAYERS + 1, n_heads=4)
+    with pytest.raises(ConfigError, match=r"n_decoder_layers=10001 is not allowed"):
+        ModelConfig(family="encoder_decoder", n_decoder_layers=MAX_LAYERS + 1, n_heads=4)
+    ModelConfig(vocab_size=MAX_ELEMENTS // 8, d_model=8, n_heads=4, d_ff=8)
+    with pytest.raises(ConfigError, match=r"vocab_size=\d+ is not allowed: sizes whose weights "
+                       r"a tensor holds: with d_model=8 it makes a weight of"):
+        ModelConfig(vocab_size=MAX_ELEMENTS // 8 + 1, d_model=8, n_heads=4, d_ff=8)
+    with pytest.raises(ConfigError, match=r"max_len=\d+ is not allowed"):
+        ModelConfig(pos="learned", max_len=2**62, d_model=8, n_heads=4, d_ff=8)

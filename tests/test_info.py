@@ -102,3 +102,50 @@ def test_memory_per_process_under_ddp_and_fsdp_is_the_training_state_counted_by_
         human_bytes(moments).split() + human_bytes(weights + 2 * grads + moments).split()
     assert "plus activations of 2 rows" in text
     assert "DDP" not in report(cfg, {"all": 1}, 4, 4)  # (one process: no such table)
+
+
+SHAPES = [dict(family="decoder", ffn="gelu", pos="learned", bias=False),
+          dict(family="decoder", ffn="swiglu", pos="rope", tie_embeddings=False),
+          dict(family="decoder", ffn="none", pos="sinusoidal"),
+          dict(family="encoder", pos="learned", embed_norm=True, pooling="pooler"),
+          dict(family="encoder", head="mlm", pos="learned"),
+          dict(family="encoder_decoder", ffn="relu", n_decoder_layers=3),
+          dict(family="encoder_decoder", share_embeddings=True, tie_embeddings=False),
+          dict(family="encoder_decoder", tgt_vocab_size=700, tie_embeddings=False)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "-".join(map(str, s.values())))
+def test_min_parameters_counts_the_matrices_of_the_built_model(shape):
+    """From the config alone: never more than the built model's count (it refuses sizes
+    before any weight exists), and within 5% of it at a real size (biases, norms and a
+    classifier's head are all it leaves out); at a toy size still below it."""
+    from attnlab.info import min_parameters
+
+    real = ModelConfig(vocab_size=1000, d_model=256, n_heads=4, n_layers=2, max_len=128,
+                       **shape)
+    with torch.device("meta"):
+        built = count_parameters(build_model(real))
+    assert 0.95 * built <= min_parameters(real) <= built
+    toy = ModelConfig(vocab_size=11, d_model=8, n_heads=2, n_layers=1, max_len=4, **shape)
+    assert 0 < min_parameters(toy) <= count_parameters(build_model(toy))
+
+
+def test_check_fits_refuses_a_model_larger_than_the_device_before_it_is_made(monkeypatch):
+    """8 bytes a parameter (fp32 weights and gradients) against the device's memory; FSDP's
+    processes hold 1/K each; a device of unknown memory is not refused."""
+    from attnlab import info
+    from attnlab.errors import ConfigError
+
+    cfg = ModelConfig(vocab_size=1000, d_model=256, n_heads=4, n_layers=2)
+    need = 8 * info.min_parameters(cfg)
+    monkeypatch.setattr(info, "memory_of", lambda device: need - 1)
+    with pytest.raises(ConfigError, match=r"too large to train here: model.vocab_size=1,000, "
+                       r"model.d_model=256, model.d_ff=1,024, model.n_layers=2 make at least"):
+        info.check_fits(cfg, torch.device("cpu"))
+    info.check_fits(cfg, torch.device("cpu"), shards=2)  # half of it on each of 2
+    monkeypatch.setattr(info, "memory_of", lambda device: need)
+    info.check_fits(cfg, torch.device("cpu"))
+    monkeypatch.setattr(info, "memory_of", lambda device: None)
+    info.check_fits(ModelConfig(d_model=10**6, n_heads=4), torch.device("cpu"))
+    monkeypatch.undo()
+    assert info.memory_of(torch.device("cpu")) > 2**20  # this machine's, read for real

@@ -28,6 +28,10 @@ EncoderHead = Literal["classify", "mlm"]
 Reduction = Literal["mean", "sum"]
 
 
+MAX_LAYERS = 10_000  # a stack this deep builds in minutes; DeepNet (2022) has 1,000 layers
+MAX_ELEMENTS = 2**63 - 1  # torch counts a tensor's elements in a signed 64-bit integer
+
+
 def check(cond: bool, name: str, value: Any, allowed: str) -> None:
     """Raise :class:`ConfigError` ``name=value is not allowed: allowed`` unless ``cond``."""
     if not cond:
@@ -50,11 +54,7 @@ def check_literal(obj: Any, name: str, lit: Any) -> None:
     check(value in allowed, name, value, "one of " + ", ".join(repr(a) for a in allowed))
 
 
-@functools.cache
-def _type_hints(cls: type) -> dict[str, Any]:
-    """A dataclass's field annotations, evaluated once per class (the training step builds a
-    :class:`LossOptions` each time: evaluating them is most of its cost)."""
-    return typing.get_type_hints(cls)
+_type_hints = functools.cache(typing.get_type_hints)  # (each class's, evaluated once)
 
 
 def check_types(obj: Any) -> None:
@@ -163,6 +163,9 @@ class ModelConfig:
         for name in ("tgt_vocab_size", "head_dim", "n_decoder_layers", "d_ff"):
             v = getattr(self, name)
             check(v is None or v > 0, name, v, "a positive integer or None")
+        for name in ("n_layers", "n_decoder_layers"):
+            check((getattr(self, name) or 0) <= MAX_LAYERS, name, getattr(self, name),
+                  f"at most {MAX_LAYERS:,} layers")
         for name in ("dropout", "attn_dropout"):
             v = getattr(self, name)
             check(v is None or 0.0 <= v < 1.0, name, v, "a probability in [0, 1)")
@@ -186,6 +189,13 @@ class ModelConfig:
         if self.share_embeddings:
             check(self.tgt_vocab_size in (None, self.vocab_size), "share_embeddings", True,
                   "only when tgt_vocab_size equals vocab_size")
+        sides = {"vocab_size": self.vocab_size, "tgt_vocab_size": self.tgt_vocab_size or 0,
+                 "d_ff": self.d_ff, "n_heads * head_dim": self.n_heads * self.head_dim,
+                 "n_classes": self.n_classes, "max_len": self.max_len * (self.pos == "learned")}
+        side = max(sides, key=sides.__getitem__)
+        check(sides[side] * self.d_model <= MAX_ELEMENTS, side, sides[side], "sizes whose "
+              f"weights a tensor holds: with d_model={self.d_model} it makes a weight of "
+              f"{sides[side] * self.d_model:,} elements, more than torch counts")
 
     @property
     def pools_first_token(self) -> bool:

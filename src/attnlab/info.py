@@ -8,13 +8,16 @@ before a run whether it fits in memory and what a step costs.
 from __future__ import annotations
 
 import math
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .config import ModelConfig
+from .errors import ConfigError
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
 
@@ -40,6 +43,60 @@ def count_parameters(model: nn.Module, by_component: bool = False) -> int | dict
         out[comp] += p.numel()
     last = [k for k in ("norms", "head") if k in out]  # printed after the blocks
     return {k: out[k] for k in [*(k for k in out if k not in last), *last]}
+
+
+def min_parameters(cfg: ModelConfig) -> int:
+    """The parameters of ``cfg``'s embedding, attention and feed-forward matrices (and an
+    untied output projection), from the config alone: Python integers, no weight made. The
+    biases, norms and a classifier's head are left out, so it is at most the count of the
+    built model (:func:`count_parameters`), and within a few percent of it at real sizes."""
+    d, inner = cfg.d_model, cfg.n_heads * cfg.head_dim
+    attention = 4 * d * inner  # q, k, v, out
+    ffn = {"swiglu": 3, "none": 0}.get(cfg.ffn, 2) * d * cfg.d_ff
+    positions = cfg.max_len * d if cfg.pos == "learned" else 0
+    total = cfg.vocab_size * d + positions + cfg.n_layers * (attention + ffn)
+    if cfg.family == "encoder_decoder":  # the decoder's stack: self- and cross-attention
+        tgt = cfg.tgt_vocab_size * d
+        total += positions + (0 if cfg.share_embeddings else tgt)
+        total += cfg.n_decoder_layers * (2 * attention + ffn)
+        return total + (0 if cfg.tie_embeddings else tgt)
+    return total + (cfg.vocab_size * d if cfg.family == "decoder" and not cfg.tie_embeddings
+                    else 0)
+
+
+def memory_of(device: torch.device) -> int | None:
+    """The bytes of memory of ``device``: a GPU's own, or the machine's physical memory for
+    the CPU; None where it is not known."""
+    if device.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return None
+    return None
+
+
+def check_fits(cfg: ModelConfig, device: torch.device, shards: int = 1) -> None:
+    """Refuse (:class:`~attnlab.config.ConfigError`) a model whose training state cannot fit
+    in ``device``'s memory, before a weight is made: at least 8 bytes a parameter (fp32
+    weights and their gradients; the optimizer adds more) of :func:`min_parameters`, divided
+    over ``shards`` processes under FSDP."""
+    have = memory_of(device)
+    params = min_parameters(cfg)
+    need = 8 * params / shards
+    if have is None or need <= have:
+        return
+    sizes = ", ".join(f"{k}={getattr(cfg, k):,}" for k in (
+        "vocab_size", "d_model", "d_ff", "n_layers", "n_decoder_layers") if getattr(cfg, k))
+    raise ConfigError(
+        f"the model is too large to train here: model.{sizes.replace(', ', ', model.')} make "
+        f"at least {params:,} parameters, whose weights and gradients alone take "
+        f"{human_bytes(need)}{' per process' if shards > 1 else ''}, more than the "
+        f"{human_bytes(have)} of {'this GPU' if device.type == 'cuda' else 'memory here'}; "
+        "allowed: smaller sizes (`attnlab info CONFIG` counts a config's parameters and memory)")
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,8 @@ def env(tmp_path_factory):
              "model_5.toml": b"model = 5\n", "list.json": b"[1, 2]",
              "cfg_badkey.toml": b"[model]\nd_modle = 32\n", "cfg_badval.toml":
              b"[model]\nfamily = 'decoder'\nvocab_size = 40\nd_model = 30\nn_heads = 4\n",
+             "cfg_huge.toml": b"[model]\nd_model = 1000000000000\nn_heads = 4\n",
+             "cfg_deep.toml": b"[model]\nn_layers = 1000000000000\n",
              "junk.safetensors": b"\x00\x01not a safetensors file"}
     for name, data in files.items():
         (base / name).write_bytes(data)
@@ -145,6 +147,10 @@ def _rows(e):
         "train_bad_section": synth(out, 2, "--set", "nosuch.key=1"),
         "train_set_no_equals": synth(out, 2, "--set", "train.lr"),
         "train_negative_steps": synth(out, 2, "--set", "train.max_steps=-3"),
+        # sizes: too large for this machine's memory, for a tensor, too deep to build
+        "train_too_large_for_memory": synth(out, 2, "--set", "model.d_model=10000000"),
+        "train_weight_too_large": synth(out, 2, "--set", "model.d_model=1000000000000"),
+        "train_too_deep": synth(out, 2, "--set", "model.n_layers=1000000000000"),
         "train_bad_data_name": synth(out, 2, "--set", "data.name=imagenet"),
         "train_missing_text": ["train", "--set",
                                f"data.path={b}/nope.txt", *TINY, "--out", out],
@@ -270,6 +276,8 @@ def _rows(e):
         "viz_no_action": ["viz"],
         "viz_positions_bad_int": ["viz", "positions", "--d-model", "x", "--out", f"{b}/p.png"],
         "info_missing": ["info", f"{b}/nothing"],
+        "info_weight_too_large": ["info", str(e["cfg_huge.toml"])],
+        "info_too_deep": ["info", str(e["cfg_deep.toml"])],
         "info_bad_toml": ["info", str(e["bad.toml"])],
         "info_bad_json": ["info", str(e["bad.json"])],
         "info_model_not_a_table": ["info", str(e["model_5.toml"])],
@@ -348,6 +356,12 @@ EXPECT = {
     "info_model_not_a_table": "expected a table of model settings",
     "info_json_list": "expected a table of model settings",
     "info_zero_length": "--length 0 must be positive",
+    "train_too_large_for_memory": "the model is too large to train here: model.vocab_size=",
+    "train_weight_too_large": "d_ff=4000000000000 is not allowed: sizes whose weights a "
+                              "tensor holds: with d_model=1000000000000",
+    "train_too_deep": "n_layers=1000000000000 is not allowed: at most 10,000 layers",
+    "info_weight_too_large": "d_ff=4000000000000 is not allowed: sizes whose weights",
+    "info_too_deep": "n_layers=1000000000000 is not allowed: at most 10,000 layers",
     "eval_text_unknown_chars": "unknown_line_3.txt line 3: 1 character(s) not in the vocabulary",
     "train_resume_other_metric": "best checkpoint by 'accuracy'; resuming it with "
                                  "train.best_metric='val_loss'",

@@ -24,6 +24,7 @@ import torch
 
 from ..devices import resolve_device
 from ..errors import ConfigError
+from ..info import check_fits
 from ..models import build_model
 from ..run_config import RunConfig
 from ..runs import RunDir, RunError
@@ -196,6 +197,8 @@ class Trainer:
         self.device = resolve_device(self.cfg.device, self.info)
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)  # process-wide, as torch has it
+        sharded = self.cfg.parallel == "fsdp"  # (each process holds 1/K of the weights)
+        check_fits(task.model_config, self.device, self.info.world_size if sharded else 1)
         seed_everything(self.cfg.seed)  # the same initial weights on every process
         self.model = self._build_model()
         self.whole: torch.nn.Module | None = None  # fsdp: the gathered model, once made
