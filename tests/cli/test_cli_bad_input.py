@@ -151,6 +151,7 @@ def _rows(e):
         "train_too_large_for_memory": synth(out, 2, "--set", "model.d_model=10000000"),
         "train_weight_too_large": synth(out, 2, "--set", "model.d_model=1000000000000"),
         "train_too_deep": synth(out, 2, "--set", "model.n_layers=1000000000000"),
+        "train_batch_out_of_memory": synth(out, 2, "--set", "train.batch_size=1000000000000"),
         "train_bad_data_name": synth(out, 2, "--set", "data.name=imagenet"),
         "train_missing_text": ["train", "--set",
                                f"data.path={b}/nope.txt", *TINY, "--out", out],
@@ -360,6 +361,8 @@ EXPECT = {
     "train_weight_too_large": "d_ff=4000000000000 is not allowed: sizes whose weights a "
                               "tensor holds: with d_model=1000000000000",
     "train_too_deep": "n_layers=1000000000000 is not allowed: at most 10,000 layers",
+    "train_batch_out_of_memory": "error: out of memory (7.28 TiB asked for at once): what this "
+                                 "command was asked for does not fit this machine's memory",
     "info_weight_too_large": "d_ff=4000000000000 is not allowed: sizes whose weights",
     "info_too_deep": "n_layers=1000000000000 is not allowed: at most 10,000 layers",
     "eval_text_unknown_chars": "unknown_line_3.txt line 3: 1 character(s) not in the vocabulary",
@@ -531,3 +534,19 @@ def test_every_command_with_a_device_defaults_to_auto():
                     seen.append((name, a.default))
     assert len(seen) >= 4, seen
     assert {d for _, d in seen} == {"auto"}, seen
+
+
+def test_running_out_of_memory_is_the_sizes_asked_for_not_a_bug():
+    """The host's allocator, the system's (ENOMEM), Python's MemoryError and a GPU's
+    OutOfMemoryError are one line that says what to make smaller; other errors stay bugs."""
+    from attnlab.cli.common import _out_of_memory_line, is_bad_input
+
+    host = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
+                        "can't allocate memory: you tried to allocate 8000000000000 bytes. "
+                        "Error code 12 (Cannot allocate memory)")
+    assert _out_of_memory_line(host).startswith("out of memory (7.28 TiB asked for at once): ")
+    for e in (MemoryError(), OSError(12, "Cannot allocate memory"),
+              torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")):
+        assert is_bad_input(e) and _out_of_memory_line(e).startswith("out of memory: "), e
+    for e in (RuntimeError("shape mismatch"), OSError(5, "Input/output error"), ValueError("x")):
+        assert not is_bad_input(e) and _out_of_memory_line(e) is None, e

@@ -1,7 +1,8 @@
 """Shared CLI plumbing: how a command's errors reach the user.
 
-Bad input (:class:`attnlab.errors.InputError`, or a file-system error on a path the user gave)
-is one line on stderr, exit code 2; ``-v`` adds its details. Any other exception is an internal
+Bad input (:class:`attnlab.errors.InputError`, a file-system error on a path the user gave, or
+running out of memory for the sizes asked for) is one line on stderr, exit code 2; ``-v`` adds
+its details. Any other exception is an internal
 error of attnlab, never the user's: its traceback is printed, then a line that says so and asks
 for a report, exit code 1.
 """
@@ -50,11 +51,32 @@ def _os_error_line(e: OSError) -> str:
             "you can write to)")
 
 
+def _out_of_memory_line(e: BaseException) -> str | None:
+    """One line when ``e`` is the machine running out of memory (the host's allocator, a
+    GPU's, or the system's): the sizes asked for are the user's to make smaller; else None."""
+    torch = sys.modules.get("torch")
+    gpu = getattr(torch, "OutOfMemoryError", ()) if torch is not None else ()
+    text = " ".join(str(e).split())
+    if not (isinstance(e, (MemoryError, *((gpu,) if gpu else ()))) or (
+            isinstance(e, RuntimeError) and "can't allocate memory" in text) or (
+            isinstance(e, OSError) and e.errno == errno.ENOMEM)):
+        return None
+    asked = text.partition("you tried to allocate ")[2].partition(" bytes")[0]
+    if asked.isdigit():  # (the host's allocator says how much)
+        from ..info import human_bytes
+
+        asked = f"{human_bytes(int(asked))} asked for at once"
+    return (f"out of memory{f' ({asked})' if asked else ''}: what this command was asked for "
+            "does not fit this machine's memory; allowed: smaller sizes (the model's, "
+            "train.batch_size, train.grad_accum, train.eval_batches, the tokens asked for; "
+            "`attnlab info` estimates a model's memory)")
+
+
 def is_bad_input(e: BaseException) -> bool:
     """Whether ``e`` is the user's to fix: an :class:`InputError`, a file-system error that
-    names a path (one the user gave: a missing file, a folder that cannot be written), or a
-    full disk."""
-    if isinstance(e, InputError):
+    names a path (one the user gave: a missing file, a folder that cannot be written), a
+    full disk, or memory too small for the sizes asked for."""
+    if isinstance(e, InputError) or _out_of_memory_line(e) is not None:
         return True
     if not isinstance(e, OSError) or e.errno is None:
         return False
@@ -83,7 +105,7 @@ def run_command(func: Callable[[argparse.Namespace], int | None],
             print(f"attnlab {args.command}: internal error: this is a bug in attnlab, not in "
                   "your input; please report it with the traceback above", file=sys.stderr)
             return INTERNAL_ERROR
-        msg = e if isinstance(e, InputError) else _os_error_line(e)
+        msg = e if isinstance(e, InputError) else _out_of_memory_line(e) or _os_error_line(e)
         msg = " ".join(str(msg).split())  # one line, always
         print(f"attnlab {args.command}: error: {msg}", file=sys.stderr)
         if getattr(args, "verbose", False):

@@ -188,11 +188,12 @@ class Trainer:
             raise ConfigError("train.parallel='fsdp' shards the model over processes: it needs "
                               "torchrun with 2 or more (torchrun --nproc_per_node=2 -m attnlab "
                               "train ...); one process trains with train.parallel='ddp'")
-        if self.info.enabled:  # a batch too small to split fails here, before any file is written
-            data = self.task.state_dict()
-            with torch.random.fork_rng(devices=[]):
-                shard(self.task.next_batch(), self.info)
-            self.task.load_state_dict(data)
+        # one batch drawn, then the data put back as it was: a batch too large for memory, or
+        # too small to split over the processes, fails here, before any file is written
+        data = self.task.state_dict()
+        with torch.random.fork_rng(devices=[]):
+            shard(self.task.next_batch(), self.info)
+        self.task.load_state_dict(data)
         self.run = run_dir if run_dir is None or isinstance(run_dir, RunDir) else RunDir(run_dir)
         self.device = resolve_device(self.cfg.device, self.info)
         if self.cfg.threads:
