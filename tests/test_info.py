@@ -149,3 +149,16 @@ def test_check_fits_refuses_a_model_larger_than_the_device_before_it_is_made(mon
     info.check_fits(ModelConfig(d_model=10**6, n_heads=4), torch.device("cpu"))
     monkeypatch.undo()
     assert info.memory_of(torch.device("cpu")) > 2**20  # this machine's, read for real
+
+
+def test_check_micro_batches_refuses_more_than_memory_holds_and_names_the_most(monkeypatch):
+    from attnlab import info
+    from attnlab.errors import ConfigError
+
+    monkeypatch.setattr(info, "host_memory", lambda: 1000)
+    info.check_micro_batches(10, 100)  # exactly the memory: allowed
+    with pytest.raises(ConfigError, match=r"train.grad_accum=11 is not allowed: .* allowed: "
+                       r"at most 10$"):
+        info.check_micro_batches(11, 100)
+    monkeypatch.setattr(info, "host_memory", lambda: None)
+    info.check_micro_batches(10**12, 100)  # memory unknown: not refused

@@ -71,12 +71,15 @@ def memory_of(device: torch.device) -> int | None:
         import torch
 
         return torch.cuda.get_device_properties(device).total_memory
-    if device.type == "cpu" and hasattr(os, "sysconf"):
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError):
-            return None
-    return None
+    return host_memory() if device.type == "cpu" else None
+
+
+def host_memory() -> int | None:
+    """The bytes of physical memory of this machine; None where it is not known."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # (no sysconf on Windows)
+        return None
 
 
 def check_fits(cfg: ModelConfig, device: torch.device, shards: int = 1) -> None:
@@ -97,6 +100,19 @@ def check_fits(cfg: ModelConfig, device: torch.device, shards: int = 1) -> None:
         f"{human_bytes(need)}{' per process' if shards > 1 else ''}, more than the "
         f"{human_bytes(have)} of {'this GPU' if device.type == 'cuda' else 'memory here'}; "
         "allowed: smaller sizes (`attnlab info CONFIG` counts a config's parameters and memory)")
+
+
+def check_micro_batches(grad_accum: int, batch_bytes: int) -> None:
+    """Refuse (:class:`~attnlab.config.ConfigError`) ``train.grad_accum`` micro-batches of
+    ``batch_bytes`` each that cannot be held at once in the machine's memory (a training step
+    draws them all before its first forward)."""
+    have = host_memory()
+    if have is not None and grad_accum * batch_bytes > have:
+        raise ConfigError(
+            f"train.grad_accum={grad_accum:,} is not allowed: a step holds that many "
+            f"micro-batches of {human_bytes(batch_bytes)} at once, "
+            f"{human_bytes(grad_accum * batch_bytes)}, more than the {human_bytes(have)} of "
+            f"memory here; allowed: at most {max(1, have // max(batch_bytes, 1)):,}")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import torch
 
 from ..devices import resolve_device
 from ..errors import ConfigError
-from ..info import check_fits
+from ..info import check_fits, check_micro_batches
 from ..models import build_model
 from ..run_config import RunConfig
 from ..runs import RunDir, RunError
@@ -192,8 +192,9 @@ class Trainer:
         # too small to split over the processes, fails here, before any file is written
         data = self.task.state_dict()
         with torch.random.fork_rng(devices=[]):
-            shard(self.task.next_batch(), self.info)
+            batch = shard(self.task.next_batch(), self.info)
         self.task.load_state_dict(data)
+        check_micro_batches(self.cfg.grad_accum, sum(t.nbytes for t in batch))
         self.run = run_dir if run_dir is None or isinstance(run_dir, RunDir) else RunDir(run_dir)
         self.device = resolve_device(self.cfg.device, self.info)
         if self.cfg.threads:
