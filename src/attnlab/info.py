@@ -83,7 +83,7 @@ def host_memory() -> int | None:
 
 
 def check_fits(cfg: ModelConfig, device: torch.device, shards: int = 1) -> None:
-    """Refuse (:class:`~attnlab.config.ConfigError`) a model whose training state cannot fit
+    """Refuse (:class:`~attnlab.errors.ConfigError`) a model whose training state cannot fit
     in ``device``'s memory, before a weight is made: at least 8 bytes a parameter (fp32
     weights and their gradients; the optimizer adds more) of :func:`min_parameters`, divided
     over ``shards`` processes under FSDP."""
@@ -103,7 +103,7 @@ def check_fits(cfg: ModelConfig, device: torch.device, shards: int = 1) -> None:
 
 
 def check_micro_batches(grad_accum: int, batch_bytes: int) -> None:
-    """Refuse (:class:`~attnlab.config.ConfigError`) ``train.grad_accum`` micro-batches of
+    """Refuse (:class:`~attnlab.errors.ConfigError`) ``train.grad_accum`` micro-batches of
     ``batch_bytes`` each that cannot be held at once in the machine's memory (a training step
     draws them all before its first forward)."""
     have = host_memory()

@@ -2,9 +2,8 @@
 
 Bad input (:class:`attnlab.errors.InputError`, a file-system error on a path the user gave, or
 running out of memory for the sizes asked for) is one line on stderr, exit code 2; ``-v`` adds
-its details. Any other exception is an internal
-error of attnlab, never the user's: its traceback is printed, then a line that says so and asks
-for a report, exit code 1.
+its details. Any other exception is an internal error of attnlab, never the user's: its
+traceback is printed, then a line that says so and asks for a report, exit code 1.
 """
 
 from __future__ import annotations
@@ -54,10 +53,9 @@ def _os_error_line(e: OSError) -> str:
 def _out_of_memory_line(e: BaseException) -> str | None:
     """One line when ``e`` is the machine running out of memory (the host's allocator, a
     GPU's, or the system's): the sizes asked for are the user's to make smaller; else None."""
-    torch = sys.modules.get("torch")
-    gpu = getattr(torch, "OutOfMemoryError", ()) if torch is not None else ()
+    gpu = getattr(sys.modules.get("torch"), "OutOfMemoryError", MemoryError)  # (if imported)
     text = " ".join(str(e).split())
-    if not (isinstance(e, (MemoryError, *((gpu,) if gpu else ()))) or (
+    if not (isinstance(e, (MemoryError, gpu)) or (
             isinstance(e, RuntimeError) and "can't allocate memory" in text) or (
             isinstance(e, OSError) and e.errno == errno.ENOMEM)):
         return None
