@@ -17,8 +17,8 @@ timed over the last `--steps` (the run's own clock, `elapsed_s` in its metrics: 
 steps, start-up and data preparation are left out). Prints each run's milliseconds per step
 and each pair's B / A ratio, with the median and range. On a small shared machine one thread
 (`--set train.threads=1`) gives the steadier figures: two threads on two cores feel every
-other tenant's load. Data: attnlab's data cache (`attnlab
-data fetch NAME`), or `--data-dir DATA`.
+other tenant's load. Data: attnlab's data cache (`attnlab data fetch NAME`), or `--data-dir
+DATA`.
 
 `--lockstep TURNS` keeps each arm's process up instead: the two take turns, `--steps` training
 steps a turn (after `--skip` untimed ones), TURNS turns each, so a change in the host's speed
@@ -117,11 +117,12 @@ def lockstep(recipe: str, arms: dict[str, tuple[list[str], bool, dict[str, str]]
     try:
         for arm, (sets, torch_dropout, env) in arms.items():
             code = LOCKSTEP + (TORCH_DROPOUT if torch_dropout else DEFAULT)
-            procs[arm] = subprocess.Popen(
-                [sys.executable, "-c", code, "train", recipe, "--out", f"{tmp.name}/{arm}",
-                 *(f"--set={s}" for s in sets + timed_settings(skip, steps))],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # (its log: a file, unread)
-                stderr=open(f"{tmp.name}/{arm}.log", "w"), text=True, cwd=ROOT, env=env)
+            with open(f"{tmp.name}/{arm}.log", "w") as log:  # (its log: read if it stops)
+                procs[arm] = subprocess.Popen(
+                    [sys.executable, "-c", code, "train", recipe, "--out", f"{tmp.name}/{arm}",
+                     *(f"--set={s}" for s in sets + timed_settings(skip, steps))],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                    cwd=ROOT, env=env)
 
         def turn(arm: str, k: int) -> float:
             proc = procs[arm]

@@ -92,10 +92,10 @@ def check_fits(cfg: ModelConfig, device: torch.device, shards: int = 1) -> None:
     need = 8 * params / shards
     if have is None or need <= have:
         return
-    sizes = ", ".join(f"{k}={getattr(cfg, k):,}" for k in (
+    sizes = ", ".join(f"model.{k}={getattr(cfg, k):,}" for k in (
         "vocab_size", "d_model", "d_ff", "n_layers", "n_decoder_layers") if getattr(cfg, k))
     raise ConfigError(
-        f"the model is too large to train here: model.{sizes.replace(', ', ', model.')} make "
+        f"the model is too large to train here: {sizes} make "
         f"at least {params:,} parameters, whose weights and gradients alone take "
         f"{human_bytes(need)}{' per process' if shards > 1 else ''}, more than the "
         f"{human_bytes(have)} of {'this GPU' if device.type == 'cuda' else 'memory here'}; "
