@@ -130,6 +130,47 @@ def test_one_process_under_torchrun_goes_through_ddp_and_trains_the_same(tmp_pat
                                                             abs=1e-6)
 
 
+# A run in a process that imported torch.distributed.nn before its group formed (as the warm
+# server of these tests does; the module's defaults keep the group otherwise): the gloo
+# threads of the group, counted before and after the run and after the exit-time release.
+OUTLIVES = """import os, socket, sys
+import torch.distributed.nn
+from attnlab.cli import main
+from attnlab.train import distributed
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT=str(port))
+threads = lambda: len(os.listdir("/proc/self/task"))
+before = threads()
+assert main(sys.argv[1:]) == 0
+print("threads:", before, threads(), flush=True)
+distributed._release_left()
+print("threads:", threads())
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")
+def test_the_process_group_outlives_the_ddp_model_and_ends_at_exit(tmp_path):
+    """DDP's C++ reducer holds its process group: were it the last holder, the group would be
+    destroyed with the model, joining gloo's threads while holding Python's lock, which a gloo
+    thread freeing a finished all-reduce's tensors may wait for (a hang after the run, now and
+    then). The group stays up after the model is gone and ends at exit, where its destructor
+    lets go of the lock."""
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    script = tmp_path / "outlives.py"
+    script.write_text(OUTLIVES)
+    proc = subprocess.run([sys.executable, str(script), *command(text, tmp_path / "run")],
+                          env={**os.environ, **ENV}, capture_output=True, text=True, timeout=120)
+    counts = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("threads:")]
+    (before, after), *released = [[int(n) for n in c] for c in counts]
+    assert after > before  # the group's threads are up after the run (its model is gone)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert released == [[before]]  # and end when the groups left are let go of
+
+
 @pytest.mark.slow
 def test_the_precision_probe_agrees_over_processes_and_a_small_batch_writes_nothing(tmp_path):
     """precision = "auto": one process measured a batch of 3 rows; two processes on a batch

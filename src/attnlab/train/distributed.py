@@ -12,7 +12,9 @@ the backward pass (``train.activation_checkpointing``).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import os
 import re
 from collections.abc import Iterator
@@ -66,6 +68,7 @@ def init_distributed(device_type: str, timeout_s: float = 1800) -> DistInfo:
     """
     info = env_info()
     if info.enabled and not dist.is_initialized():
+        _release_left()
         backend = "nccl" if device_type == "cuda" else "gloo"
         if device_type == "cuda":
             torch.cuda.set_device(info.local_rank)
@@ -93,12 +96,30 @@ def describe(info: DistInfo, parallel: str = "ddp") -> str:
             f"({parallel.upper()}, {backend})")
 
 
+# The groups cleanup() left, held until the models that used them are gone. DDP's reducer (C++)
+# holds its group too; were it the last holder, the group would be destroyed when the model is,
+# joining gloo's worker threads while holding Python's lock, which a worker may be waiting for to
+# free the tensors of a collective that has just finished: a hang at exit, now and then.
+# Released by _release_left, where the group's destructor lets go of that lock first.
+_LEFT: list[Any] = []
+
+
 def cleanup() -> None:
     """Leave the process group, if this process joined one."""
     global _HOST_GROUP
     if dist.is_available() and dist.is_initialized():
+        _LEFT.extend(g for g in (dist.group.WORLD, _HOST_GROUP) if g is not None)
         dist.destroy_process_group()  # every group, the host one too
     _HOST_GROUP = None
+
+
+@atexit.register
+def _release_left() -> None:
+    """Let go of the groups left (at exit, and before joining a new group): the models that
+    used them are collected first."""
+    if _LEFT:
+        gc.collect()
+        _LEFT.clear()
 
 
 def shard(batch: tuple[Tensor, ...], info: DistInfo) -> tuple[Tensor, ...]:
