@@ -102,17 +102,24 @@ def check_fits(cfg: ModelConfig, device: torch.device, shards: int = 1) -> None:
         "allowed: smaller sizes (`attnlab info CONFIG` counts a config's parameters and memory)")
 
 
-def check_micro_batches(grad_accum: int, batch_bytes: int) -> None:
-    """Refuse (:class:`~attnlab.errors.ConfigError`) ``train.grad_accum`` micro-batches of
-    ``batch_bytes`` each that cannot be held at once in the machine's memory (a training step
-    draws them all before its first forward)."""
+def check_held(key: str, count: int, each: int, holds: str) -> None:
+    """Refuse (:class:`~attnlab.errors.ConfigError`) ``key=count`` where ``count`` things of
+    ``each`` bytes, held at once, exceed the machine's memory: ``holds`` says what holds them
+    ("a step holds that many micro-batches"), the sizes follow."""
     have = host_memory()
-    if have is not None and grad_accum * batch_bytes > have:
+    if have is not None and count * each > have:
         raise ConfigError(
-            f"train.grad_accum={grad_accum:,} is not allowed: a step holds that many "
-            f"micro-batches of {human_bytes(batch_bytes)} at once, "
-            f"{human_bytes(grad_accum * batch_bytes)}, more than the {human_bytes(have)} of "
-            f"memory here; allowed: at most {max(1, have // max(batch_bytes, 1)):,}")
+            f"{key}={count:,} is not allowed: {holds} ({human_bytes(each)} each) at once, "
+            f"{human_bytes(count * each)}, more than the {human_bytes(have)} of memory here; "
+            f"allowed: at most {max(1, have // max(each, 1)):,}")
+
+
+def check_micro_batches(grad_accum: int, batch_bytes: int) -> None:
+    """Refuse ``train.grad_accum`` micro-batches of ``batch_bytes`` each that cannot be held
+    at once in the machine's memory (a training step draws them all before its first
+    forward)."""
+    check_held("train.grad_accum", grad_accum, batch_bytes,
+               "a step holds that many micro-batches")
 
 
 @dataclass(frozen=True)

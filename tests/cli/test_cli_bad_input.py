@@ -153,6 +153,9 @@ def _rows(e):
         "train_too_deep": synth(out, 2, "--set", "model.n_layers=1000000000000"),
         "train_batch_out_of_memory": synth(out, 2, "--set", "train.batch_size=1000000000000"),
         "train_accum_too_many": synth(out, 2, "--set", "train.grad_accum=1000000000000"),
+        "train_eval_batches_too_many": ["train", "--set", f"data.path={text}", *TINY,
+                                        "--set", "train.eval_batches=1000000000000",
+                                        "--out", out],
         "train_bad_data_name": synth(out, 2, "--set", "data.name=imagenet"),
         "train_missing_text": ["train", "--set",
                                f"data.path={b}/nope.txt", *TINY, "--out", out],
@@ -363,7 +366,10 @@ EXPECT = {
                               "tensor holds: with d_model=1000000000000",
     "train_too_deep": "n_layers=1000000000000 is not allowed: at most 10,000 layers",
     "train_accum_too_many": "train.grad_accum=1,000,000,000,000 is not allowed: a step holds "
-                            "that many micro-batches of",
+                            "that many micro-batches (",
+    "train_eval_batches_too_many": "train.eval_batches=1,000,000,000,000 is not allowed: an "
+                                   "evaluation draws where the windows of that many batches "
+                                   "start (",
     "train_batch_out_of_memory": "error: out of memory (7.28 TiB asked for at once): what this "
                                  "command was asked for does not fit this machine's memory",
     "info_weight_too_large": "d_ff=4000000000000 is not allowed: sizes whose weights",

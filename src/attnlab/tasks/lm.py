@@ -34,6 +34,7 @@ from ..data import (
 from ..data.corpora import describe
 from ..data.shards import TokenShards, is_token_dir
 from ..errors import UsageError, VocabularyError
+from ..info import check_held
 from ..metrics import perplexity
 from ..nn import IGNORE_INDEX
 from ..run_config import RunConfig
@@ -49,6 +50,9 @@ SHAKESPEARE = DatasetInfo(
                 "data/tinyshakespeare/input.txt",
                 "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"),),
     "tinyshakespeare", "--set data.path=/path/to/input.txt")
+# the bytes of one window's start while sampled_starts draws them: an int64, then a Python int
+# in a list (its object, 32 bytes as allocated, and the list's pointer to it)
+WINDOW_START_BYTES = 8 + 32 + 8
 # the default data set: what data.name = "" trains when the config names no file
 EMBEDDED = DataSet("embedded", "the pydoc topics every Python install has (no download)",
                    default=True)
@@ -364,6 +368,10 @@ class LMTask(Task):
         for c in self.corpora:
             self._checked(c.train, "train", c.source if len(self.corpora) > 1 else "")
         self._eval_parts("val")
+        rows = self.eval_batch_size()  # an evaluation draws where all its windows start at once
+        for key in ("eval_batches", "final_eval_batches"):
+            check_held(f"train.{key}", getattr(self.rc.train, key), rows * WINDOW_START_BYTES,
+                       "an evaluation draws where the windows of that many batches start")
         test = self.rc.data.test_path  # read by `attnlab eval --split test`: a typo shows now
         if test and not Path(test).exists():
             raise DataFileNotFoundError(f"data.test_path: {test} does not exist; allowed: a "
