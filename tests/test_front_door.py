@@ -395,6 +395,50 @@ def test_an_interrupt_before_any_checkpoint_says_so(tmp_path, monkeypatch, capsy
     assert len(err.strip().splitlines()) == 1
 
 
+# what gloo raises in a process whose peer ended in the middle of a collective (torch 2.13)
+GLOO_PEER_GONE = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+                  "Connection closed by peer [127.0.0.1]:27306. This is typically caused by a "
+                  "remote worker crashing. Check the logs of the remote worker before reporting "
+                  "an error.")
+
+
+def test_a_process_that_loses_another_under_torchrun_says_so_and_how_to_resume(
+        tmp_path, monkeypatch, capsys):
+    """Under torchrun, a process whose partner ended (killed, out of memory) mid-collective is
+    not a bug here: one line naming the backend's words, the checkpoint and the resume
+    command; any other RuntimeError stays a bug (its traceback, exit 1)."""
+    import attnlab.train
+    from attnlab.train import distributed
+
+    out = tmp_path / "my run"
+    code, _, err = run_cli(capsys, "train", "reverse", *TINY, "--set", "train.max_steps=3",
+                           "--set", "train.eval_every=3", "--out", out)
+    assert code == 0, err
+
+    def lost(*args, **kwargs):
+        raise RuntimeError(GLOO_PEER_GONE)
+
+    monkeypatch.setattr(attnlab.train, "train_run", lost)
+    monkeypatch.setattr(distributed, "env_info", lambda: distributed.DistInfo(1, 4, 1, True))
+    code, _, err = run_cli(capsys, "train", "--out", out, "--resume")
+    assert code == 2
+    assert err.strip() == (
+        "attnlab train: error: process 1 of 4 lost another process of the run (Connection "
+        "closed by peer [127.0.0.1]:27306): that process's output says why it ended; the last "
+        f"checkpoint ({out}/last) holds step 3; resume with: attnlab train --out '{out}' "
+        "--resume")
+    code, _, err = run_cli(capsys, "train", "reverse", *TINY, "--out", tmp_path / "new")
+    assert code == 2 and err.strip().endswith(
+        "no checkpoint was written: run the same command again to start over"), err
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(attnlab.train, "train_run", bug)
+    code, _, err = run_cli(capsys, "train", "--out", out, "--resume")
+    assert code == 1 and "Traceback" in err and "internal error" in err
+
+
 # ---- eval progress --------------------------------------------------------------------------
 def test_eval_shows_a_progress_bar_on_request_and_nothing_otherwise(tmp_path, capsys):
     run = lm_run(tmp_path / "lm")

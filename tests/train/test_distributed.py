@@ -304,7 +304,9 @@ def test_fsdp_resumes_exactly_after_kill_9(tmp_path):
              "train.decay_steps=6", "--set", "train.eval_every=3", "--set",
              "train.max_steps=6", *FSDP]
     run(command(text, tmp_path / "whole") + extra, 2, tmp_path)
-    run(command(text, tmp_path / "killed") + extra, 2, tmp_path, ok=False, main=KILLED)
+    killed = run(command(text, tmp_path / "killed") + extra, 2, tmp_path, ok=False, main=KILLED)
+    # process 0 says it lost process 1 (unless torchrun's SIGTERM ends it first): not a bug
+    assert "internal error" not in killed.stderr, killed.stderr[-3000:]
     assert [r["step"] for r in read_metrics(tmp_path / "killed" / "metrics.csv")] == [
         1, 2, 3, 4]
     run(command(text, tmp_path / "killed") + extra + ["--resume"], 2, tmp_path)

@@ -325,6 +325,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         # under torchrun the first process alone says it (the others exit quietly, 130)
         raise UserInterrupt(interrupted_line(run) if env_info().is_main else None) from None
+    except RuntimeError as e:  # under torchrun: another process ended in a collective
+        from ..train.distributed import env_info, lost_process
+
+        info, said = env_info(), lost_process(e)
+        if not info.enabled or said is None:
+            raise
+        kept = kept_line(run) or ("no checkpoint was written: run the same command again to "
+                                  "start over")
+        raise RunError(f"process {info.rank} of {info.world_size} lost another process of the "
+                       f"run ({said}): that process's output says why it ended; {kept}") from None
     if outcome.is_main:  # under torchrun, the first process alone prints
         _print_results(outcome, out)
         for i, text in enumerate(outcome.samples()):
@@ -382,15 +392,23 @@ class UserInterrupt(KeyboardInterrupt):
     another process says it)."""
 
 
-def interrupted_line(run) -> str:
-    """What a stopped training leaves: the step its last checkpoint holds and the exact
-    command that continues from there (or that nothing was kept)."""
+def kept_line(run) -> str | None:
+    """The step a stopped training's last checkpoint holds and the exact command that
+    continues from there; None when it has none."""
     meta = run.checkpoint_meta("last") if run.has_checkpoint("last") else {}
     if "step" not in meta:
+        return None
+    return (f"the last checkpoint ({run.path / 'last'}) holds step {meta['step']}; "
+            f"resume with: attnlab train --out {shlex.quote(str(run.path))} --resume")
+
+
+def interrupted_line(run) -> str:
+    """What an interrupted training leaves (:func:`kept_line`, or that nothing was kept)."""
+    kept = kept_line(run)
+    if kept is None:
         return (f"interrupted before the first checkpoint of {run.path}: nothing to resume; "
                 "run the same command again to start over")
-    return (f"interrupted; the last checkpoint ({run.path / 'last'}) holds step {meta['step']}; "
-            f"resume with: attnlab train --out {shlex.quote(str(run.path))} --resume")
+    return f"interrupted; {kept}"
 
 
 def _scope(batches: int) -> str:

@@ -86,6 +86,20 @@ def init_distributed(device_type: str, timeout_s: float = 1800) -> DistInfo:
     return info
 
 
+# what gloo says when the process at the other end of a connection has ended
+_PROCESS_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
+
+
+def lost_process(e: BaseException) -> str | None:
+    """The backend's own words when ``e`` says another process of the group ended in the middle
+    of a collective ("Connection closed by peer [127.0.0.1]:27306"), else None. Not a bug of
+    this process: the other one's output says why it ended."""
+    text = " ".join(str(e).split())
+    if not isinstance(e, RuntimeError) or not any(p in text for p in _PROCESS_GONE):
+        return None
+    return text.split("] ", 1)[-1].split(". ")[0]  # (after the source file's "[pair.cc:553] ")
+
+
 def describe(info: DistInfo, parallel: str = "ddp") -> str:
     """", K processes (DDP, backend)" (or FSDP) for the start-of-run line; "" without
     torchrun."""
