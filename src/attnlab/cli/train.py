@@ -301,6 +301,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ..runs import RunDir
     from ..tasks import config_text
     from ..train import train_run
+    from ..train.distributed import env_info, lost_process
 
     _check_train_args(args)
     recipe = find_recipe(args.config) if args.config else None
@@ -321,13 +322,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         outcome = train_run(rc, out, resume=args.resume)
     except KeyboardInterrupt:
-        from ..train.distributed import env_info
-
         # under torchrun the first process alone says it (the others exit quietly, 130)
         raise UserInterrupt(interrupted_line(run) if env_info().is_main else None) from None
     except RuntimeError as e:  # under torchrun: another process ended in a collective
-        from ..train.distributed import env_info, lost_process
-
         info, said = env_info(), lost_process(e)
         if not info.enabled or said is None:
             raise
