@@ -752,3 +752,11 @@ def test_an_encoder_only_export_imports_back_with_its_pooling(pooling, tmp_path)
                tmp_path / "hf") == 0
     assert cli("import", tmp_path / "hf", "--out", tmp_path / "back") == 0
     assert load_run(tmp_path / "back").model.config.pooling == pooling
+
+
+def test_import_help_names_every_architecture_it_converts(capsys):
+    from attnlab.interop.pretrained import ARCHITECTURES
+
+    assert main(["import", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the description
+    assert [a for a in ARCHITECTURES if a not in text] == []

