@@ -19,7 +19,7 @@ import torch
 from _runs import char_tokenizer, gpt2_files, scramble, write_run
 from attnlab import DecoderLM, ModelConfig
 from attnlab.cli import main
-from attnlab.interop import llama_from_hf, neox_from_hf
+from attnlab.interop import gpt2_from_hf, llama_from_hf, neox_from_hf
 from attnlab.recipes import RECIPES
 from attnlab.runs import load_run
 
@@ -695,6 +695,42 @@ def test_a_tied_config_with_its_own_lm_head_imports_untied_as_transformers(tmp_p
     ids = torch.randint(0, 50257, (2, 9))
     with torch.no_grad():
         torch.testing.assert_close(run.model(ids)[0], ref(ids).logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "neox"])
+def test_a_loaded_model_whose_config_says_tied_but_whose_lm_head_differs_converts_untied(
+        tmp_path, family) -> None:
+    """transformers loads such a checkpoint untied and leaves the config saying tied; the
+    converters read the tying from the tensors, so the model's logits are transformers'
+    (Llama and GPT-NeoX tied them and overwrote the embedding with lm_head)."""
+    torch.manual_seed(3)
+    small = {"vocab_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "max_position_embeddings": 32, "tie_word_embeddings": False}
+    cls, config, convert = {
+        "gpt2": (transformers.GPT2LMHeadModel, transformers.GPT2Config(
+            vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+            tie_word_embeddings=False), gpt2_from_hf),
+        "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig(
+            hidden_size=32, intermediate_size=48, **small), llama_from_hf),
+        "neox": (transformers.GPTNeoXForCausalLM, transformers.GPTNeoXConfig(
+            hidden_size=32, intermediate_size=48, use_parallel_residual=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                             "partial_rotary_factor": 1.0}, **small), neox_from_hf),
+    }[family]
+    scramble(cls(config)).save_pretrained(tmp_path / "m")
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**saved,
+                                                            "tie_word_embeddings": True}))
+    hf = cls.from_pretrained(tmp_path / "m").eval()
+    assert hf.config.tie_word_embeddings  # the config says tied ...
+    assert not torch.equal(hf.lm_head.weight, hf.get_input_embeddings().weight)  # ... it is not
+    ours = convert(hf)
+    assert not ours.config.tie_embeddings
+    ids = torch.randint(0, 64, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids)[0], hf(ids).logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(convert(tmp_path / "m")(ids)[0], hf(ids).logits,
+                                   atol=1e-4, rtol=0)
 
 
 def test_an_architecture_that_contradicts_its_model_type_is_one_line(hf_gpt2, tmp_path,

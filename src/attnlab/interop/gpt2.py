@@ -16,6 +16,7 @@ from .hf import (
     import_transformers,
     layernorm_decoder_problems,
     load_hf_model,
+    tied_head,
     with_zero_ffn,
 )
 from .weight_map import layer_norm_weights, layer_weights, load_mapped
@@ -76,14 +77,13 @@ def gpt2_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
     base = getattr(model, "transformer", model)  # GPT2LMHeadModel wraps a GPT2Model
     if not (hasattr(base, "wte") and hasattr(base, "h")):
         raise ValueError(f"expected a GPT2LMHeadModel or GPT2Model, got {type(model).__name__}")
-    head = getattr(model, "lm_head", None)
-    tied = head is None or head.weight.data_ptr() == base.wte.weight.data_ptr()
+    tied = tied_head(model, base.wte.weight)
     cfg = gpt2_config(model.config, dropout).replace(tie_embeddings=tied)
     sd = base.state_dict()
     mapped = {
         "emb.tok.weight": sd["wte.weight"],
         "emb.pos.weight": sd["wpe.weight"],
-        "head.weight": sd["wte.weight"] if tied else head.weight,
+        "head.weight": sd["wte.weight"] if tied else model.lm_head.weight,
         **layer_norm_weights(sd, "ln_f", "decoder.norm"),
     }
     for i in range(cfg.n_layers):

@@ -288,6 +288,15 @@ def _untied(sd: dict[str, Tensor]) -> bool:
     return head is not None and emb is not None and not torch.equal(head, emb)
 
 
+def tied_head(model: nn.Module, embedding: Tensor) -> bool:
+    """Whether a loaded causal LM's output matrix is its input ``embedding``: it has no
+    ``lm_head``, or one that is the same tensor. Read from the tensors, not from
+    ``config.tie_word_embeddings``: transformers loads a checkpoint whose ``lm_head`` differs
+    from its embedding untied and leaves the config saying tied."""
+    head = getattr(model, "lm_head", None)
+    return head is None or head.weight.data_ptr() == embedding.data_ptr()
+
+
 # parameters that no converter reads, so a checkpoint may lack them: BertModel's pooler
 _UNUSED = {"BertModel": ("pooler.",)}
 

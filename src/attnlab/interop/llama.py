@@ -22,6 +22,7 @@ from .hf import (
     exportable,
     import_transformers,
     load_hf_model,
+    tied_head,
     unmet,
     with_zero_ffn,
 )
@@ -118,17 +119,17 @@ def llama_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
     if not (hasattr(base, "embed_tokens") and hasattr(base, "layers")):
         raise ValueError(f"expected a LlamaForCausalLM, got {type(model).__name__}")
     hf_cfg = model.config
-    cfg = llama_config(hf_cfg, dropout)
+    tied = tied_head(model, base.embed_tokens.weight)
+    cfg = llama_config(hf_cfg, dropout).replace(tie_embeddings=tied)
     heads = cfg.n_heads
     n_kv = getattr(hf_cfg, "num_key_value_heads", None) or heads
     if heads % n_kv:
         raise RunError(f"Llama with num_attention_heads={heads} not a multiple of "
                        f"num_key_value_heads={n_kv} is not supported")
     sd = base.state_dict()
-    head = getattr(model, "lm_head", None)
     mapped = {
         "emb.tok.weight": sd["embed_tokens.weight"],
-        "head.weight": sd["embed_tokens.weight"] if head is None else head.weight,
+        "head.weight": sd["embed_tokens.weight"] if tied else model.lm_head.weight,
         "decoder.norm.weight": sd["norm.weight"],
     }
     for i in range(cfg.n_layers):

@@ -31,6 +31,7 @@ from .hf import (
     load_hf_model,
     read_hf_config,
     read_hf_weights,
+    tied_head,
     with_zero_ffn,
 )
 from .weight_map import layer_norm_weights, layer_weights, load_mapped
@@ -119,17 +120,17 @@ def neox_from_hf(model_or_dir: Any, *, dropout: float = 0.0) -> DecoderLM:
     base = getattr(model, "gpt_neox", model)
     if not (hasattr(base, "embed_in") and hasattr(base, "layers")):
         raise ValueError(f"expected a GPTNeoXForCausalLM, got {type(model).__name__}")
-    cfg = neox_config(model.config, dropout)
+    tied = tied_head(model, base.embed_in.weight)
+    cfg = neox_config(model.config, dropout).replace(tie_embeddings=tied)
     sd = base.state_dict()
     if not cfg.bias:
         nonzero = [k for k, v in sd.items() if k.endswith(".bias") and v.count_nonzero()]
         if nonzero:
             raise RunError(f"GPT-NeoX with attention_bias=False but a nonzero {nonzero[0]} is "
                            "not supported: attnlab has one bias setting for all layers")
-    head = getattr(model, "lm_head", None)
     mapped = {
         "emb.tok.weight": sd["embed_in.weight"],
-        "head.weight": sd["embed_in.weight"] if head is None else head.weight,
+        "head.weight": sd["embed_in.weight"] if tied else model.lm_head.weight,
         **layer_norm_weights(sd, "final_layer_norm", "decoder.norm"),
     }
     for i in range(cfg.n_layers):
