@@ -157,6 +157,14 @@ def _rows(e):
                                         "--set", "train.eval_batches=1000000000000",
                                         "--out", out],
         "train_bad_data_name": synth(out, 2, "--set", "data.name=imagenet"),
+        "train_bpe_vocab_too_small": ["train", "--set", f"data.path={text}", *TINY, "--set",
+                                      "data.tokenizer=bpe", "--set", "data.vocab_size=50",
+                                      "--set", "data.pre_tokenizer=byte_level", "--out", out],
+        "prepare_bpe_vocab_too_small": ["data", "prepare", text, "--tokenizer", "bpe",
+                                        "--vocab-size", "50", "--out", out],
+        "prepare_into_a_run_dir": ["data", "prepare", text, "--out", lm],
+        "train_tgt_vocab_too_small": ["train", "reverse", *TINY, "--set",
+                                      "model.tgt_vocab_size=3", "--out", out],
         "train_missing_text": ["train", "--set",
                                f"data.path={b}/nope.txt", *TINY, "--out", out],
         "train_empty_text": ["train", "--set",
@@ -204,6 +212,8 @@ def _rows(e):
         # eval
         "eval_missing_run": ["eval", f"{b}/nothing"],
         "eval_bad_split": ["eval", lm, "--split", "train"],
+        "eval_beam_0": ["eval", mt, "--beam", "0"],
+        "eval_length_penalty_nan": ["eval", mt, "--beam", "2", "--length-penalty", "nan"],
         "eval_bad_device": ["eval", lm, "--device", "foo"],
         "eval_cuda_on_cpu": ["eval", lm, "--device", "cuda"],
         "eval_truncated_weights": ["eval", str(e["truncated"]), "--data", text],
@@ -338,6 +348,16 @@ EXPECT = {
     "sample_negative_tokens": "--max-new-tokens -1 is not allowed: >= 0",
     "sample_zero_samples": "--num-samples 0 is not allowed: >= 1",
     "translate_beam_0": "--beam 0 is not allowed: >= 1",
+    "eval_beam_0": "--beam 0 is not allowed: >= 1",
+    "train_bpe_vocab_too_small": "BPE vocab_size 50 is too small for the byte_level "
+                                 "pre-tokenizer; allowed: >= 260",
+    "prepare_bpe_vocab_too_small": "BPE vocab_size 50 is too small for the byte_level "
+                                   "pre-tokenizer; allowed: >= 260",
+    "prepare_into_a_run_dir": "holds other files (best, config.json, tokenizer.json) and no "
+                              "prepare of attnlab; choose a new or empty folder",
+    "eval_length_penalty_nan": "--length-penalty nan is not allowed: a finite number",
+    "train_tgt_vocab_too_small": "model.tgt_vocab_size=3 is too small for the data: its token "
+                                 "ids go up to 15",
     "translate_batch_0": "--batch-size 0 is not allowed: >= 1",
     "classify_batch_0": "--batch-size 0 is not allowed: >= 1",
     "translate_non_utf8_input": "latin1.txt is not UTF-8 text: line 1",

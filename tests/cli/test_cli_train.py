@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import importlib
 import json
+import shutil
 
 import pytest
 import torch
@@ -276,6 +277,30 @@ def test_bad_input_is_one_line_exit_2_and_leaves_checkpoints_alone(case, lm_run,
     assert len(err.splitlines()) == 1 and message in err, err
     assert "Traceback" not in err
     assert digest(lm_run) == before
+
+
+def test_an_out_folder_of_other_files_is_refused_and_a_stopped_runs_files_are_not(
+        text, tmp_path, capsys):
+    """--out a folder of the user's own files: one line, none overwritten (its config.json
+    was replaced by the run's); the files of a run stopped before its first checkpoint are
+    trained over."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"mine": 1}')
+    (mine / "notes.txt").write_text("notes")
+    assert main(lm_args(text, mine)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [f"attnlab train: error: --out {mine} holds other files "
+                                "(config.json, notes.txt) and is not an attnlab run dir; "
+                                "choose a new or empty folder"]
+    assert sorted(p.name for p in mine.iterdir()) == ["config.json", "notes.txt"]
+    assert (mine / "config.json").read_text() == '{"mine": 1}'
+    stopped = tmp_path / "stopped"  # config.json and tokenizer.json written, no checkpoint
+    assert main(lm_args(text, stopped, 2)) == 0
+    for folder in ("best", "last"):
+        shutil.rmtree(stopped / folder, ignore_errors=True)
+    assert main(lm_args(text, stopped, 2)) == 0
+    assert RunDir(stopped).has_checkpoint("last")
 
 
 def test_data_fetch_copies_a_local_file(tmp_path, capsys, monkeypatch):

@@ -17,6 +17,7 @@ import torch
 from _oracles import LMData
 from attnlab.data import DataError, pipeline
 from attnlab.data import prepare as prep
+from attnlab.data.pairs import prepare_pairs
 from attnlab.data.pipeline import DiskFullError
 from attnlab.data.prepare import prepare, prepare_cached
 from attnlab.data.shards import MANIFEST, TokenShards, is_prepared, read_manifest
@@ -457,6 +458,28 @@ def test_a_finished_dir_is_kept_or_refused(tmp_path):
     assert (out / MANIFEST).stat().st_mtime_ns == before
     with pytest.raises(DataError, match="already holds a prepared corpus"):
         prepare([tmp_path / "a.txt"], out, "char", val_fraction=0.2)
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+def test_a_folder_of_other_files_is_refused_and_left_as_it_was(tmp_path, pairs):
+    """A run dir, or the user's own folder, given as --out: one line, nothing changed (the
+    run's tokenizer.json was overwritten, or removed when the prepare failed)."""
+    (tmp_path / "a.txt").write_text(corpus(50))
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "tokenizer.json").write_text("the run's")
+    (out / "config.json").write_text("{}")
+    with pytest.raises(DataError, match=r"--out .*run holds other files \(config.json, "
+                                        r"tokenizer.json\) .*choose a new or empty folder"):
+        if pairs:
+            prepare_pairs(tmp_path / "a.txt", tmp_path / "a.txt", out, "char")
+        else:
+            prepare([tmp_path / "a.txt"], out, "char")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "tokenizer.json"]
+    assert (out / "tokenizer.json").read_text() == "the run's"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert prepare([tmp_path / "a.txt"], empty, "char") == empty  # an empty folder is taken
 
 
 @pytest.mark.parametrize("content, pattern", [

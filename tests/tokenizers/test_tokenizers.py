@@ -9,6 +9,7 @@ import shutil
 import pytest
 import torch
 
+from attnlab.errors import ConfigError, DataError
 from attnlab.tokenizers import (
     BPETokenizer,
     CharTokenizer,
@@ -124,11 +125,11 @@ def test_bpe_whitespace_pre_tokenizer() -> None:
 
 
 def test_bpe_bad_arguments() -> None:
-    with pytest.raises(ValueError, match="allowed: byte_level, whitespace"):
+    with pytest.raises(ConfigError, match="allowed: byte_level, whitespace"):
         BPETokenizer.train(CORPUS, 300, pre_tokenizer="sentencepiece")
-    with pytest.raises(ValueError, match="minimum 260"):
+    with pytest.raises(ConfigError, match="allowed: >= 260 .its 4 special tokens and 256 base"):
         BPETokenizer.train(CORPUS, 100)
-    with pytest.raises(ValueError, match="no text"):
+    with pytest.raises(DataError, match="no text"):
         BPETokenizer.train([], 300)
 
 

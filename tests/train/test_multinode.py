@@ -219,6 +219,14 @@ def test_a_machine_that_never_comes_ends_attnlab_launch_in_one_line(tmp_path, re
     (["--nproc_per_node=2"], "give an attnlab command after torchrun's options"),
     (["--join-timeout", "soon", "train"], "--join-timeout 'soon': give the seconds"),
     (["--join-timeout=0", "train"], "--join-timeout '0': give the seconds"),
+    # torchrun failed an assertion (a traceback) on these, or printed its whole usage
+    (["--nproc-per-node", "0", "info", "reverse"], "--nproc-per-node 0 is not allowed: a "
+                                                   "number of processes >= 1"),
+    (["--nproc_per_node=-1", "info", "reverse"], "--nproc-per-node -1 is not allowed"),
+    (["--bogus-flag", "info", "reverse"], "torchrun's options '--bogus-flag': unrecognized "
+                                          "arguments: --bogus-flag"),
+    (["--nproc-per-node", "1", "launch", "info", "reverse"], "launch takes torchrun's "
+                                                             "options, then the command"),
 ])
 def test_attnlab_launch_refuses_bad_words_in_one_line(argv, says, capsys):
     from attnlab.cli import main

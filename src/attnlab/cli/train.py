@@ -232,6 +232,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise UsageError("give an attnlab command after torchrun's options, e.g. `attnlab "
                          f"launch --nproc-per-node 2 train RECIPE` (commands: "
                          f"{', '.join(commands)})")
+    if "launch" in words[:at]:
+        raise UsageError("launch takes torchrun's options, then the command to run, once: "
+                         "`attnlab launch --nproc-per-node 2 train RECIPE` (not launch again)")
     torchrun_args, timeout = [], None
     k = 0
     while k < at:

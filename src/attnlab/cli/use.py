@@ -7,7 +7,6 @@ stderr with exit code 2, checked before a model is loaded (see :mod:`attnlab.cli
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -285,16 +284,14 @@ def cmd_translate(args: argparse.Namespace) -> int:
     """Translate one sentence per line of ``--input`` (or stdin), a batch at a time; one
     output line per input line."""
     from ..decoding import translate_texts
+    from ..decoding.translate import check_beam_flags
 
-    for flag, value in (("--beam", args.beam), ("--batch-size", args.batch_size)):
-        if value < 1:
-            raise UsageError(f"{flag} {value} is not allowed: >= 1")
+    check_beam_flags(args.beam, args.length_penalty)
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size {args.batch_size} is not allowed: >= 1")
     if args.max_len is not None and args.max_len < 1:
         raise UsageError(f"--max-len {args.max_len} is not allowed: >= 1 (the most target tokens "
                          "per sentence; leave it out for 1.5 x the source's + 10)")
-    if not math.isfinite(args.length_penalty):
-        raise UsageError(f"--length-penalty {args.length_penalty} is not allowed: a finite number "
-                         "(0 = none, 0.6 as in GNMT)")
     run = _load(args, "encoder_decoder")
     cap = run.model.config.max_len
     if args.max_len is not None and args.max_len > cap:  # before any decoding work

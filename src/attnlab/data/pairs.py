@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.config import ConfigError, check_int
+from attnlab.config import check_int
 from attnlab.data import pipeline
 from attnlab.data.errors import DataError, DataFileNotFoundError
 from attnlab.data.fetch import sha256_of
@@ -221,7 +221,7 @@ def prepare_pairs(src_files: Sequence[str | Path] | str | Path,
     check_int("max_len", max_len, 0)
     out = Path(out)
     # (bad input leaves nothing behind; a full disk keeps the finished shards)
-    with pipeline.removed_on_bad_input(out, (DataError, ConfigError)):
+    with pipeline.removed_on_bad_input(out):
         try:
             return _prepare_pairs(_files(src_files, tgt_files), out, tokenizer,
                                   vocab_size=vocab_size, pre_tokenizer=pre_tokenizer,

@@ -33,6 +33,7 @@ from attnlab.config import check_int
 from attnlab.data.errors import DataError
 from attnlab.data.shards import MANIFEST, PLAN, TOKENIZER, read_manifest
 from attnlab.data.sources import ERRORS
+from attnlab.errors import InputError
 from attnlab.files import atomic_write_bytes, atomic_write_json
 from attnlab.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_dict
 
@@ -194,7 +195,7 @@ def check_args(val_fraction: float, seed: int, workers: int, errors: str,
 
 
 @contextlib.contextmanager
-def removed_on_bad_input(out: Path, bad: tuple[type[BaseException], ...] = (DataError,)):
+def removed_on_bad_input(out: Path, bad: tuple[type[BaseException], ...] = (InputError,)):
     """Remove ``out`` when the block, which made it, stops on bad input (one of ``bad``): it
     leaves nothing behind. A full disk keeps the finished shards: the same call continues once
     there is space."""
@@ -221,6 +222,14 @@ def start(out: Path, plan: dict[str, Any]) -> bool:
                         "settings; choose another --out or remove it")
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} is a file; expected a directory (new or unfinished)")
+    names = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    ours = read_plan(out) is not None or (  # unfinished, or finished and its manifest lost
+        names & set(SPLITS) and names <= {*SPLITS, TOKENIZER, PLAN, MANIFEST})
+    if names and not ours:  # a run dir, the user's own files
+        others = sorted(names)
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise DataError(f"--out {out} holds other files ({shown}) and no prepare of attnlab; "
+                        "choose a new or empty folder")
     out.mkdir(parents=True, exist_ok=True)
     if read_plan(out) != plan:  # a new prepare, or an unfinished one of other settings
         clear_unfinished(out)

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ..config import check_int
 from ..data.batching import check_texts, pad, warn_if_cut
+from ..errors import UsageError
 from ..nn import valid_tokens
 from ..speed import cpu_sdpa_in, decoding_kernels, direct_attributes
 
@@ -121,6 +122,16 @@ def greedy_search(model: nn.Module, src: Tensor, src_mask: Tensor | None, *,
 
 def _until_eos(table: list[list[int]], eos_id: int) -> list[list[int]]:
     return [row[:row.index(eos_id)] if eos_id in row else row for row in table]
+
+
+def check_beam_flags(beam: int, length_penalty: float) -> None:
+    """``--beam`` and ``--length-penalty`` of ``attnlab translate`` and ``attnlab eval``,
+    refused in one line before any work."""
+    if beam < 1:
+        raise UsageError(f"--beam {beam} is not allowed: >= 1 (1 = greedy)")
+    if not math.isfinite(length_penalty):
+        raise UsageError(f"--length-penalty {length_penalty} is not allowed: a finite number "
+                         "(0 = none, 0.6 as in GNMT)")
 
 
 def length_penalty_of(n: Tensor | int, alpha: float) -> Tensor | float:

@@ -194,11 +194,14 @@ class Task:
         for key, value in derived.items():
             if f"model.{key}" not in rc.explicit:
                 changes[key] = value
-            elif key == "vocab_size" and getattr(m, key) < value:
+        need = derived.get("vocab_size", 0)  # (the target side reads the same tokenizer)
+        for key in ("vocab_size", "tgt_vocab_size"):
+            given = getattr(m, key)
+            if f"model.{key}" in rc.explicit and given is not None and given < need:
                 raise ConfigError(
-                    f"model.vocab_size={m.vocab_size} is too small for the data: its token ids "
-                    f"go up to {value - 1}, which would be out of range; allowed: >= {value} "
-                    "(or leave model.vocab_size out to take the tokenizer's size)")
+                    f"model.{key}={given} is too small for the data: its token ids go up to "
+                    f"{need - 1}, which would be out of range; allowed: >= {need} (or leave "
+                    f"model.{key} out to take the tokenizer's size)")
         try:
             return m.replace(**changes)
         except ConfigError as e:

@@ -15,7 +15,13 @@ import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-from ..errors import DataError, DataFileNotFoundError, MissingDependencyError, VocabularyError
+from ..errors import (
+    ConfigError,
+    DataError,
+    DataFileNotFoundError,
+    MissingDependencyError,
+    VocabularyError,
+)
 from .base import MASK, ROLE_NAMES, SPECIALS, Tokenizer, visible
 
 
@@ -128,17 +134,20 @@ class BPETokenizer(_HFTokenizer):
         between words and punctuation) and maps characters never seen in training to <unk>.
         """
         if pre_tokenizer not in cls.PRE_TOKENIZERS:
-            raise ValueError(f"unknown BPE pre_tokenizer {pre_tokenizer!r}; "
-                             f"allowed: {', '.join(cls.PRE_TOKENIZERS)}")
+            raise ConfigError(f"unknown BPE pre_tokenizer {pre_tokenizer!r}; "
+                              f"allowed: {', '.join(cls.PRE_TOKENIZERS)}")
         byte_level = pre_tokenizer == "byte_level"
         specials = [*SPECIALS, MASK] if mask else list(SPECIALS)
         minimum = len(specials) + (256 if byte_level else 1)
         if vocab_size < minimum:
-            raise ValueError(f"BPE vocab_size {vocab_size} is too small for the {pre_tokenizer} "
-                             f"pre-tokenizer (minimum {minimum}: specials + base alphabet)")
+            raise ConfigError(
+                f"BPE vocab_size {vocab_size} is too small for the {pre_tokenizer} "
+                f"pre-tokenizer; allowed: >= {minimum} (its {len(specials)} special tokens and "
+                f"{minimum - len(specials)} base symbol{'s' if byte_level else ''}): set a "
+                "larger data.vocab_size (`attnlab data prepare`: --vocab-size)")
         texts = [t for t in texts if t]
         if not texts:
-            raise ValueError("BPE training got no text (the iterable was empty or all '')")
+            raise DataError("BPE training got no text (the iterable was empty or all '')")
         if byte_level:
             hf = HFTokenizer(models.BPE(unk_token="<unk>"))
             hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

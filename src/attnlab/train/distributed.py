@@ -321,6 +321,31 @@ def _option(args: list[str], *names: str) -> str | None:
     return found
 
 
+def _check_torchrun_args(args: list[str], command: list[str]) -> None:
+    """torchrun's options as torchrun parses them, refused in one line (torchrun prints its
+    usage, or fails an assertion on --nproc-per-node 0)."""
+    import contextlib
+    import io
+
+    from torch.distributed.run import get_args_parser
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            parsed = get_args_parser().parse_args([*args, "-m", "attnlab", *command])
+    except SystemExit as e:
+        if e.code == 0:  # --help: torchrun's help is printed
+            raise
+        why = said.getvalue().strip().splitlines()[-1:] or ["not torchrun's"]
+        raise UsageError(f"torchrun's options {' '.join(args)!r}: "
+                         f"{why[0].split('error: ', 1)[-1]} (`torchrun --help` lists them)"
+                         ) from None
+    nproc = str(parsed.nproc_per_node)
+    if nproc.lstrip("-").isdigit() and int(nproc) < 1:
+        raise UsageError(f"--nproc-per-node {nproc} is not allowed: a number of processes >= 1 "
+                         "(or auto, cpu, gpu)")
+
+
 def launch(torchrun_args: list[str], command: list[str], join_timeout_s: float | None = None
            ) -> int:
     """Run ``attnlab COMMAND ...`` under torchrun (``torch.distributed.run``) with
@@ -337,6 +362,7 @@ def launch(torchrun_args: list[str], command: list[str], join_timeout_s: float |
     from torch.distributed.run import main as torchrun
 
     args = list(torchrun_args)
+    _check_torchrun_args(args, command)
     conf = _option(args, "--rdzv-conf", "--rdzv_conf")
     if join_timeout_s is not None:
         args += ["--rdzv-conf", f"join_timeout={join_timeout_s:g}" + (f",{conf}" if conf else "")]

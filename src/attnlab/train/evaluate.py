@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..decoding.translate import check_beam_flags
 from ..devices import resolve_device
 from ..errors import DataFileNotFoundError, UsageError
 from ..run_config import RunConfig
@@ -54,7 +55,8 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
         it decoded, and the metrics.
     """
     rd = RunDir(run_dir)
-    rc = _eval_data(rd, _eval_config(rd, split, checkpoint, beam, stride), split, data)
+    rc = _eval_config(rd, split, checkpoint, beam, length_penalty, stride)
+    rc = _eval_data(rd, rc, split, data)
     task = _eval_task(rd, rc)
     dev = resolve_device(device, flag="--device")
     run = load_run(rd.path, checkpoint, device=str(dev))
@@ -68,7 +70,8 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
             **metrics}
 
 
-def _eval_config(rd: RunDir, split: str, checkpoint: str, beam: int, stride: int) -> RunConfig:
+def _eval_config(rd: RunDir, split: str, checkpoint: str, beam: int, length_penalty: float,
+                 stride: int) -> RunConfig:
     """The run's config, once the arguments of ``attnlab eval`` that need no data check out."""
     if split not in ("val", "test"):
         raise UsageError(f"--split {split!r} is not allowed: val or test")
@@ -77,9 +80,8 @@ def _eval_config(rd: RunDir, split: str, checkpoint: str, beam: int, stride: int
     why = rd.untrained_head(checkpoint)
     if why:
         raise RunError(why)
+    check_beam_flags(beam, length_penalty)
     cls.check_eval_options(beam, stride)
-    if beam < 1:
-        raise UsageError(f"--beam must be >= 1, got {beam}")
     return rc
 
 

@@ -98,6 +98,14 @@ def check_run_dir(run: RunDir, resume: bool) -> None:
     if not resume and run.has_checkpoint():
         raise RunError(f"run dir {run_dir} already holds a checkpoint; pass --resume to "
                        "continue it, or choose another --out")
+    others = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    if not resume and others:  # the files of a run stopped before its first checkpoint go
+        try:
+            run.read_config()
+        except RunError:  # the user's own files: none is overwritten
+            shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+            raise RunError(f"--out {run_dir} holds other files ({shown}) and is not an "
+                           "attnlab run dir; choose a new or empty folder") from None
 
 
 # train keys that decide what an evaluation measures (the sampled LM windows, the synthetic
