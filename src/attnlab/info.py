@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+# a model family in messages: "holds {FAMILY_WORDS[family]} model"
+FAMILY_WORDS = {"decoder": "a decoder-only", "encoder": "an encoder-only",
+                "encoder_decoder": "an encoder-decoder"}
+
 
 def count_parameters(model: nn.Module, by_component: bool = False) -> int | dict[str, int]:
     """Total parameters (shared ones once), or a dict by component: "embeddings", each layer's

@@ -21,6 +21,7 @@ import tomli_w
 
 from .config import ConfigError, ModelConfig, check, check_keys, check_literal, check_types
 from .errors import MissingFileError
+from .recipes import not_a_folder
 
 TokenizerKind = Literal["char", "bpe", "gpt2"]
 PreTokenizer = Literal["byte_level", "whitespace"]
@@ -370,6 +371,7 @@ def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
 def read_toml(path: str | Path) -> dict[str, Any]:
     """The tables of a TOML recipe file, with clear errors for a missing or broken file."""
     path = Path(path)
+    not_a_folder(path)
     if not path.is_file():
         raise MissingFileError(f"config file {path} does not exist (give a .toml recipe, e.g. "
                                "configs/shakespeare_char.toml, or no config for the demo)")

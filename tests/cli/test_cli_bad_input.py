@@ -235,6 +235,7 @@ def _rows(e):
         "sample_top_k_0": ["sample", lm, "--prompt", "the", "--top-k", "0"],
         "sample_top_p_2": ["sample", lm, "--prompt", "the", "--top-p", "2"],
         "sample_negative_tokens": ["sample", lm, "--prompt", "the", "--max-new-tokens", "-1"],
+        "sample_negative_seed": ["sample", lm, "--prompt", "the", "--seed", "-1"],
         "sample_zero_samples": ["sample", lm, "--prompt", "the", "--num-samples", "0"],
         "sample_empty_stop": ["sample", lm, "--prompt", "the", "--stop", ""],
         "sample_empty_prompt": ["sample", lm, "--prompt", ""],
@@ -273,6 +274,8 @@ def _rows(e):
                                   "--out", f"{b}/v.png"],
         "classify_batch_0": ["classify", cls, "--input", text, "--batch-size", "0"],
         "eval_data_missing": ["eval", lm, "--data", f"{b}/nope.txt"],
+        "eval_data_a_folder": ["eval", lm, "--data", str(b)],
+        "train_config_a_folder": ["train", str(b)],
         "translate_wrong_family": ["translate", lm, "--input", text],
         "translate_bad_max_len": ["translate", mt, "--input", text, "--max-len", "-1"],
         # classify
@@ -346,9 +349,12 @@ EXPECT = {
     "translate_empty_input": "no sentence to translate: give one sentence per line",
     "viz_out_is_html": "--out and --html are both",
     "sample_negative_tokens": "--max-new-tokens -1 is not allowed: >= 0",
+    "sample_negative_seed": "--seed -1 is not allowed: an integer in 0..2**63-1",
     "sample_zero_samples": "--num-samples 0 is not allowed: >= 1",
     "translate_beam_0": "--beam 0 is not allowed: >= 1",
     "eval_beam_0": "--beam 0 is not allowed: >= 1",
+    "eval_data_a_folder": "is a directory; expected a UTF-8 text file",
+    "train_config_a_folder": "is a folder; give a .toml recipe file",
     "train_bpe_vocab_too_small": "BPE vocab_size 50 is too small for the byte_level "
                                  "pre-tokenizer; allowed: >= 260",
     "prepare_bpe_vocab_too_small": "BPE vocab_size 50 is too small for the byte_level "
@@ -455,6 +461,16 @@ def test_a_bad_config_prints_its_error_line_alone(tmp_path):
     assert p.stderr.splitlines() == [
         p.stderr.strip()] and "unknown config key 'train.lrr'" in p.stderr, p.stderr
     assert "run dir" not in p.stderr and p.stdout == "" and os.listdir(tmp_path) == []
+
+
+def test_a_resume_of_nothing_prints_its_error_line_alone(tmp_path):
+    """`run dir: runs/reverse (resumed: ...)` came first, then the refusal."""
+    p = _real(["train", "reverse", "--resume"], cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.splitlines() == [
+        "attnlab train: error: cannot resume: runs/reverse has no last/ checkpoint (train "
+        "without --resume first, or give the --out of an earlier run)"], p.stderr
+    assert p.stdout == "" and os.listdir(tmp_path) == []
 
 
 def test_translate_checks_its_arguments_before_any_work_and_probes_quietly(env, tmp_path):

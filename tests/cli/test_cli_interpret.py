@@ -175,15 +175,138 @@ def test_heads_json_and_page(runs, capsys, tmp_path):
     (["ablate", "{cls}", "--split", "val"], "--split is for language-model runs"),
     (["lens", "{lm}", "--text", "the", "--target", "x"], "--target is for encoder-decoder"),
     (["lens", "{lm}", "--text", "the", "--k", "0"], "--k 0 is out of range"),
+    (["rollout", "{lm}", "--text", "the", "--layer", "1"],
+     "interpret rollout has no layer or head axis"),
+    (["rollout", "{lm}", "--text", "the", "--head", "1"],
+     "interpret rollout has no layer or head axis"),
+    (["lens", "{lm}", "--text", "the", "--head", "1"], "interpret lens has no head axis"),
+    (["ablate", "{lm}", "--text", "the fox", "--batches", "3"],
+     "interpret ablate --batches is for --split val"),
+    (["ablate", "{lm}", "--file", "{nope}"],
+     "nope does not exist: give a UTF-8 text file whose loss each ablation changes"),
+    (["ablate", "{lm}", "--file", "{folder}"],
+     "is a folder: give a UTF-8 text file whose loss each ablation changes"),
+    (["ablate", "{lm}", "--text", ""], "--text is empty: give the text whose loss each "
+                                       "ablation changes"),
+    (["lens", "{lm}", "--text", ""], "--text is empty: give the text whose next tokens"),
+    (["attribute", "{lm}", "--text", "", "--token", "o"],
+     "--text is empty: give the text whose logit at --position is explained"),
+    (["rollout", "{lm}", "--text", ""], "--text is empty: give the text whose attention is "
+                                        "rolled out"),
+    (["patch", "{lm}", "--clean", "", "--corrupted", "", "--answer", "o", "--wrong", "e"],
+     "--clean is empty: give the text the model gets right"),
+    (["patch", "{lm}", "--clean", "the", "--corrupted", "", "--answer", "o", "--wrong", "e"],
+     "--corrupted is empty: give the --clean text changed"),
+    (["patch", "{lm}", "--clean", "the fox " * 10, "--corrupted", "the", "--answer", "o",
+      "--wrong", "e"], "--clean is 80 tokens long"),
+    (["lens", "{mt}", "--text", "the", "--target", " "], "--target is empty: give the "
+                                                         "translation the decoder reads"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(runs, tmp_path, capsys, argv,
                                                          message):
     html = tmp_path / "out" / "page.html"
-    argv = [a.format(**{k: str(v) for k, v in runs.items()}, nope=tmp_path / "nope")
-            for a in argv]
+    argv = [a.format(**{k: str(v) for k, v in runs.items()}, nope=tmp_path / "nope",
+                     folder=tmp_path) for a in argv]
     code = main(["interpret", *argv, "--html", str(html)])
     captured = capsys.readouterr()
     assert code == 2, captured.err
     assert message in captured.err and "Traceback" not in captured.err
     assert len(captured.err.strip().splitlines()) == 1 and captured.out == ""
     assert not html.exists() and not html.parent.exists()
+
+
+# ---- --layer / --head choose what is printed ------------------------------------------------
+def _only(full, got, layers, heads=None):
+    """Each (L, H, ...) cell of ``got`` is null outside ``layers`` x ``heads`` (None: all),
+    else the full run's; ``heads`` False: a grid with no head axis (all null with --head)."""
+    for layer, (want_row, row) in enumerate(zip(full, got, strict=True)):
+        for head, (want, cell) in enumerate(zip(want_row, row, strict=True)):
+            if layer in layers and (heads is None or (heads and head in heads)):
+                assert cell == pytest.approx(want, abs=1e-5), (layer, head)
+            else:
+                assert cell is None or cell == [None], (layer, head)
+
+
+def _table(capsys, argv):
+    assert main(["interpret", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def test_lens_layer_keeps_only_that_layers_row(runs, capsys):
+    argv = ["lens", str(runs["lm"]), "--text", "the fox", "--k", "2"]
+    full, got = _json(capsys, argv), _json(capsys, [*argv, "--layer", "1"])
+    assert got["layers"] == ["blocks.1.resid_post"]
+    assert got["top_ids"] == full["top_ids"][2:] and got["loss"] == full["loss"][2:]
+    table = _table(capsys, [*argv, "--layer", "0"])
+    assert "layer 0" in table and "layer 1" not in table and "embed" not in table
+
+
+def test_attribute_layer_and_head_keep_only_those_shares(runs, capsys):
+    argv = ["attribute", str(runs["lm"]), "--text", "the qu", "--token", "i"]
+    full = _json(capsys, argv)
+    got = _json(capsys, [*argv, "--layer", "1", "--head", "2"])
+    _only(full["heads"], got["heads"], [1], [2])
+    assert all(f == [None] for f in got["ffn"])  # feed-forward blocks have no head
+    assert got["logit"] == full["logit"]
+    _only(full["ffn"], _json(capsys, [*argv, "--layer", "0"])["ffn"], [0])
+    table = _table(capsys, [*argv, "--layer", "1", "--head", "2"])
+    assert "head 2" in table and "head 0" not in table and "layer 0" not in table
+
+
+def test_patch_layer_and_head_patch_only_those(runs, capsys):
+    argv = ["patch", str(runs["lm"]), "--clean", "the fox", "--corrupted", "the dog",
+            "--answer", "o", "--wrong", "e"]
+    full = _json(capsys, argv)
+    got = _json(capsys, [*argv, "--layer", "0"])
+    _only(full["resid"], got["resid"], [0])
+    _only(full["grids"]["decoder"], got["grids"]["decoder"], [0])
+    got = _json(capsys, [*argv, "--head", "3"])
+    _only(full["grids"]["decoder"], got["grids"]["decoder"], [0, 1], [3])
+    assert all(v is None for row in got["resid"] for v in row)  # no head axis
+    table = _table(capsys, [*argv, "--layer", "1", "--head", "3"])
+    assert "head 3" in table and "head 0" not in table and "layer 0" not in table
+
+
+def test_heads_layer_and_head_keep_only_those_scores(runs, capsys):
+    full = _json(capsys, ["heads", str(runs["lm"])])["scores"]["decoder"]
+    got = _json(capsys, ["heads", str(runs["lm"]), "--layer", "0", "--head", "1",
+                         "--head", "2"])["scores"]["decoder"]
+    assert set(got) == set(full)
+    for name in full:
+        _only(full[name], got[name], [0], [1, 2])
+    table = _table(capsys, ["heads", str(runs["lm"]), "--layer", "0", "--head", "1"])
+    assert "head 1" in table and "head 2" not in table and "layer 1" not in table
+
+
+def test_ablate_layer_and_head_ablate_only_those(runs, capsys):
+    argv = ["ablate", str(runs["lm"]), "--text", "the lazy dog"]
+    full = _json(capsys, argv)
+    got = _json(capsys, [*argv, "--layer", "1", "--head", "0"])
+    _only(full["grids"]["decoder"], got["grids"]["decoder"], [1], [0])
+    assert got["ffns"]["decoder"] == [None, None]
+    table = _table(capsys, [*argv, "--layer", "1", "--head", "0"])
+    assert "head 0" in table and "head 1" not in table and "layer 0" not in table
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["heads", "{lm}", "--text", "the fox"], "interpret heads --text is for --html"),
+    (["heads", "{mt}", "--target", "the"], "interpret heads --target is for --html"),
+    (["ablate", "{lm}", "--file", "{long}"], "--file is 81 tokens long"),
+    (["ablate", "{lm}", "--file", "{one}"], "--file is one token: the loss needs at least two"),
+])
+def test_ignored_options_and_input_files_are_one_line(runs, tmp_path, capsys, argv, message):
+    (tmp_path / "long.txt").write_text("the fox " * 10 + ".", encoding="utf-8")
+    (tmp_path / "one.txt").write_text("t", encoding="utf-8")
+    argv = [a.format(**{k: str(v) for k, v in runs.items()}, long=tmp_path / "long.txt",
+                     one=tmp_path / "one.txt") for a in argv]
+    assert main(["interpret", *argv]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.out == ""
+    assert len(captured.err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("action", ["lens", "attribute", "ablate", "patch", "rollout", "heads"])
+def test_help_says_what_run_dir_is(capsys, action):
+    assert main(["interpret", action, "--help"]) == 0
+    assert re.search(r"\n  run_dir +a run dir \(trained, or made by `attnlab import`\)",
+                     capsys.readouterr().out)

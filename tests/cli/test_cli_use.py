@@ -155,7 +155,7 @@ def test_sample_dtype_runs_and_stays_close_to_fp32(runs, capsys, dtype, monkeypa
     (["sample", "empty", "--prompt", "the"], "no checkpoint"),
     (["sample", "cls", "--prompt", "the"], "needs a decoder-only"),
     (["translate", "lm", "--input", "IN"], "needs an encoder-decoder"),
-    (["classify", "mt", "--input", "IN"], "needs an encoder classifier"),
+    (["classify", "mt", "--input", "IN"], "needs an encoder-only (family 'encoder') run"),
     (["sample", "missing", "--prompt", "the"], "does not exist"),
     (["translate", "mt", "--input", "nowhere.txt"], "does not exist"),
     (["translate", "mt", "--input", "IN", "--beam", "0"], "--beam"),

@@ -219,6 +219,31 @@ def test_subset_of_layers_and_heads_and_one_stack():
     assert len(top) == 2 and top[0][2] >= top[1][2]
 
 
+@pytest.mark.parametrize("tgt", [False, True])
+def test_patching_a_subset_of_layers_and_heads(tgt):
+    """Only the layers and heads asked for are patched, each as in the full run; the residual
+    stream (no head axis) is skipped once heads are chosen, as ablate skips feed-forwards."""
+    model = model_of(family="encoder_decoder", n_decoder_layers=3) if tgt else model_of()
+    gen = torch.Generator().manual_seed(10)
+    clean, corrupted = (torch.randint(1, 40, (2, 5), generator=gen) for _ in range(2))
+    shared = {"tgt": torch.randint(1, 40, (2, 4), generator=gen)} if tgt else {}
+    full = patch(model, clean, corrupted, answer=5, wrong=6, **shared)
+    part = patch(model, clean, corrupted, answer=5, wrong=6, layers=[2], **shared)
+    assert part.resid[:2].isnan().all()
+    torch.testing.assert_close(part.resid[2], full.resid[2], atol=1e-5, rtol=0)
+    heads = patch(model, clean, corrupted, answer=5, wrong=6, layers=[0, 2], heads=[1],
+                  **shared)
+    assert heads.resid.isnan().all()
+    for stack, grid in full.grids.items():
+        assert part.grids[stack][:2].isnan().all(), stack
+        torch.testing.assert_close(part.grids[stack][2], grid[2], atol=1e-5, rtol=0)
+        want = torch.full_like(grid, float("nan"))
+        want[[0, 2], 1] = grid[[0, 2], 1]
+        torch.testing.assert_close(heads.grids[stack], want, atol=1e-5, rtol=0, equal_nan=True)
+    with pytest.raises(UsageError, match="head 4 is out of range"):
+        patch(model, clean, corrupted, answer=5, wrong=6, heads=[4], **shared)
+
+
 def test_patching_encoder_decoder():
     model = model_of(family="encoder_decoder", n_decoder_layers=2)
     gen = torch.Generator().manual_seed(8)

@@ -168,6 +168,21 @@ def test_logit_lens_last_row_is_the_model_on_every_family(kind, overrides) -> No
         assert torch.equal(lens.targets, ids)
 
 
+@pytest.mark.parametrize("kind", ["decoder", "seq2seq"])
+def test_logit_lens_of_chosen_layers_reads_only_their_outputs(kind) -> None:
+    model, ids = tiny(kind, n_layers=3), some_ids()
+    src = inputs_of(model, ids)[0] if kind == "seq2seq" else None
+    full = logit_lens(model, ids, src=src, k=2)
+    part = logit_lens(model, ids, src=src, k=2, layers=[2, 0])
+    prefix = "decoder." if kind == "seq2seq" else ""
+    assert part.layers == [f"{prefix}blocks.0.resid_post", f"{prefix}blocks.2.resid_post"]
+    for name in ("logits", "top_ids", "top_probs", "target_prob", "target_rank", "loss"):
+        torch.testing.assert_close(getattr(part, name), getattr(full, name)[[1, 3]],
+                                   atol=ATOL, rtol=0, equal_nan=True)
+    with pytest.raises(UsageError, match="layer 3 is out of range .*: there are 3 layers"):
+        logit_lens(model, ids, src=src, layers=[3])
+
+
 def test_logit_lens_leaves_the_model_as_it_was() -> None:
     model = tiny().train()
     logit_lens(model, some_ids())

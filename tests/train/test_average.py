@@ -98,6 +98,12 @@ def test_averaging_refusals_name_what_is_allowed(tmp_path, capsys):
     assert main(["average", str(run.path), "--last", "9", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "keep_checkpoints=9" in err
+    # a run dir that is not there is said so (it said it kept 0 step checkpoints)
+    assert main(["average", str(tmp_path / "nope"), "--last", "2", "--out",
+                 str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"attnlab average: error: run dir {tmp_path / 'nope'} does not exist (give the --out "
+        "folder of a training)"]
 
 
 def test_the_moving_average_follows_its_recurrence_in_float64():

@@ -100,7 +100,8 @@ def test_a_recipe_contradicting_its_source_fails_naming_key_and_values(base, tmp
     assert out.config.model.dropout == 0.3 and out.config.model.pooling == "cls"
     lm = {"model": {}, "data": {"path": tsv(tmp_path / "t.txt", [])},
           "train": {**TRAIN, "init_from": str(base)}}
-    with pytest.raises(ConfigError, match="holds a encoder model.*trains a decoder"):
+    with pytest.raises(ConfigError, match="holds an encoder-only model.*trains a decoder-only "
+                                          "model; start from a decoder-only run"):
         train_run(RunConfig.from_dict(lm), tmp_path / "z")
 
 

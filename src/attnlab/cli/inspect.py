@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                       "self-contained HTML page to explore them (--html): a decoder's "
                       "self-attention, an encoder's, or an encoder-decoder's encoder, decoder "
                       "and cross-attention (on --target, default its own greedy translation).")
-    a.add_argument("run_dir")
+    a.add_argument("run_dir", help="a run dir (trained, or made by `attnlab import`)")
     a.add_argument("--text", required=True, help="the input (the source, for translation)")
     a.add_argument("--target", default=None,
                    help="encoder-decoder: the target text (default: the model's greedy output)")

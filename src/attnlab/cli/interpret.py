@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 from ..errors import UsageError
+from ..info import FAMILY_WORDS
 from .common import TEXT_FLAGS, check_layers_heads, check_out_path, check_target, load_text_run
 
 LM_HEAD = {"decoder", "encoder_decoder"}  # families whose model predicts tokens (+ masked LM)
@@ -42,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--file", default=None, help="a UTF-8 text file whose loss is measured")
     a.add_argument("--split", default=None, choices=("val",), help="language models: the "
                    "run's own val split, as `attnlab eval` reads it")
-    a.add_argument("--batches", type=int, default=1, help="--split: batches (default 1)")
+    a.add_argument("--batches", type=int, default=None, help="--split: batches (default 1)")
     a.add_argument("--kind", default="zero", choices=("zero", "mean"),
                    help="replace the output by 0 (zero) or its mean over the batch (mean)")
     a = _sub(ps, "patch", "activation patching: which layer/position and head carries the "
@@ -63,21 +64,44 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _sub(ps: argparse._SubParsersAction, name: str, text: str) -> argparse.ArgumentParser:
     """One analysis sub-command with the options all of them take."""
     a = ps.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-    a.add_argument("run_dir")
+    a.add_argument("run_dir", help="a run dir (trained, or made by `attnlab import`)")
     a.add_argument("--target", default=None,
                    help="encoder-decoder: the target text (default: the model's greedy output)")
     a.add_argument("--json", action="store_true", help="print the numbers as JSON (stdout)")
     a.add_argument("--html", default=None, help="also write the explorer page here")
     a.add_argument("--layer", type=int, action="append", default=None,
-                   help="layer index (repeatable; default all)")
+                   help="only this layer (repeatable; default all)")
     a.add_argument("--head", type=int, action="append", default=None,
-                   help="head index (repeatable; default all)")
+                   help="only this head (repeatable; default all)")
     a.add_argument("--checkpoint", default="best", help="best, last or a .safetensors path")
     a.set_defaults(func=cmd_interpret, text=None)
     return a
 
 
 # ---- inputs ---------------------------------------------------------------------------------
+def refuse_ignored(args: argparse.Namespace) -> None:
+    """One line for an option that this analysis would ignore."""
+    what = f"interpret {args.action}"
+    if args.action == "rollout" and (args.layer is not None or args.head is not None):
+        raise UsageError(f"{what} has no layer or head axis (it multiplies every layer's "
+                         "attention, averaged over the heads): drop --layer and --head")
+    if args.action == "lens" and args.head is not None:
+        raise UsageError(f"{what} has no head axis (each row is a layer's residual stream): "
+                         "drop --head")
+    if args.action == "ablate" and args.batches is not None and args.split is None:
+        raise UsageError(f"{what} --batches is for --split val (how many batches of the val "
+                         "split); --text and --file are one text: drop --batches")
+    if args.action == "heads":
+        for flag, value in (("--text", args.text), ("--target", args.target)):
+            if value is not None and not args.html:
+                raise UsageError(f"{what} {flag} is for --html (the page shows the attention "
+                                 "on it beside the scores, which are measured on repeated "
+                                 f"random tokens): add --html FILE or drop {flag}")
+        if args.html and args.text is None:
+            raise UsageError(f"{what} --html needs --text: the text whose attention the page "
+                             "shows beside the head scores")
+
+
 def _load(args: argparse.Namespace):
     """The run, once the output path and the family checks pass."""
     if args.html:
@@ -105,10 +129,17 @@ def one_token(run, text: str, flag: str) -> int:
     return ids[0]
 
 
-def _inputs(run, args: argparse.Namespace, text: str) -> tuple[Any, Any]:
-    """(ids (1, T), src (1, S) or None) for ``text``: an encoder-decoder reads it as the
-    source and ``--target`` (default its greedy output) as the ids."""
-    return run.inputs(text, args.target, names=TEXT_FLAGS)
+def _inputs(run, args: argparse.Namespace, text: str, flag: str,
+            use: str) -> tuple[Any, Any]:
+    """(ids (1, T), src (1, S) or None) for ``text``, the option ``flag``: an
+    encoder-decoder reads it as the source and ``--target`` (default its greedy output) as the
+    ids. ``use``: what the analysis does with it, for the error of an empty ``flag``."""
+    if not text:
+        raise UsageError(f"{flag} is empty: give {use}")
+    if args.target is not None and not args.target.strip():
+        raise UsageError("--target is empty: give the translation the decoder reads, or drop "
+                         "--target for the model's own")
+    return run.inputs(text, args.target, names=(flag, "--target"))
 
 
 def _strings(run, ids) -> list[str]:
@@ -120,12 +151,10 @@ def _strings(run, ids) -> list[str]:
 def cmd_interpret(args: argparse.Namespace) -> int:
     """Run one analysis, print it (a table, or ``--json``) and write ``--html`` (the page is
     made before anything is printed or written: bad input leaves nothing)."""
+    refuse_ignored(args)
     run = _load(args)
     import torch
 
-    if args.action == "heads" and args.html and args.text is None:
-        raise UsageError("interpret heads --html needs --text: the text whose attention the "
-                         "page shows beside the head scores")
     with torch.no_grad():
         result, text_table, analyses, text = ANALYSIS[args.action](run, args)
     page = None
@@ -176,11 +205,12 @@ def lens(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
     from ..interpret.lens import logit_lens
     from ..viz.explorer import LensView
 
-    ids, src = _inputs(run, args, args.text)
+    ids, src = _inputs(run, args, args.text, "--text", "the text whose next tokens each "
+                       "layer predicts")
     if args.k < 1 or args.k > run.model.config.vocab_size:
         raise UsageError(f"--k {args.k} is out of range: 1..{run.model.config.vocab_size} "
                          "(the vocabulary size)")
-    result = logit_lens(run.model, ids, k=args.k, src=src)
+    result = logit_lens(run.model, ids, k=args.k, src=src, layers=args.layer)
     tokens, rows = _strings(run, ids), [_label(n) for n in result.layers]
     top = [[_strings(run, result.top_ids[r, 0, t]) for t in range(len(tokens))]
            for r in range(len(rows))]
@@ -215,18 +245,28 @@ def _without(result: Any, *names: str) -> dict[str, Any]:
 
 def attribute(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
     """``interpret attribute``: each component's direct share of ``--token``'s logit."""
+    from ..interpret.hooks import check_index
     from ..interpret.lens import direct_logit_attribution
     from ..viz.explorer import HeadGrid
 
     token = one_token(run, args.token, "--token")
     other = None if args.other is None else one_token(run, args.other, "--other")
-    ids, src = _inputs(run, args, args.text)
+    ids, src = _inputs(run, args, args.text, "--text", "the text whose logit at "
+                       "--position is explained")
     n = ids.size(1)
     if not -n <= args.position < n:
         raise UsageError(f"--position {args.position} is out of range: the input is {n} "
                          f"tokens ({-n}..{n - 1})")
     result = direct_logit_attribution(run.model, ids, token=token, other=other,
                                       position=args.position, src=src)
+    check_index(args.layer or (), result.ffn.size(0), "layer", "the stack the head reads")
+    picked = args.layer is not None or args.head is not None
+    if picked:  # NaN (null) outside --layer / --head, as interpret ablate leaves them
+        result = dataclasses.replace(
+            result, heads=chosen(result.heads, args.layer, args.head),
+            ffn=chosen(result.ffn, args.layer, args.head, per_head=False),
+            cross_heads=None if result.cross_heads is None else chosen(
+                result.cross_heads, args.layer, args.head))
     what = f"logit({args.token!r})" + ("" if other is None else f" - logit({args.other!r})")
     grids = [HeadGrid(f"direct attribution: {what}", result.heads[..., 0],
                       note="each head's direct share of the logit (difference)")]
@@ -234,7 +274,9 @@ def attribute(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
         grids.append(HeadGrid(f"direct attribution (cross-attention): {what}",
                               result.cross_heads[..., 0], view=_views(run).get("cross")))
     lines = [f"direct logit attribution of {what} at position {args.position}: "
-             f"{float(result.logit[0]):.4f} = the shares below",
+             f"{float(result.logit[0]):.4f}" + ("; below, the shares of the chosen "
+                                                 "--layer / --head" if picked else
+                                                 " = the shares below"),
              f"embeddings {float(result.embed[0]):.4f}, biases {float(result.bias[0]):.4f}",
              grid_table("heads", result.heads[..., 0]),
              grid_table("feed-forward", result.ffn[:, 0][:, None], cols=["ffn"])]
@@ -251,14 +293,39 @@ def _views(run) -> dict[str, str]:
 
 
 def grid_table(title: str, grid: Any, cols: list[str] | None = None) -> str:
-    """A (L, C) grid as text: a title line, then one row per layer (NaN: blank)."""
+    """A (L, C) grid as text: a title line, then one row per layer; the rows and columns with
+    no number (NaN: outside --layer / --head) are left out, other NaN cells are blank."""
     rows = grid.tolist()
     cols = cols or [f"head {h}" for h in range(len(rows[0]) if rows else 0)]
-    lines = [title, f"{'':8}" + "".join(f"{c:>9}" for c in cols)]
+    shown = [c for c in range(len(cols)) if any(not math.isnan(r[c]) for r in rows)]
+    if not shown:
+        return f"{title}: nothing in the chosen --layer / --head"
+    lines = [title, f"{'':8}" + "".join(f"{cols[c]:>9}" for c in shown)]
     for layer, row in enumerate(rows):
-        lines.append(f"layer {layer:<2}" + "".join(
-            f"{'':>9}" if math.isnan(v) else f"{v:9.4f}" for v in row))
+        if any(not math.isnan(row[c]) for c in shown):
+            lines.append(f"layer {layer:<2}" + "".join(
+                f"{'':>9}" if math.isnan(row[c]) else f"{row[c]:9.4f}" for c in shown))
     return "\n".join(lines)
+
+
+def chosen(grid: Any, layers: list[int] | None, heads: list[int] | None,
+           per_head: bool = True) -> Any:
+    """A copy of ``grid`` (L, H, ...), or (L, ...) with ``per_head`` False, with NaN outside
+    ``--layer`` and ``--head``, as ``interpret ablate`` leaves what it skips (a grid with no
+    head axis, such as the feed-forward blocks', is all NaN once ``--head`` is given)."""
+    out = grid.clone()
+    if layers is not None:
+        out[[i for i in range(out.size(0)) if i not in layers]] = math.nan
+    if heads is not None and not per_head:
+        out[:] = math.nan
+    elif heads is not None:
+        out[:, [h for h in range(out.size(1)) if h not in heads]] = math.nan
+    return out
+
+
+# what interpret ablate does with --text and --file (for their errors)
+TEXT_USE = "the text whose loss each ablation changes"
+FILE_USE = "a UTF-8 text file whose loss each ablation changes"
 
 
 def ablate_batch(run, args: argparse.Namespace) -> tuple[Any, str]:
@@ -273,26 +340,35 @@ def ablate_batch(run, args: argparse.Namespace) -> tuple[Any, str]:
                          "whose loss each ablation changes)")
     cfg = run.model.config
     if args.split:
-        batch = split_batch(run, args.run_dir, args.batches)
+        batch = split_batch(run, args.run_dir, 1 if args.batches is None else args.batches)
         return batch, run.tokenizer.decode(batch.inputs[0][0].tolist())  # the page's text
-    text = args.text if args.text is not None else _read(args.file)
+    flag = "--text" if args.text is not None else "--file"
     if cfg.family == "encoder" and cfg.head == "mlm":
-        raise UsageError("interpret ablate --text of a masked LM: its loss needs masked "
+        raise UsageError(f"interpret ablate {flag} of a masked LM: its loss needs masked "
                          "positions; use attnlab.interpret.ablate from Python")
-    ids, src = _inputs(run, args, text)
-    return text_batch(run.model, ids, src, name="--text"), text
+    text = args.text if args.text is not None else _read(args.file)
+    ids, src = _inputs(run, args, text, flag, FILE_USE if args.file else TEXT_USE)
+    return text_batch(run.model, ids, src, name=flag), text
 
 
 def _read(path: str) -> str:
-    """A UTF-8 text file (``--file``), which must hold text."""
+    """A UTF-8 text file (``--file``, an input), which must hold text."""
     from pathlib import Path
 
+    file = Path(path)
+    if not file.exists():
+        raise UsageError(f"--file {path} does not exist: give {FILE_USE}")
+    if file.is_dir():
+        raise UsageError(f"--file {path} is a folder: give {FILE_USE}")
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise UsageError(f"--file {path} is not UTF-8 text") from None
+        raise UsageError(f"--file {path} is not UTF-8 text: give {FILE_USE}") from None
+    except OSError as e:
+        raise UsageError(f"--file {path} cannot be read ({e.strerror}): give {FILE_USE}, "
+                         "one this user can read") from None
     if not text.strip():
-        raise UsageError(f"--file {path} is empty")
+        raise UsageError(f"--file {path} is empty: give {FILE_USE}")
     return text
 
 
@@ -308,8 +384,8 @@ def split_batch(run, run_dir: str, batches: int):
         raise UsageError(f"--batches {batches} must be >= 1")
     family = run.model.config.family
     if family != "decoder":
-        raise UsageError(f"--split is for language-model runs; {run_dir} is a {family} "
-                         "run: give --text or --file")
+        raise UsageError(f"--split is for language-model runs; {run_dir} is "
+                         f"{FAMILY_WORDS[family]} run: give --text or --file")
     rc = RunConfig.from_dict(RunDir(run_dir).read_config())
     task = build_task(rc, run.tokenizer)
     if not isinstance(task, LMTask):
@@ -353,13 +429,15 @@ def patch(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
     answer = one_token(run, args.answer, "--answer")
     wrong = one_token(run, args.wrong, "--wrong")
     clean, corrupted, shared = patch_inputs(run, args)
-    result = run_patch(run.model, clean, corrupted, answer=answer, wrong=wrong, **shared)
+    result = run_patch(run.model, clean, corrupted, answer=answer, wrong=wrong,
+                       layers=args.layer, heads=args.head, **shared)
     tokens = _strings(run, clean)
     metric = f"logit({args.answer!r}) - logit({args.wrong!r})"
     note = f"{metric} of the corrupted run with this activation from the clean run " \
            f"(clean {result.clean:.3f}, corrupted {result.corrupted:.3f})"
-    grids = [PositionGrid("patching: residual stream (layer x position)", result.resid,
-                          tokens, note=note)]
+    grids = [] if args.head is not None else [  # (no head axis: not patched with --head)
+        PositionGrid("patching: residual stream (layer x position)", result.resid, tokens,
+                     note=note)]
     grids += [HeadGrid(f"patching: {stack} heads", grid, note=note)
               for stack, grid in result.grids.items()]
     lines = [f"activation patching of {args.run_dir}: {metric} at the last position is "
@@ -379,8 +457,11 @@ def patch_inputs(run, args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any
     if args.target is None and run.model.config.family == "encoder_decoder":
         raise UsageError("interpret patch of a translation run needs --target: the "
                          "translation so far, whose next token is --answer or --wrong")
-    (clean, src), (corrupted, src_corrupted) = (_inputs(run, args, text)
-                                                for text in (args.clean, args.corrupted))
+    (clean, src), (corrupted, src_corrupted) = (
+        _inputs(run, args, args.clean, "--clean", "the text the model gets right (its next "
+                "token --answer)"),
+        _inputs(run, args, args.corrupted, "--corrupted", "the --clean text changed, of as "
+                "many tokens"))
     shared = {}
     if src is not None:  # the sources differ; the target so far (no <eos>) is shared
         clean, corrupted, shared = src, src_corrupted, {"tgt": clean[:, :-1]}
@@ -395,7 +476,8 @@ def rollout(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
     from ..interpret.rollout import attention_rollout
     from ..viz.explorer import PositionGrid
 
-    ids, src = _inputs(run, args, args.text)
+    ids, src = _inputs(run, args, args.text, "--text", "the text whose attention is "
+                       "rolled out")
     inputs = (ids,) if src is None else (src, ids[:, :-1])
     result = attention_rollout(run.model, *inputs)
     source = _strings(run, ids if src is None else src)
@@ -421,6 +503,8 @@ def heads(run, args: argparse.Namespace) -> tuple[Any, str, list, str | None]:
     from ..viz.explorer import HeadGrid
 
     result = head_scores(run.model)
+    result.scores = {stack: {name: chosen(v, args.layer, args.head) for name, v in by.items()}
+                     for stack, by in result.scores.items()}
     grids, lines = [], [f"head scores of {args.run_dir} on repeated random tokens (0..1: the "
                         "mean attention on the position the job looks at)"]
     for stack, scores in result.scores.items():

@@ -76,7 +76,10 @@ def _register_eval(subparsers: argparse._SubParsersAction) -> None:
         "likewise (copy, reverse, sort), accuracy and F1 (classification), computed as "
         "training's evaluation computes them.")
     p.add_argument("run_dir", help="a training run dir (the --out of `attnlab train`)")
-    p.add_argument("--split", default="val", choices=("val", "test"))
+    p.add_argument("--split", default="val", choices=("val", "test"),
+                   help="the validation split (default), or the test split: the files of "
+                   "data.test_path (data.test_src_path and data.test_tgt_path), or a synthetic "
+                   "task's own test examples")
     p.add_argument("--data", nargs="+", default=None, metavar="PATH",
                    help="evaluate on these files instead: a text file (LM), a TSV "
                    "(classification), or SRC TGT (translation)")
@@ -319,7 +322,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     if args.json:
         raise UsageError("--json is for --print-config (training prints its results as lines)")
-    if not args.out:  # say where, before a long run that may be stopped (a bad config first)
+    # say where, before a long run that may be stopped (a bad config first; a resume of
+    # nothing is refused next)
+    if not args.out and (run.has_checkpoint() or not args.resume):
         log.info("run dir: %s%s", out, " (resumed: the newest with a checkpoint)"
                  if args.resume else "")
     try:

@@ -12,10 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import DataError, DataFileNotFoundError, RunError, UsageError, VocabularyError
+from ..info import FAMILY_WORDS
 
-FAMILY_NAMES = {"decoder": "a decoder-only (family 'decoder')",
-                "encoder": "an encoder classifier (family 'encoder')",
-                "encoder_decoder": "an encoder-decoder (family 'encoder_decoder')"}
+FAMILY_NAMES = {f: f"{words} (family {f!r})" for f, words in FAMILY_WORDS.items()}
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
@@ -195,6 +194,8 @@ def _check_sample_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-new-tokens {args.max_new_tokens} is not allowed: >= 0")
     if args.num_samples < 1:
         raise UsageError(f"--num-samples {args.num_samples} is not allowed: >= 1")
+    if args.seed is not None and not 0 <= args.seed < 2**63:  # as train.seed
+        raise UsageError(f"--seed {args.seed} is not allowed: an integer in 0..2**63-1")
     if args.top_k is not None and args.top_k < 1:
         raise UsageError(f"--top-k {args.top_k} is not allowed: >= 1 (leave it out to sample "
                          "from every token)")

@@ -23,12 +23,13 @@ import numpy as np
 
 from attnlab.config import check_int
 from attnlab.data import pipeline
-from attnlab.data.errors import DataError, DataFileNotFoundError
+from attnlab.data.errors import DataError
 from attnlab.data.fetch import sha256_of
 from attnlab.data.parallel import aligned_lines, iter_parallel
 from attnlab.data.pipeline import PIECE_BYTES, SAMPLE_BYTES, Encoder, Piece, Pieces, write_shard
 from attnlab.data.shards import DTYPES, FORMAT, read_manifest, token_dtype
 from attnlab.data.sources import NotUTF8Error, check_source, source_of
+from attnlab.data.text import check_text_file
 from attnlab.errors import VocabularyError
 from attnlab.tokenizers import SPECIALS, BPETokenizer, CharTokenizer, Tokenizer
 
@@ -343,12 +344,7 @@ def cached_pairs_dir(src_file: str | Path, tgt_file: str | Path, cache_dir: str 
                      pre_tokenizer: str = "byte_level", src_add_special: bool = False) -> Path:
     """Where :func:`prepare_pairs_cached` keeps the DIR of these files and settings (made or
     not): under ``cache_dir/prepared/``, keyed by both files' contents and the tokenizer."""
-    src, tgt = Path(src_file), Path(tgt_file)
-    for path, what in ((src, "source file"), (tgt, "target file")):
-        if not path.exists():
-            raise DataFileNotFoundError(f"{what} {path} does not exist")
-        if not path.is_file():
-            raise DataError(f"{what} {path} is a directory; expected a UTF-8 text file")
+    src, tgt = check_text_file(src_file, "source file"), check_text_file(tgt_file, "target file")
     settings = {"tokenizer": _tokenizer_digest(tokenizer) if isinstance(tokenizer, Tokenizer)
                 else tokenizer, "vocab_size": vocab_size, "pre_tokenizer": pre_tokenizer,
                 "sample_bytes": SAMPLE_BYTES, "src_add_special": bool(src_add_special)}

@@ -12,9 +12,9 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from attnlab.data.errors import DataError, DataFileNotFoundError
+from attnlab.data.errors import DataError
 from attnlab.data.sources import BLOCK, Source, source_of, text_blocks
-from attnlab.data.text import read_text
+from attnlab.data.text import check_text_file, read_text
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +64,7 @@ def _misaligned(src_path: str | Path, tgt_path: str | Path, n_src: int, n_tgt: i
 def _source(path: str | Path, what: str) -> Source:
     """The :class:`~attnlab.data.sources.Source` of a line-aligned file (any name is text;
     ``.gz`` / ``.zst`` are decompressed)."""
-    path = Path(path)
-    if not path.exists():
-        raise DataFileNotFoundError(f"{what} {path} does not exist")
-    if path.is_dir():
-        raise DataError(f"{what} {path} is a directory; expected a UTF-8 text file")
-    return source_of(path, ".txt")
+    return source_of(check_text_file(path, what), ".txt")
 
 
 def iter_lines(path: str | Path, what: str = "text file", errors: str = "strict"

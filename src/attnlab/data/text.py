@@ -19,6 +19,17 @@ _ASCII_SUBSTITUTES = {"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"
                       "\u00df": "ss", "\t": "    ", "\u00a0": " "}
 
 
+def check_text_file(path: str | Path, what: str = "text file") -> Path:
+    """``path``, a file that exists: :class:`DataFileNotFoundError` when it does not exist,
+    :class:`DataError` when it is a folder. ``what`` names its role in messages."""
+    path = Path(path)
+    if not path.exists():
+        raise DataFileNotFoundError(f"{what} {path} does not exist")
+    if path.is_dir():
+        raise DataError(f"{what} {path} is a directory; expected a UTF-8 text file")
+    return path
+
+
 def read_text(path: str | Path, what: str = "text file") -> str:
     """Read a non-empty UTF-8 text file.
 
@@ -26,11 +37,7 @@ def read_text(path: str | Path, what: str = "text file") -> str:
     :class:`DataError` when it is a directory, is empty, or is not valid UTF-8.
     ``what`` names the file's role in messages (e.g. ``"source file"``).
     """
-    path = Path(path)
-    if not path.exists():
-        raise DataFileNotFoundError(f"{what} {path} does not exist")
-    if path.is_dir():
-        raise DataError(f"{what} {path} is a directory; expected a UTF-8 text file")
+    path = check_text_file(path, what)
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")  # a leading byte-order mark (Notepad, Excel) is dropped

@@ -30,6 +30,7 @@ from ..errors import (
     UsageError,
 )
 from ..files import write_dir_atomic
+from ..info import FAMILY_WORDS
 from ..tokenizers import Tokenizer
 from .hf import (
     CONFIG_FILE,
@@ -344,8 +345,8 @@ def _exports_encoder_only(run_dir: str | os.PathLike, which: str, family: str, *
     from ..runs import RunDir
 
     if encoder_only and family != "encoder":
-        raise UsageError(f"--encoder-only is for encoder runs; {run_dir} holds a {family} model "
-                         "(leave it out)")
+        raise UsageError(f"--encoder-only is for encoder runs; {run_dir} holds "
+                         f"{FAMILY_WORDS[family]} model (leave it out)")
     if family == "encoder" and not encoder_only and RunDir(run_dir).untrained_head(which):
         log.info("%s has no trained classification head: exported as its encoder, a BertModel",
                  run_dir)

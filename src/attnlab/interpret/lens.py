@@ -18,7 +18,7 @@ Both run one forward pass in eval mode without gradients (and put the model's mo
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from ..errors import UsageError
 from ..models import DecoderLM, MaskedLM, Transformer
 from ..nn import IGNORE_INDEX, RMSNorm, counted
-from .hooks import ActivationCache, hooks
+from .hooks import ActivationCache, check_index, hooks
 
 LM_MODELS = (DecoderLM, MaskedLM, Transformer)  # the families with a language-model head
 
@@ -109,9 +109,10 @@ class LogitLens:
     """The next-token distribution read from the residual stream after every layer.
 
     Row 0 is the embeddings (``blocks.0.resid_pre``), row i + 1 the output of block i
-    (``blocks.{i}.resid_post``); the last row is the model's own output. Each row is read as
-    the head reads the final stream: through the final norm (none in a post-norm model, whose
-    stream is normed inside every block) and the head (its bias included).
+    (``blocks.{i}.resid_post``; with ``layers=``, only those outputs); the last block's row
+    is the model's own output. Each row is read as the head reads the final stream: through
+    the final norm (none in a post-norm model, whose stream is normed inside every block) and
+    the head (its bias included).
 
     Fields (R rows, B batch, T positions, V vocabulary, k top tokens):
         layers: the R rows' site names (with ``decoder.`` in the encoder-decoder).
@@ -171,7 +172,8 @@ def score_targets(logits: Tensor, targets: Tensor,
 
 
 def logit_lens(model: nn.Module, ids: Tensor, *, targets: Tensor | bool | None = None,
-               k: int = 5, src: Tensor | None = None) -> LogitLens:
+               k: int = 5, src: Tensor | None = None,
+               layers: Collection[int] | None = None) -> LogitLens:
     """The logit lens: every layer's residual stream read through the final norm and the head.
 
     Args:
@@ -182,6 +184,7 @@ def logit_lens(model: nn.Module, ids: Tensor, *, targets: Tensor | bool | None =
             (``target_prob``, ``target_rank`` and ``loss`` are then None).
         k: how many top tokens to keep per row and position (1..V).
         src: (B, S) source ids, for the encoder-decoder only.
+        layers: only the outputs of these blocks (no embeddings row); default every row.
 
     Returns:
         :class:`LogitLens` (its tensors keep the batch: (R, B, T, ...); ``logits`` is the
@@ -191,17 +194,21 @@ def logit_lens(model: nn.Module, ids: Tensor, *, targets: Tensor | bool | None =
     vocab = model.head.out_features
     if not isinstance(k, int) or not 1 <= k <= vocab:
         raise UsageError(f"k={k!r} must be an int in 1..{vocab} (the vocabulary size)")
-    layers = [f"{prefix}blocks.0.resid_pre"] + [f"{prefix}blocks.{i}.resid_post"
-                                                for i in range(len(stack.layers))]
+    if layers is None:
+        rows = [f"{prefix}blocks.0.resid_pre"] + [f"{prefix}blocks.{i}.resid_post"
+                                                  for i in range(len(stack.layers))]
+    else:
+        check_index(layers, len(stack.layers), "layer", "the stack the head reads")
+        rows = [f"{prefix}blocks.{i}.resid_post" for i in sorted(set(layers))]
     check_token_ids(ids, vocab, "ids")
     goal = lens_targets(model, ids, targets)  # bad targets fail before the forward
-    _, cache = forward_cached(model, ids, src, layers)
+    _, cache = forward_cached(model, ids, src, rows)
     with torch.no_grad():
-        resid = torch.stack([cache[n] for n in layers])  # (R, B, T, D)
+        resid = torch.stack([cache[n] for n in rows])  # (R, B, T, D)
         logits = model.head(resid if stack.norm is None else stack.norm(resid))  # (R, B, T, V)
         top_probs, top_ids = logits.softmax(-1).topk(k, dim=-1)  # (R, B, T, k)
         scored = (None,) * 3 if goal is None else score_targets(logits, goal, model.config.pad_id)
-    return LogitLens(layers, logits, top_ids, top_probs, goal, *scored)
+    return LogitLens(rows, logits, top_ids, top_probs, goal, *scored)
 
 
 # ---- direct logit attribution ---------------------------------------------------------------

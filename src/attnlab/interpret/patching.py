@@ -41,6 +41,7 @@ from .ablation import (
     StackSites,
     Variant,
     attention_stacks,
+    check_grid,
     expands_inside,
     logits_of,
     run_variants,
@@ -141,28 +142,33 @@ def replace_at(index: tuple, clean: Tensor) -> Callable[[Tensor], Tensor]:
 
 
 def patch_variants(stacks: dict[str, StackSites], cache: dict[str, Tensor], t: int,
-                   grids: Collection[str]) -> list[tuple[str, int, int, Variant]]:
+                   grids: Collection[str], layers: Collection[int] | None = None,
+                   heads: Collection[int] | None = None) -> list[tuple[str, int, int, Variant]]:
     """("resid" or a stack, layer, position or head, variant) of each patch of ``grids``,
-    layer by layer; the residual stream is patched in the first stack (the one whose
-    inputs differ: the encoder's when the sources do)."""
+    layer by layer (only ``layers`` and ``heads`` if given; no residual stream with
+    ``heads``); the residual stream is patched in the first stack (the one whose inputs
+    differ: the encoder's when the sources do)."""
     out = []
     for name, st in stacks.items():
-        for layer in range(st.layers):
+        for layer in range(st.layers) if layers is None else sorted(layers):
             start, z = st.resid.format(layer), st.z.format(layer)
-            if name == next(iter(stacks)) and "resid" in grids:
+            if name == next(iter(stacks)) and "resid" in grids and heads is None:
                 out += [("resid", layer, p, Variant(start, replace_at((slice(None), p),
                                                                       cache[start]), start))
                         for p in range(t)]
             if "heads" in grids:
                 out += [(name, layer, h, Variant(z, replace_at((slice(None), h), cache[z]),
-                                                 start)) for h in range(st.heads)]
+                                                 start))
+                        for h in (range(st.heads) if heads is None else sorted(heads))]
     return out
 
 
 def patch(model: nn.Module, clean: Tensor, corrupted: Tensor, *,
           answer: int | Sequence[int] | Tensor, wrong: int | Sequence[int] | Tensor,
           position: int = -1, src: Tensor | None = None, tgt: Tensor | None = None,
-          grids: Collection[str] = GRIDS, rows_per_forward: int | None = None) -> Patching:
+          grids: Collection[str] = GRIDS, layers: Collection[int] | None = None,
+          heads: Collection[int] | None = None, rows_per_forward: int | None = None,
+          ) -> Patching:
     """Activation patching of ``corrupted`` (B, T) with activations of ``clean`` (B, T).
 
     Args:
@@ -173,6 +179,9 @@ def patch(model: nn.Module, clean: Tensor, corrupted: Tensor, *,
         tgt: the encoder-decoder's decoder input (B, T) shared by both runs, whose
             ``clean`` and ``corrupted`` are then sources (B, S); ``position`` is in ``tgt``.
         grids: the grids to compute, "resid" and/or "heads" (the others stay NaN).
+        layers, heads: only those layers and heads (the rest stay NaN; ``resid``, which has
+            no head, is skipped when ``heads`` is given), as in
+            :func:`~attnlab.interpret.ablation.ablate`.
         rows_per_forward: rows per forward (the corrupted batch repeated that many // B
             times); default about 2,048 tokens.
 
@@ -180,6 +189,7 @@ def patch(model: nn.Module, clean: Tensor, corrupted: Tensor, *,
     (L, H) and ``grids`` (every head grid by stack), each the patched run's metric.
     """
     stacks = patch_stacks(model, src, tgt)
+    check_grid(stacks, layers, heads)
     check_prompts(clean, corrupted, 0 if tgt is not None else position)
     if tgt is not None:
         check_prompts(tgt, tgt, position)
@@ -194,17 +204,18 @@ def patch(model: nn.Module, clean: Tensor, corrupted: Tensor, *,
     model.eval()
     try:
         return run_patching(model, clean, corrupted, tokens, position, (src, tgt), stacks,
-                            (set(grids), rows_per_forward))
+                            (set(grids), layers, heads, rows_per_forward))
     finally:
         model.train(was_training)
 
 
 def run_patching(model: nn.Module, clean: Tensor, corrupted: Tensor, tokens: tuple,
                  position: int, shared: tuple[Tensor | None, Tensor | None],
-                 stacks: dict[str, StackSites], how: tuple[set[str], int | None]) -> Patching:
+                 stacks: dict[str, StackSites], how: tuple) -> Patching:
     """:func:`patch` once its arguments are checked (the model in eval mode); ``tokens``:
-    (answer, wrong) ids (B,), ``shared``: (src, tgt), ``how``: (grids, rows_per_forward)."""
-    (right, other), (grids, rows_per_forward), (src, tgt) = tokens, how, shared
+    (answer, wrong) ids (B,), ``shared``: (src, tgt), ``how``: (grids, layers, heads,
+    rows_per_forward)."""
+    (right, other), (grids, layers, heads, rows_per_forward), (src, tgt) = tokens, how, shared
     rows, t = clean.shape
     pre, post = (() if src is None else (src,)), (() if tgt is None else (tgt,))
     names = [s.format(i) for st in stacks.values() for s in (st.z, st.resid)
@@ -221,7 +232,7 @@ def run_patching(model: nn.Module, clean: Tensor, corrupted: Tensor, tokens: tup
         chosen = (logits[:, at] if logits.dim() == 3 else logits).float()  # (K * B, V)
         return (chosen.gather(1, right.repeat(k)[:, None])
                 - chosen.gather(1, other.repeat(k)[:, None])).squeeze(1)  # (K * B,)
-    jobs = patch_variants(stacks, cache, t, grids)
+    jobs = patch_variants(stacks, cache, t, grids, layers, heads)
     values = run_variants(model, [*pre, corrupted, *post], [j[3] for j in jobs],
                           (lambda lg: metric(lg, 0)) if narrow else metric,
                           rows_per_forward=rows_per_forward, narrow=narrow)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import MissingFileError
+from ..errors import ConfigError, MissingFileError
 
 RECIPES = Path(__file__).resolve().parent  # the shipped *.toml (package data)
 LOCAL = Path("configs")  # the working directory's own recipes, first
@@ -27,6 +27,13 @@ def local() -> dict[str, Path]:
     return {p.stem: p for p in sorted(LOCAL.glob("*.toml"))} if LOCAL.is_dir() else {}
 
 
+def not_a_folder(path: Path) -> None:
+    """Refuse a folder given as a recipe file, in one line."""
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder; give a .toml recipe file, or a "
+                          "recipe name (`attnlab recipes`)")
+
+
 def find_recipe(name: str) -> Path:
     """The recipe file of ``name``: a path to a file; else a recipe name (``NAME`` or the
     README's ``configs/NAME.toml``), from ``./configs`` first, then the shipped ones.
@@ -37,6 +44,7 @@ def find_recipe(name: str) -> Path:
     path = Path(name)
     if path.is_file():
         return path
+    not_a_folder(path)
     stem = None
     if path.suffix != ".toml" and len(path.parts) == 1:
         stem = name

@@ -155,6 +155,8 @@ def ema_run(run_dir: str | Path, out: str | Path) -> dict[str, object]:
 def _check_out(run_dir: str | Path, out: str | Path) -> tuple[RunDir, RunDir]:
     """The source and destination run dirs; the destination new or empty."""
     src, dst = RunDir(run_dir), RunDir(out)
+    if not src.path.is_dir():
+        src.read_config()  # one line: it does not exist, or is a file
     if dst.path.resolve() == src.path.resolve():
         raise UsageError("--out must be a new run dir, not the run being averaged")
     if dst.path.exists() and any(dst.path.iterdir()):

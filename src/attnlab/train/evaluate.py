@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
+from ..data.text import check_text_file
 from ..decoding.translate import check_beam_flags
 from ..devices import resolve_device
-from ..errors import DataFileNotFoundError, UsageError
+from ..errors import UsageError
 from ..run_config import RunConfig
 from ..runs import RunDir, RunError, load_run
 from ..speed import use_cpu_sdpa
@@ -114,8 +115,7 @@ def _eval_overrides(rc: RunConfig, split: str, data: list[str]) -> RunConfig:
         what = "SRC TGT (two line-aligned files)" if len(keys) == 2 else "one file"
         raise UsageError(f"--data for a {task.kind} run takes {what}, got {len(data)} paths")
     for path in data:
-        if not Path(path).is_file():
-            raise DataFileNotFoundError(f"--data file {path} does not exist")
+        check_text_file(path, "--data file")
     trained_on = [Path(p) for p in (rc.data.path, rc.data.src_path, rc.data.tgt_path)
                   if p and Path(p).is_file()]
     for path in data:

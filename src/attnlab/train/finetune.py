@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from ..config import ConfigError, ModelConfig
 from ..errors import InputError, MissingFileError
+from ..info import FAMILY_WORDS
 from ..run_config import RunConfig, upgrade
 from ..runs import RunDir, RunError, load_run
 from ..tasks import data_words, names_files, task_class
@@ -94,9 +95,9 @@ def init_config(rc: RunConfig, base: ModelConfig, where: str) -> RunConfig:
     named = rc.data.name or names_files(rc.data)
     family = task_class(rc, family=None if named else base.family).family
     if base.family != family:
-        raise ConfigError(f"train.init_from={where} holds a {base.family} model, but "
-                          f"{data_words(rc.data)} trains a {family} model; start from a "
-                          f"{family} run")
+        raise ConfigError(f"train.init_from={where} holds {FAMILY_WORDS[base.family]} model, "
+                          f"but {data_words(rc.data)} trains {FAMILY_WORDS[family]} model; start "
+                          f"from {FAMILY_WORDS[family]} run")
     changes = {}
     for f in dataclasses.fields(ModelConfig):
         key = f.name

@@ -21,6 +21,7 @@ from ..config import ModelConfig
 from ..devices import resolve_device
 from ..errors import DataError, InputError
 from ..files import check_writable
+from ..info import FAMILY_WORDS
 from ..run_config import SECTIONS, RunConfig, upgrade
 from ..run_config import load_config as load_run_config
 from ..runs import RunDir, RunError
@@ -41,8 +42,6 @@ from .optim import schedule_warnings
 from .sample import sample_texts
 
 log = logging.getLogger(__name__)
-FAMILY_WORDS = {"decoder": "a decoder-only", "encoder": "an encoder-only",
-                "encoder_decoder": "an encoder-decoder"}
 
 
 @dataclass
