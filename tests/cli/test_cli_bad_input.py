@@ -163,6 +163,14 @@ def _rows(e):
         "prepare_bpe_vocab_too_small": ["data", "prepare", text, "--tokenizer", "bpe",
                                         "--vocab-size", "50", "--out", out],
         "prepare_into_a_run_dir": ["data", "prepare", text, "--out", lm],
+        # data.test_path, read as `attnlab eval --split test` reads it (only its existence
+        # was checked: a folder or a binary file trained, and eval refused it afterwards)
+        "train_test_path_missing": ["train", "--set", f"data.path={text}", *TINY, "--set",
+                                    f"data.test_path={b}/nope.txt", "--out", out],
+        "train_test_path_a_folder": ["train", "--set", f"data.path={text}", *TINY, "--set",
+                                     f"data.test_path={b}", "--out", out],
+        "train_test_path_non_utf8": ["train", "--set", f"data.path={text}", *TINY, "--set",
+                                     f"data.test_path={e['latin1.txt']}", "--out", out],
         "train_tgt_vocab_too_small": ["train", "reverse", *TINY, "--set",
                                       "model.tgt_vocab_size=3", "--out", out],
         "train_missing_text": ["train", "--set",
@@ -353,6 +361,9 @@ EXPECT = {
     "sample_zero_samples": "--num-samples 0 is not allowed: >= 1",
     "translate_beam_0": "--beam 0 is not allowed: >= 1",
     "eval_beam_0": "--beam 0 is not allowed: >= 1",
+    "train_test_path_missing": "nope.txt does not exist",
+    "train_test_path_a_folder": "is a directory; expected a UTF-8 text file",
+    "train_test_path_non_utf8": "latin1.txt is not UTF-8 text",
     "eval_data_a_folder": "is a directory; expected a UTF-8 text file",
     "train_config_a_folder": "is a folder; give a .toml recipe file",
     "train_bpe_vocab_too_small": "BPE vocab_size 50 is too small for the byte_level "

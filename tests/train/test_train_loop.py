@@ -307,12 +307,13 @@ def test_a_fresh_start_in_a_used_folder_drops_the_old_tensorboard_events(tmp_pat
                              reason="reading tb/ needs tensorboard (log extra)")
     from attnlab.train.monitor import Monitor
 
-    mon = Monitor(RunDir(tmp_path / "run"), (), total=4, start=0, progress=False,
-                  tensorboard=True)
+    d = lm_dict(tmp_path, tensorboard=True, log_every=1, eval_every=0, max_steps=2)
+    stopped = RunDir(tmp_path / "run")  # what the stopped try wrote: its config, then events
+    stopped.write_config(RunConfig.from_dict(d).to_dict())
+    mon = Monitor(stopped, (), total=4, start=0, progress=False, tensorboard=True)
     for step in range(1, 5):
         mon.row(step, {"train_loss": 9.0})
     mon.close()
-    d = lm_dict(tmp_path, tensorboard=True, log_every=1, eval_every=0, max_steps=2)
     train_run(RunConfig.from_dict(d), tmp_path / "run")
     logs = ea.EventAccumulator(str(tmp_path / "run" / "tb"))
     logs.Reload()

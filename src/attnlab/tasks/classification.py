@@ -118,6 +118,8 @@ class ClassifyTask(EpochTask):
     def check_data(self) -> None:
         self._train_batches()
         self.batches("val", 1, False)  # (encoded too: a text the tokenizer refuses fails now)
+        if self.rc.data.test_path:  # as `attnlab eval --split test` reads it
+            self.batches("test", 1, False)
 
     def batches(self, name: str, batch_size: int, shuffle: bool) -> ClassificationBatches:
         """The labelled sentences of split ``name``, encoded, in padded batches."""

@@ -266,6 +266,8 @@ class TranslationTask(Seq2SeqTask, EpochTask):
     def check_data(self) -> None:
         self._train_batches()
         self.encode("val")
+        if self.rc.data.test_src_path or self.rc.data.test_tgt_path:  # as `eval --split test`
+            self.encode("test")
 
     def _make_train_batches(self) -> Seq2SeqBatches:
         limit = min(self.rc.data.max_len or self.model_config.max_len, self.model_config.max_len)
