@@ -129,8 +129,9 @@ class DataConfig:
               self.split_seed, "an integer in 0..2**63-1")
         names = self.label_names
         check(names is None or (isinstance(names, list) and len(names) >= 2
-                                and all(isinstance(n, str) for n in names)),
-              "label_names", names, "a list of at least two strings")
+                                and all(isinstance(n, str) for n in names)
+                                and len(set(names)) == len(names)),
+              "label_names", names, "a list of at least two distinct strings")
         self._check_mix()
 
     def _check_mix(self) -> None:

@@ -173,6 +173,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     check_inference_dtype(args.dtype, resolve_device(args.device, flag="--device"), "--dtype")
     run = _load(args, "decoder")
     _check_prompts_encode(run, prompts)
+    _check_stops_encode(run, args.stop)
     texts = [p for p, _ in prompts]
     _decoding_weights(run.model, args, 1 if len(texts) == 1 else len(texts) * args.num_samples)
     gen = None
@@ -232,6 +233,21 @@ def _check_prompts_encode(run, prompts: list[tuple[str, str]]) -> None:
         if not ids:
             raise DataError(f"{where} is no token for this run's tokenizer (it drops "
                             "whitespace): give some text to continue")
+
+
+def _check_stops_encode(run, stops: list[str]) -> None:
+    """Refuse a ``--stop`` string of characters the run's tokenizer has no token for: the
+    model can never write it, so the sample would run on past where it was meant to end."""
+    tok = run.tokenizer
+    for stop in stops:
+        try:
+            ids = tok.encode(stop)
+        except VocabularyError as e:
+            raise VocabularyError(f"--stop {stop!r} can never be sampled: {e}") from None
+        if tok.unk_id not in (None, tok.eos_id) and tok.unk_id in ids:
+            raise VocabularyError(f"--stop {stop!r} can never be sampled: it holds characters "
+                                  "this run's tokenizer reads as <unk>; allowed: text of the "
+                                  "training data's characters")
 
 
 def _decoding_weights(model, args: argparse.Namespace, rows: int) -> None:

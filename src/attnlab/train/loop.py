@@ -47,7 +47,7 @@ from .distributed import (
 )
 from .monitor import Monitor
 from .optim import build_optimizer, lr_at, optimizer_kind, set_lr
-from .precision import STALE, Amp, fastest, probe_key, resolve_precision, stale
+from .precision import BUSY, STALE, Amp, fastest, probe_key, resolve_precision, stale
 from .stop import StopSignals
 
 log = logging.getLogger(__name__)
@@ -254,8 +254,7 @@ class Trainer:
             choice = fastest(step, key, reduce=lambda t: all_reduce_sum(
                 torch.tensor(t, dtype=torch.float64, device=self.device), self.info).tolist())
         self.task.load_state_dict(data)
-        if choice != "fp32":  # bf16 is checked against the steps' real time (fp32 is safe)
-            self.auto_key = key
+        self.auto_key = key  # the choice is checked against the steps' real time
         if announce and self.info.is_main:  # once per run: the choice, from what, how to change
             ms = (probe.cached(key) or {}).get("ms", {})
             measured = ", ".join(f"{p} {v:g} ms" for p, v in ms.items())
@@ -265,24 +264,27 @@ class Trainer:
         return choice
 
     def _check_auto_precision(self, step_s: float) -> None:
-        """Once per run, at the second log row: when a ``precision = "auto"`` choice of bf16
-        trains :data:`~attnlab.train.precision.STALE` times slower than its measured forward +
-        backward (in any process), both precisions are measured again, now, and the cache
+        """Once per run, at the second log row: when the steps of a ``precision = "auto"``
+        choice run :data:`~attnlab.train.precision.STALE` times slower than its measured
+        forward + backward (the choice no longer fits the machine), or
+        :data:`~attnlab.train.precision.BUSY` times faster (it was measured on a busy
+        machine), in any process, both precisions are measured again, now, and the cache
         takes the new answer; the user is told if it is another one (the run goes on in
-        its precision: a resume must stay exact). A machine that is just busy measures bf16
-        ahead again and nothing is said."""
+        its precision: a resume must stay exact). The same answer again says nothing."""
         key, self.auto_key = self.auto_key, None
         slower = stale(key, self.precision, step_s, self.cfg.grad_accum)
-        if not any_process(slower is not None and slower > STALE, self.info):
+        if not any_process(slower is not None and not 1 / BUSY <= slower <= STALE, self.info):
             return
         probe.forget(key)
         again = self._measure_precision(announce=False)
         self.auto_key = None  # (measured once more at most)
         if again != self.precision and self.info.is_main:
-            log.warning("train.precision auto chose %s, but its steps ran %.1fx slower than "
-                        "measured, and measured again now %s is faster: the next run takes "
-                        "%s (--set train.precision=fp32 or bf16 chooses)", self.precision,
-                        slower or 0.0, again, again)
+            ran = (f"{slower:.1f}x slower than measured" if slower and slower > 1 else
+                   f"{1 / (slower or 1):.1f}x faster than measured (the machine was busy then)")
+            log.warning("train.precision auto chose %s, but its steps ran %s; measured again "
+                        "now %s is faster: the next run takes %s (--set "
+                        "train.precision=fp32 or bf16 chooses)", self.precision, ran, again,
+                        again)
 
     # ---- one optimizer step ------------------------------------------------------------------
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:

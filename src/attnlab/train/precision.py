@@ -28,6 +28,10 @@ MARGIN = 0.1
 # a step this many times slower than the measured forward + backward (optimizer step and
 # logging included) means the cached choice no longer fits this machine
 STALE = 3.0
+# a step this many times FASTER than the measured forward + backward of its precision means
+# the machine was busy when it was measured: every time was inflated, and the close "fp32
+# stays" call it made may be wrong (fp32 stuck in the cache, 1.6x slower, was seen)
+BUSY = 1.5
 
 
 def autocast(precision: str, device: torch.device,
