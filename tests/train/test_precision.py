@@ -236,7 +236,7 @@ def test_a_choice_that_trains_much_slower_than_measured_is_measured_again(tmp_pa
 
 def test_fp32_chosen_on_a_busy_machine_is_measured_again(tmp_path, caplog, monkeypatch):
     """A probe run while other jobs held the cores measured fp32 and bf16 both slow, called
-    the close race for fp32 and cached it: every later run trained in fp32 (1.6x slower on
+    the close race for fp32 and cached it: every later run trained in fp32 (1.3x slower on
     an AMD EPYC). Steps far faster than that measurement show it was a busy machine: measured
     again at the second log row, the cache takes bf16 and the user is told."""
     import logging
