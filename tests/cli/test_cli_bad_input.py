@@ -163,6 +163,10 @@ def _rows(e):
         "prepare_bpe_vocab_too_small": ["data", "prepare", text, "--tokenizer", "bpe",
                                         "--vocab-size", "50", "--out", out],
         "prepare_into_a_run_dir": ["data", "prepare", text, "--out", lm],
+        "prepare_char_vocab_size": ["data", "prepare", text, "--vocab-size", "500",
+                                    "--out", out],
+        "prepare_gpt2_pre_tokenizer": ["data", "prepare", text, "--tokenizer", "gpt2",
+                                       "--pre-tokenizer", "whitespace", "--out", out],
         # data.test_path, read as `attnlab eval --split test` reads it (only its existence
         # was checked: a folder or a binary file trained, and eval refused it afterwards)
         "train_test_path_missing": ["train", "--set", f"data.path={text}", *TINY, "--set",
@@ -357,6 +361,9 @@ EXPECT = {
     "data_cache_unwritable_system": "choose a path in a folder you can write to",
     "sample_empty_stop": "--stop",
     "sample_stop_unknown_chars": "--stop 'QZ' can never be sampled: 2 character(s) not in",
+    "prepare_char_vocab_size": "--vocab-size is for --tokenizer bpe, which trains a "
+                               "tokenizer; --tokenizer char brings its own vocabulary",
+    "prepare_gpt2_pre_tokenizer": "--pre-tokenizer is for --tokenizer bpe",
     "train_label_names_twice": "allowed: a list of at least two distinct strings",
     "sample_top_k_0": "--top-k 0 is not allowed: >= 1",
     "sample_top_k_negative": "--top-k -1 is not allowed: >= 1",

@@ -190,7 +190,7 @@ def test_the_command_line_reads_a_folder_and_a_glob(tmp_path, monkeypatch, capsy
     assert main(["data", "prepare", "mytext/*.rs", "--out", "r"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
-        "attnlab data: error: no file matches the pattern mytext/*.rs")
+        "attnlab data prepare: error: no file matches the pattern mytext/*.rs")
     assert main(["data", "prepare", "mytext/main.py", "--target", "mytext/README.md",
                  "--include", "*.py", "--out", "r"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

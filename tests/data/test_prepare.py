@@ -586,8 +586,8 @@ def test_the_command_line(tmp_path):
                          text=True)
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
-        f"attnlab data: error: {tmp_path / 'd.jsonl'} line 1: no field 'text' (it has 'body'); "
-        "name the text field with --text-field"]
+        f"attnlab data prepare: error: {tmp_path / 'd.jsonl'} line 1: no field 'text' (it has "
+        "'body'); name the text field with --text-field"]
     assert not (tmp_path / "q").exists()
 
 

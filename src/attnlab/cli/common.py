@@ -89,23 +89,25 @@ def run_command(func: Callable[[argparse.Namespace], int | None],
         The command's exit code: ``BAD_INPUT`` (one line on stderr), ``INTERNAL_ERROR``
         (the traceback, then a line that asks for a report), ``INTERRUPTED`` (Ctrl-C).
     """
+    name = " ".join(["attnlab", args.command, *(  # as argparse names it: "attnlab viz attention"
+        str(getattr(args, k)) for k in ("what", "action") if getattr(args, k, None))])
     try:
         return int(func(args) or 0)
     except KeyboardInterrupt as e:  # a command may say what it kept and how to go on
         if e.args and e.args[0] is None:  # another process of the command says it
             return INTERRUPTED
         said = " ".join(str(e.args[0]).split()) if e.args else "interrupted"
-        print(f"attnlab {args.command}: {said}", file=sys.stderr)
+        print(f"{name}: {said}", file=sys.stderr)
         return INTERRUPTED
     except Exception as e:
         if not is_bad_input(e):
             traceback.print_exc(file=sys.stderr)
-            print(f"attnlab {args.command}: internal error: this is a bug in attnlab, not in "
+            print(f"{name}: internal error: this is a bug in attnlab, not in "
                   "your input; please report it with the traceback above", file=sys.stderr)
             return INTERNAL_ERROR
         msg = e if isinstance(e, InputError) else _out_of_memory_line(e) or _os_error_line(e)
         msg = " ".join(str(msg).split())  # one line, always
-        print(f"attnlab {args.command}: error: {msg}", file=sys.stderr)
+        print(f"{name}: error: {msg}", file=sys.stderr)
         if getattr(args, "verbose", False):
             log.exception("details")
         return BAD_INPUT

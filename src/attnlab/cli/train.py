@@ -185,8 +185,9 @@ def _register_prepare(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--tokenizer", default="char", metavar="char|bpe|gpt2|RUN",
                     help="char (default), bpe (trained on a sample), gpt2 (GPT-2's byte-level "
                     "BPE), or a run dir whose tokenizer to use")
-    pr.add_argument("--vocab-size", type=int, default=8000, help="bpe: vocabulary size")
-    pr.add_argument("--pre-tokenizer", default="byte_level", choices=("byte_level", "whitespace"),
+    pr.add_argument("--vocab-size", type=int, default=None,
+                    help="bpe: vocabulary size (default 8000)")
+    pr.add_argument("--pre-tokenizer", default=None, choices=("byte_level", "whitespace"),
                     help="bpe: how text is split before merging (default byte_level)")
     pr.add_argument("--val-fraction", type=float, default=0.1,
                     help="share of the documents held out as val (a .txt file: its tail); "
@@ -494,7 +495,13 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
         tokenizer = RunDir(Path(tokenizer)).load_tokenizer()
         if tokenizer is None:
             raise RunError(f"--tokenizer {args.tokenizer}: that run dir has no tokenizer")
-    common = dict(vocab_size=args.vocab_size, pre_tokenizer=args.pre_tokenizer,
+    for flag, value in (("--vocab-size", args.vocab_size),
+                        ("--pre-tokenizer", args.pre_tokenizer)):
+        if value is not None and tokenizer != "bpe":  # it would be ignored
+            raise UsageError(f"{flag} is for --tokenizer bpe, which trains a tokenizer; "
+                             f"--tokenizer {args.tokenizer} brings its own vocabulary")
+    common = dict(vocab_size=8000 if args.vocab_size is None else args.vocab_size,
+                  pre_tokenizer=args.pre_tokenizer or "byte_level",
                   val_fraction=args.val_fraction, seed=args.seed, workers=args.workers,
                   errors=args.errors, progress=True)
     if args.target is not None:
