@@ -296,3 +296,23 @@ def test_a_fine_tuning_recipe_s_shape_key_alone_says_to_leave_it_to_the_source()
     with pytest.raises(ConfigError, match="divisor of d_model=128") as plain:
         RunConfig.from_dict({**recipe, "train": {}})
     assert "init_from" not in str(plain.value)
+
+
+def test_a_key_the_run_does_not_read_is_named_and_the_shipped_recipes_have_none(caplog):
+    """A key that changes nothing for its run (a synthetic task's data.seq_max, a classifier's
+    model.n_classes on a language model) is one warning with the keys that do apply; a key
+    at its default that was not given, and every key of every shipped recipe, says nothing."""
+    from attnlab.train.runner import unused_keys
+
+    rc = load_config(None, ["data.path=corpus.txt", "data.seq_max=30", "model.n_classes=3",
+                            "data.train_frac=0.8"])
+    said = unused_keys(rc)
+    assert [line.split(" ")[0] for line in said] == ["data.seq_max", "model.n_classes"], said
+    assert "is ignored; its data keys: name, path," in said[0] and "train_frac" in said[0]
+    assert "a decoder-only model" in said[1]
+    assert unused_keys(load_config(None, ["data.name=reverse", "data.seq_max=30"])) == []
+    assert unused_keys(load_config(None, ["data.tokenizer=char", "data.vocab_size=500",
+                                          "data.path=c.txt"]))[0].startswith(
+        "data.vocab_size does not apply")  # a BPE key with the char tokenizer
+    for recipe in sorted(RECIPES.glob("*.toml")):
+        assert unused_keys(load_config(recipe)) == [], recipe.stem

@@ -22,10 +22,10 @@ from ..devices import resolve_device
 from ..errors import DataError, InputError
 from ..files import check_writable
 from ..info import FAMILY_WORDS
-from ..run_config import SECTIONS, RunConfig, upgrade
+from ..run_config import DEMO, SECTIONS, RunConfig, upgrade
 from ..run_config import load_config as load_run_config
 from ..runs import RunDir, RunError
-from ..tasks import Task, build_task, data_words, resolve_data, task_class
+from ..tasks import Task, build_task, config_keys, data_words, resolve_data, task_class
 from ..tokenizers import Tokenizer
 from .distributed import DistInfo, cleanup, describe, env_info, init_distributed
 from .finetune import (
@@ -324,6 +324,23 @@ def _build_trainer(start: RunStart, rc: RunConfig, task: Task, run: RunDir,
     return trainer
 
 
+def unused_keys(rc: RunConfig) -> list[str]:
+    """A line for each key the recipe or ``--set`` gives that this run does not read (a
+    ``data.seq_max`` of a synthetic task on a language model's text): it changes nothing."""
+    keys = config_keys(rc)
+    lines = []
+    for key in sorted(rc.explicit):
+        section, name = key.split(".", 1)
+        demo = DEMO.get(section, {})  # (the base of a run without a recipe: not the user's)
+        if name in demo and getattr(getattr(rc, section), name) == demo[name]:
+            continue
+        if name not in keys.get(section, (name,)):
+            lines.append(f"{key} does not apply to this run ({FAMILY_WORDS[rc.model.family]} "
+                         f"model, {data_words(rc.data)}) and is ignored; its {section} keys: "
+                         f"{', '.join(keys[section])}")
+    return lines
+
+
 def _announce(trainer: Trainer, rc: RunConfig, info: DistInfo) -> None:
     """Log what is trained, where and how, before the first step."""
     n_params = sum(p.numel() for p in trainer.model.parameters())
@@ -332,7 +349,7 @@ def _announce(trainer: Trainer, rc: RunConfig, info: DistInfo) -> None:
              n_params / 1e6, trainer.device, trainer.precision, data_words(rc.data),
              describe(info, rc.train.parallel))
     if info.is_main:
-        for warning in schedule_warnings(rc.train):
+        for warning in [*schedule_warnings(rc.train), *unused_keys(rc)]:
             log.warning("%s", warning)
         rows, k = rc.train.batch_size, info.world_size
         if info.enabled and rows % k and "batch_size" in trainer.task.train_keys:
