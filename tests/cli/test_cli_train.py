@@ -541,3 +541,25 @@ def test_a_whitespace_bpe_run_prints_its_samples_from_the_default_prompt(text, t
     tok = RunDir(out).load_tokenizer()
     assert tok.encode("\n") == [] and tok.encode(default_prompt(tok))
     assert default_prompt(load_run(_runs.lm_run(tmp_path / "char")).tokenizer) == "\n"
+
+
+def test_a_key_the_run_does_not_read_is_said_once_not_on_resume_or_init_from(text, tmp_path,
+                                                                            caplog):
+    """``--set data.seq_max`` on a language model: one warning when the run starts; resuming
+    it (its config.json holds every key of every family) and starting a run from its
+    weights say nothing of the keys the run dir brought."""
+    import logging
+
+    def warned(argv) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="attnlab"):
+            assert main(argv) == 0
+        return [r.getMessage() for r in caplog.records if "does not apply" in r.getMessage()]
+
+    said = warned(lm_args(text, tmp_path / "a", 2, "--set", "data.seq_max=30",
+                          "--set", "train.warmup_steps=1"))
+    assert len(said) == 1 and said[0].startswith("data.seq_max does not apply to this run"), said
+    assert warned(["train", "--out", str(tmp_path / "a"), "--resume",
+                   "--set", "train.max_steps=4"]) == []
+    assert warned(lm_args(text, tmp_path / "b", 2, "--init-from", str(tmp_path / "a"),
+                          "--set", "train.warmup_steps=1")) == []

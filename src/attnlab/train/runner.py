@@ -280,7 +280,8 @@ def _ready_trainer(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> 
         run.write_config(resolved.to_dict())
         if task.tokenizer is not None and not (start.resume and start.tokenizer is not None):
             run.save_tokenizer(task.tokenizer)
-    _announce(trainer, resolved, info)
+    # a resume's keys are the run's own (its config.json): said at its start, if at all
+    _announce(trainer, resolved, info, frozenset() if resume else rc.explicit)
     return trainer
 
 
@@ -324,12 +325,14 @@ def _build_trainer(start: RunStart, rc: RunConfig, task: Task, run: RunDir,
     return trainer
 
 
-def unused_keys(rc: RunConfig) -> list[str]:
-    """A line for each key the recipe or ``--set`` gives that this run does not read (a
-    ``data.seq_max`` of a synthetic task on a language model's text): it changes nothing."""
+def unused_keys(rc: RunConfig, given: frozenset[str] | None = None) -> list[str]:
+    """A line for each key of ``given`` (the recipe's and ``--set``'s; by default
+    ``rc.explicit``) that the run of ``rc`` does not read (a ``data.seq_max`` of a synthetic
+    task on a language model's text): it changes nothing. The keys a resume or
+    ``train.init_from`` takes from a run dir are not the user's: pass the given ones."""
     keys = config_keys(rc)
     lines = []
-    for key in sorted(rc.explicit):
+    for key in sorted(rc.explicit if given is None else given):
         section, name = key.split(".", 1)
         demo = DEMO.get(section, {})  # (the base of a run without a recipe: not the user's)
         if name in demo and getattr(getattr(rc, section), name) == demo[name]:
@@ -341,15 +344,16 @@ def unused_keys(rc: RunConfig) -> list[str]:
     return lines
 
 
-def _announce(trainer: Trainer, rc: RunConfig, info: DistInfo) -> None:
-    """Log what is trained, where and how, before the first step."""
+def _announce(trainer: Trainer, rc: RunConfig, info: DistInfo, given: frozenset[str]) -> None:
+    """Log what is trained, where and how, before the first step; warn of the ``given`` keys
+    that the run does not read."""
     n_params = sum(p.numel() for p in trainer.model.parameters())
     log.info("training %s model (%.2fM parameters) on %s, %s, %s%s",
              FAMILY_WORDS.get(rc.model.family, rc.model.family),
              n_params / 1e6, trainer.device, trainer.precision, data_words(rc.data),
              describe(info, rc.train.parallel))
     if info.is_main:
-        for warning in [*schedule_warnings(rc.train), *unused_keys(rc)]:
+        for warning in [*schedule_warnings(rc.train), *unused_keys(rc, given)]:
             log.warning("%s", warning)
         rows, k = rc.train.batch_size, info.world_size
         if info.enabled and rows % k and "batch_size" in trainer.task.train_keys:
