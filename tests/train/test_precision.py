@@ -188,14 +188,9 @@ def test_bf16_is_chosen_only_when_it_wins_clearly_and_in_most_rounds():
     assert prec.fastest(step, "lucky", clock=clock) == "fp32"
 
 
-def test_a_choice_that_trains_much_slower_than_measured_is_measured_again(tmp_path, caplog,
-                                                                        monkeypatch):
-    """An "auto" run says once what it chose and how to choose; at its second log row, bf16
-    steps far slower than the cached measurement are measured again, the cache takes the new
-    answer, and a changed answer is said (the next run takes it)."""
-    import logging
-
-    from attnlab.train import RunConfig, loop, train_run
+def _auto_lm(tmp_path):
+    """A tiny language model run with ``precision = "auto"``: a log row every 2 of 6 steps."""
+    from attnlab.train import RunConfig
 
     text = tmp_path / "t.txt"
     text.write_text("to be or not to be, that is the question.\n" * 40)
@@ -205,6 +200,19 @@ def test_a_choice_that_trains_much_slower_than_measured_is_measured_again(tmp_pa
         "train": {"device": "cpu", "precision": "auto", "progress": False, "warmup_steps": 1,
                   "tensorboard": False, "max_steps": 6, "log_every": 2, "eval_every": 0,
                   "batch_size": 4}})
+    return rc
+
+
+def test_a_choice_that_trains_much_slower_than_measured_is_measured_again(tmp_path, caplog,
+                                                                        monkeypatch):
+    """An "auto" run says once what it chose and how to choose; at its second log row, bf16
+    steps far slower than the cached measurement are measured again, the cache takes the new
+    answer, and a changed answer is said (the next run takes it)."""
+    import logging
+
+    from attnlab.train import loop, train_run
+
+    rc = _auto_lm(tmp_path)
     with caplog.at_level(logging.INFO, logger="attnlab"):
         train_run(rc, tmp_path / "a")
     said = [r.getMessage() for r in caplog.records if "train.precision auto:" in r.getMessage()]
@@ -241,16 +249,9 @@ def test_fp32_chosen_on_a_busy_machine_is_measured_again(tmp_path, caplog, monke
     again at the second log row, the cache takes bf16 and the user is told."""
     import logging
 
-    from attnlab.train import RunConfig, loop, train_run
+    from attnlab.train import loop, train_run
 
-    text = tmp_path / "t.txt"
-    text.write_text("to be or not to be, that is the question.\n" * 40)
-    rc = RunConfig.from_dict({
-        "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "max_len": 16},
-        "data": {"path": str(text)},
-        "train": {"device": "cpu", "precision": "auto", "progress": False, "warmup_steps": 1,
-                  "tensorboard": False, "max_steps": 6, "log_every": 2, "eval_every": 0,
-                  "batch_size": 4}})
+    rc = _auto_lm(tmp_path)
     answers = iter([("fp32", {"fp32": 99_000.0, "bf16": 66_000.0}),  # 99 s: a busy machine
                     ("bf16", {"fp32": 3.0, "bf16": 2.0})])
 
