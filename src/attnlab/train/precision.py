@@ -30,7 +30,7 @@ MARGIN = 0.1
 STALE = 3.0
 # a step this many times FASTER than the measured forward + backward of its precision means
 # the machine was busy when it was measured: every time was inflated, and the close "fp32
-# stays" call it made may be wrong (fp32 stuck in the cache, 1.6x slower, was seen)
+# stays" call it made may be wrong (fp32 stuck in the cache, its steps 1.3x slower, was seen)
 BUSY = 1.5
 
 
