@@ -298,7 +298,7 @@ def test_a_fine_tuning_recipe_s_shape_key_alone_says_to_leave_it_to_the_source()
     assert "init_from" not in str(plain.value)
 
 
-def test_a_key_the_run_does_not_read_is_named_and_the_shipped_recipes_have_none(caplog):
+def test_a_key_the_run_does_not_read_is_named_and_the_shipped_recipes_have_none():
     """A key that changes nothing for its run (a synthetic task's data.seq_max, a classifier's
     model.n_classes on a language model) is one warning with the keys that do apply; a key
     at its default that was not given, and every key of every shipped recipe, says nothing."""
