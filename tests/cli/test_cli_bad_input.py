@@ -196,6 +196,9 @@ def _rows(e):
         "train_short_val_text": ["train", "--set",
                                  f"data.path={text}", "--set", f"data.val_path={e['short.txt']}",
                                  *TINY, "--set", "train.eval_every=1000", "--out", out],
+        # a download's val pairs would score a model of other pairs
+        "train_own_pairs_no_val": ["train", "--set", f"data.src_path={text}", "--set",
+                                   f"data.tgt_path={text}", *TINY, "--out", out],
         "train_recipe_missing": ["train", f"{b}/nope.toml", "--out", out],
         "train_recipe_not_toml": ["train", str(e["bad.toml"]), "--out", out],
         "train_recipe_bad_key": ["train", str(e["cfg_badkey.toml"]), "--out", out],
@@ -344,6 +347,9 @@ EXPECT = {
                          "--set data.path=",
     "train_synthetic_with_a_file": "data.path is not read by data.name='reverse'",
     "train_missing_val_text": "nope.txt does not exist",
+    "train_own_pairs_no_val": "the training pairs are your own (data.src_path and "
+                              "data.tgt_path) but no validation pairs are: set "
+                              "data.val_src_path and data.val_tgt_path",
     "train_short_val_text": "the val split has 3 tokens",
     "train_cuda_on_cpu": "allowed: auto, cpu",
     "eval_bad_device": "allowed: auto, cpu",

@@ -103,8 +103,9 @@ def _data(kind: str, tmp: Path) -> list[str]:
     if kind == "pairs":
         (tmp / "a.de").write_text("ein haus\nzwei hunde\n" * 20)
         (tmp / "a.en").write_text("a house\ntwo dogs\n" * 20)
-        return ["--set", f"data.src_path='{tmp / 'a.de'}'",
-                "--set", f"data.tgt_path='{tmp / 'a.en'}'"]
+        de, en = tmp / "a.de", tmp / "a.en"
+        return ["--set", f"data.src_path='{de}'", "--set", f"data.tgt_path='{en}'",
+                "--set", f"data.val_src_path='{de}'", "--set", f"data.val_tgt_path='{en}'"]
     if kind == "tsv":
         (tmp / "s.tsv").write_text("sentence\tlabel\n" + "good film\t1\nbad film\t0\n" * 20)
         return ["--set", f"data.path='{tmp / 's.tsv'}'"]

@@ -59,6 +59,7 @@ def test_import_gpt2_then_use_and_export_round_trip(hf_gpt2, tmp_path, capsys) -
         torch.testing.assert_close(loaded.model(ids)[0], want, atol=1e-4, rtol=0)
     hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
     assert loaded.tokenizer.encode(TEXT) == hf_tok(TEXT)["input_ids"]
+    assert loaded.model.config.pad_id is None  # GPT-2 has no padding apart from its end of text
 
     # every command takes the imported run
     (tmp_path / "val.txt").write_text(TEXT * 8)
@@ -239,6 +240,29 @@ def test_llama_shaped_attnlab_decoder_exports_as_llama(tmp_path, bias) -> None:
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids)[0], atol=1e-4, rtol=0)
         torch.testing.assert_close(back(ids)[0], model(ids)[0], atol=1e-5, rtol=0)
+
+
+def test_a_decoder_imported_back_leaves_its_padding_out_of_the_loss(tmp_path) -> None:
+    """The padding the tokenizer writes is the decoder's pad_id, as in training; GPT-2's pad
+    (its end of text) stays in the loss."""
+    tok = char_tokenizer(("<pad>", "<bos>", "<eos>"))
+    cfg = ModelConfig(family="decoder", vocab_size=tok.vocab_size, d_model=32, n_heads=4,
+                      n_layers=1, norm="pre", norm_type="rmsnorm", pos="rope", ffn="swiglu",
+                      bias=False, scale_embeddings=False, dropout=0.0, max_len=32, pad_id=0)
+    model = scramble(DecoderLM(cfg))
+    run = write_run(tmp_path / "run", model, tok, data={"name": ""})
+    assert cli("export", run, "--to", "hf", "--out", tmp_path / "hf") == 0
+    assert cli("import", tmp_path / "hf", "--out", tmp_path / "back") == 0
+    back = load_run(tmp_path / "back")
+    assert back.model.config.pad_id == tok.pad_id == 0
+    ids = torch.tensor([tok.encode("the fox", add_special=True) + [tok.pad_id] * 3])
+    x, y = ids[:, :-1], ids[:, 1:]
+    counting = DecoderLM(cfg.replace(pad_id=None))  # the same weights, padding in the loss
+    counting.load_state_dict(model.state_dict())
+    with torch.no_grad():  # the padded targets are left out of both losses alike
+        torch.testing.assert_close(back.model(x, y)[1], model(x, y)[1], atol=1e-5, rtol=0)
+        torch.testing.assert_close(model(x, y)[1], model(x[:, :-3], y[:, :-3])[1])
+        assert abs(counting(x, y)[1] - model(x, y)[1]) > 1e-3
 
 
 @pytest.mark.parametrize("shape", ["gpt2", "llama"])

@@ -196,6 +196,10 @@ def load_pretrained(src: str | os.PathLike, *, dropout: float = 0.0) -> Pretrain
         # an encoder masks out its pad_id: the padding the tokenizer writes, whatever
         # config.json's pad_token_id says (BERT's default 0 need not be the [PAD] of the vocab)
         model.config = cfg.replace(pad_id=tokenizer.pad_id)
+    elif cfg.family == "decoder" and cfg.pad_id != tokenizer.lm_pad_id:
+        # a decoder's loss leaves out its pad_id: the tokenizer's padding, as in training
+        # (Hugging Face configs of decoders seldom say one, or say the end of text)
+        model.config = cfg.replace(pad_id=tokenizer.lm_pad_id)
     log.info("loaded %s (%s, %s parameters)", source, arch,
              f"{sum(p.numel() for p in model.parameters()):,}")
     return Pretrained(model.float().eval(), tokenizer, label_names, source)

@@ -169,9 +169,7 @@ class LMTask(Task):
             self._corpora, tokenizer = self._resolve(None)
             self.rc = self._recorded(tokenizer)
         self.tokenizer = tok = tokenizer
-        # GPT-2's pad is its end of text: a pad id would hide every document end from the loss
-        pad = tok.pad_id if tok.pad_id != tok.eos_id else None
-        self.model_config = self.resolve_model(vocab_size=tok.vocab_size, pad_id=pad)
+        self.model_config = self.resolve_model(vocab_size=tok.vocab_size, pad_id=tok.lm_pad_id)
         self.block = rc.train.block_size or self.model_config.max_len
         if self.block > self.model_config.max_len:
             raise ConfigError(f"train.block_size={self.block} is longer than model.max_len="

@@ -226,6 +226,12 @@ class TranslationTask(Seq2SeqTask, EpochTask):
         if name == "train":
             return self.data_file("src_path"), self.data_file("tgt_path")
         if name == "val":
+            if not d.val_src_path and (d.src_path or d.path):
+                # a download's val pairs score only a model of its own training pairs
+                given = "data.src_path and data.tgt_path" if d.src_path else \
+                    f"data.path={d.path!r} (a prepared DIR without a val split)"
+                raise ConfigError(f"the training pairs are your own ({given}) but no validation "
+                                  "pairs are: set data.val_src_path and data.val_tgt_path")
             return self.data_file("val_src_path"), self.data_file("val_tgt_path")
         if name == "test":
             if not (d.test_src_path and d.test_tgt_path):

@@ -44,6 +44,12 @@ class Tokenizer(ABC):
     def vocab_size(self) -> int:
         """Number of distinct ids; every id is in ``range(vocab_size)``."""
 
+    @property
+    def lm_pad_id(self) -> int | None:
+        """The ``pad_id`` of a decoder over this tokenizer, whose loss leaves it out: the
+        padding, unless it is also the end of text (GPT-2's), which the loss must see."""
+        return self.pad_id if self.pad_id != self.eos_id else None
+
     @abstractmethod
     def encode(self, text: str, add_special: bool = False) -> list[int]:
         """Token ids of ``text``; with ``add_special`` wrapped in bos ... eos."""
