@@ -13,6 +13,7 @@ import torch
 from _runs import TEXT, classifier_run, lm_run, seq2seq_run
 from attnlab.cli import main
 from attnlab.decoding import classify_texts, translate_texts
+from attnlab.decoding.lm import window_keep
 from attnlab.runs import load_run
 
 
@@ -238,6 +239,15 @@ def test_inputs_longer_than_max_len_are_read_in_part_and_say_so(runs, capsys, tm
     short = tmp_path / "short.txt"
     short.write_text("to be\n")
     assert warnings_of("classify", runs["cls"], "--input", short) == []
+    # a prompt: sampling continues from its end, so its last tokens are read
+    max_len = load_run(runs["lm"]).model.config.max_len
+    for prompts, said in ((["--prompt", "the dog", "--prompt-file", long], [
+            f"1 of 3 prompts have more than {max_len} tokens (max_len): only their last "
+            f"{window_keep(max_len)} are read"]), (["--prompt-file", short], [])):
+        caplog.clear()
+        code, out, err = run_cli(capsys, "sample", runs["lm"], "--max-new-tokens", 2, *prompts)
+        assert code == 0, err
+        assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == said
 
 
 def test_input_that_is_a_folder_is_one_line(runs, capsys, tmp_path):

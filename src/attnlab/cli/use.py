@@ -224,7 +224,13 @@ def _prompts(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 def _check_prompts_encode(run, prompts: list[tuple[str, str]]) -> None:
     """Refuse, before any output, a prompt the run's tokenizer cannot encode or reads as no
-    token at all; the message says which prompt."""
+    token at all; the message says which prompt. One warning when some prompts are longer
+    than the model's positions: sampling continues from their last tokens
+    (:class:`~attnlab.decoding.lm.ContextWindow`)."""
+    from ..data.batching import warn_if_cut
+    from ..decoding.lm import window_keep
+
+    lengths = []
     for prompt, where in prompts:
         try:
             ids = run.tokenizer.encode(prompt)
@@ -233,6 +239,9 @@ def _check_prompts_encode(run, prompts: list[tuple[str, str]]) -> None:
         if not ids:
             raise DataError(f"{where} is no token for this run's tokenizer (it drops "
                             "whitespace): give some text to continue")
+        lengths.append(len(ids))
+    max_len = run.model.config.max_len
+    warn_if_cut(lengths, max_len, "prompts", last=window_keep(max_len))
 
 
 def _check_stops_encode(run, stops: list[str]) -> None:

@@ -95,14 +95,17 @@ def check_texts(texts: Any, what: str) -> None:
                         "a list")
 
 
-def warn_if_cut(lengths: Sequence[int], limit: int, what: str) -> None:
+def warn_if_cut(lengths: Sequence[int], limit: int, what: str, last: int | None = None) -> None:
     """One warning when some of the inputs of ``lengths`` tokens are longer than ``limit``
     (they are then cut to it, as in training): the user sees that part of a text was not
-    read. ``what``: the inputs, plural ("sentences")."""
+    read. ``what``: the inputs, plural ("sentences"); ``last``: the inputs keep their last
+    this many tokens (a prompt, whose continuation follows its end), not their first
+    ``limit``."""
     n = sum(length > limit for length in lengths)
     if n:
-        log.warning("%d of %d %s have more than %d tokens (max_len): only their first %d are "
-                    "read", n, len(lengths), what, limit, limit)
+        log.warning("%d of %d %s have more than %d tokens (max_len): only their %s %d are "
+                    "read", n, len(lengths), what, limit, "first" if last is None else "last",
+                    limit if last is None else last)
 
 
 def _epoch_generator(seed: int, epoch: int) -> torch.Generator:
