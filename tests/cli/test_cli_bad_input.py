@@ -212,6 +212,9 @@ def _rows(e):
         "train_resume_other_config": synth(syn, 4, "--resume", "--set", "model.d_model=32"),
         # another seed draws another validation set: its figures would not compare with best/'s
         "train_resume_other_seed": synth(syn, 4, "--resume", "--set", "train.seed=7"),
+        # said as itself, not as the model's vocabulary too small for the new one
+        "train_resume_other_synth_vocab": synth(syn, 4, "--resume", "--set",
+                                                "data.synth_vocab=40"),
         "train_resume_other_metric": synth(syn, 4, "--resume", "--set",
                                            "train.best_metric='val_loss'"),
         "train_resume_missing_key": ["train", "--out", str(e["state_missing_key"]), "--resume",
@@ -343,6 +346,7 @@ EXPECT = {
     "train_bad_device": "train.device='foo' is not allowed",
     "train_bom_only_text": "is empty (or only whitespace)",
     "train_resume_other_seed": "train.seed is 1337 there but 7 here",
+    "train_resume_other_synth_vocab": "data.synth_vocab is 16 there but 40 here",
     "train_tsv_no_path": "classification of your own files needs data.path: set it with "
                          "--set data.path=",
     "train_synthetic_with_a_file": "data.path is not read by data.name='reverse'",

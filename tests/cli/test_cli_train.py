@@ -547,7 +547,8 @@ def test_a_key_the_run_does_not_read_is_said_once_not_on_resume_or_init_from(tex
                                                                             caplog):
     """``--set data.seq_max`` on a language model: one warning when the run starts; resuming
     it (its config.json holds every key of every family) and starting a run from its
-    weights say nothing of the keys the run dir brought."""
+    weights say nothing of the keys the run dir brought; a resume's own ``--set`` of a key
+    it does not read is said."""
     import logging
 
     def warned(argv) -> list[str]:
@@ -561,5 +562,8 @@ def test_a_key_the_run_does_not_read_is_said_once_not_on_resume_or_init_from(tex
     assert len(said) == 1 and said[0].startswith("data.seq_max does not apply to this run"), said
     assert warned(["train", "--out", str(tmp_path / "a"), "--resume",
                    "--set", "train.max_steps=4"]) == []
+    said = warned(["train", "--out", str(tmp_path / "a"), "--resume", "--set",
+                   "train.max_steps=6", "--set", "train.max_tokens=512"])
+    assert len(said) == 1 and said[0].startswith("train.max_tokens does not apply"), said
     assert warned(lm_args(text, tmp_path / "b", 2, "--init-from", str(tmp_path / "a"),
                           "--set", "train.warmup_steps=1")) == []

@@ -280,9 +280,18 @@ def _ready_trainer(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> 
         run.write_config(resolved.to_dict())
         if task.tokenizer is not None and not (start.resume and start.tokenizer is not None):
             run.save_tokenizer(task.tokenizer)
-    # a resume's keys are the run's own (its config.json): said at its start, if at all
-    _announce(trainer, resolved, info, frozenset() if resume else rc.explicit)
+    # a resume's keys are the run's own (its config.json), said at its start: only those it
+    # changes are the user's now
+    _announce(trainer, resolved, info, rc.explicit if start.saved is None
+              else _changed_keys(start.saved, start.rc))
     return trainer
+
+
+def _changed_keys(saved: dict[str, Any], rc: RunConfig) -> frozenset[str]:
+    """The keys whose value in ``rc`` is not the one in the run's ``config.json``."""
+    saved, mine = upgrade(saved), rc.to_dict()
+    return frozenset(f"{section}.{key}" for section in SECTIONS for key, value in
+                     mine[section].items() if (saved.get(section) or {}).get(key) != value)
 
 
 def _resumed_start(rc: RunConfig, run: RunDir) -> RunStart:
@@ -294,6 +303,9 @@ def _resumed_start(rc: RunConfig, run: RunDir) -> RunStart:
     resume = not _restart_from_nothing(run)
     if resume:
         check_steps_left(run, rc)
+    # a changed key said as itself, before the data it changes is read (a changed
+    # data.synth_vocab would fail as a model.vocab_size too small for it)
+    check_same_config(run.path, saved, rc)
     return RunStart(rc, resume, saved, tokenizer)
 
 
