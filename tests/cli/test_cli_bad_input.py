@@ -89,6 +89,9 @@ def env(tmp_path_factory):
     for name, data in files.items():
         (base / name).write_bytes(data)
         e[name] = base / name
+    assert main(["data", "prepare", str(e["text.txt"]), "--val-fraction", "0", "--out",
+                 str(base / "no_val")]) == 0
+    e["no_val"] = base / "no_val"
     long = base / "long.txt"
     long.write_text("the quick brown fox " * 10 + "\n")
     e["long.txt"] = long
@@ -199,6 +202,10 @@ def _rows(e):
         # a download's val pairs would score a model of other pairs
         "train_own_pairs_no_val": ["train", "--set", f"data.src_path={text}", "--set",
                                    f"data.tgt_path={text}", *TINY, "--out", out],
+        "train_prepared_without_val": ["train", "--set", f"data.path={e['no_val']}", *TINY,
+                                       "--out", out],
+        "train_mix_non_utf8": ["train", "--set", f"data.mix=[{{path='{text}', weight=1}}, "
+                               f"{{path='{e['latin1.txt']}', weight=1}}]", *TINY, "--out", out],
         "train_recipe_missing": ["train", f"{b}/nope.toml", "--out", out],
         "train_recipe_not_toml": ["train", str(e["bad.toml"]), "--out", out],
         "train_recipe_bad_key": ["train", str(e["cfg_badkey.toml"]), "--out", out],
@@ -351,6 +358,12 @@ EXPECT = {
                          "--set data.path=",
     "train_synthetic_with_a_file": "data.path is not read by data.name='reverse'",
     "train_missing_val_text": "nope.txt does not exist",
+    "train_prepared_without_val": "the val split has 0 tokens, fewer than "
+                                  "train.block_size + 1 = 129; give a val text file "
+                                  "(data.val_path), prepare it again with a larger "
+                                  "--val-fraction",
+    "train_mix_non_utf8": "is not UTF-8 text: undecodable byte 0xe9 at byte offset 3; convert "
+                          "it to UTF-8, or prepare ",
     "train_own_pairs_no_val": "the training pairs are your own (data.src_path and "
                               "data.tgt_path) but no validation pairs are: set "
                               "data.val_src_path and data.val_tgt_path",

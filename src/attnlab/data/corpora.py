@@ -18,7 +18,7 @@ from attnlab.config import ConfigError
 from attnlab.data.errors import DataError, DataFileNotFoundError
 from attnlab.data.fetch import sha256_of
 from attnlab.data.pipeline import cache_key
-from attnlab.data.prepare import build_tokenizer, prepare_cached
+from attnlab.data.prepare import build_tokenizer, check_raw, prepare_cached
 from attnlab.data.shards import TOKENIZER, is_token_dir, read_manifest
 from attnlab.data.sources import find_sources
 from attnlab.data.text import embedded_corpus
@@ -74,6 +74,8 @@ def mix_tokenizer(paths: Sequence[str], cache_dir: Path, kind: str, *, vocab_siz
     path = cache_dir / "prepared" / "mix-tokenizers" / f"{cache_key(settings, 16)}.json"
     if path.is_file():
         return load_tokenizer(path)
+    for p in paths:  # bad text is one line with what to do, as when each is prepared
+        check_raw(p)
     tok = build_tokenizer(found, kind, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer)
     atomic_write_bytes(path, json.dumps({"format": FORMAT, **tok.to_dict()}).encode())
     return load_tokenizer(path)  # (as a later run reads it: the same cache keys)

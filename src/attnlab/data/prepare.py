@@ -474,7 +474,7 @@ def prepare_cached(path: str | Path, cache_dir: str | Path, tokenizer: str | Tok
                       pre_tokenizer=pre_tokenizer, val_fraction=val_fraction)
 
     def make() -> None:
-        _check_raw(path, found)  # bad text stops here: before a word is said
+        check_raw(path, found)  # bad text stops here: before a word is said
         log.info("preparing %s once into %s", path, out)
         prepare([path], out, tokenizer, vocab_size=vocab_size, pre_tokenizer=pre_tokenizer,
                 val_fraction=val_fraction,
@@ -508,10 +508,12 @@ def _cached_dir(path: Path, found: list[Source], cache_dir: str | Path,
     return Path(cache_dir) / "prepared" / f"{path.stem}-{sha256_of(path)[:16]}-{key}"
 
 
-def _check_raw(path: Path, found: list[Source]) -> None:
-    """Read the sources of :func:`prepare_cached` through once; the first bad one is one line
-    that says what `attnlab train` can do about it."""
-    for source in found:
+def check_raw(path: str | Path, found: list[Source] | None = None) -> None:
+    """Read the sources of the raw text file or folder ``path`` given to training (their
+    ``found`` list, when known) through once; the first bad one is one line that says what
+    `attnlab train` can do about it."""
+    path = Path(path)
+    for source in _raw_sources(path) if found is None else found:
         try:
             check_source(source)
         except NotUTF8Error as e:

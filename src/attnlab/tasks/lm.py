@@ -336,9 +336,13 @@ class LMTask(Task):
     def _checked(self, data: Tokens, name: str, source: str = "") -> Tokens:
         if len(data) < self.block + 1:
             of = f" of {source}" if source else ""
+            fix = "use more text or a smaller block_size"
+            if name == "val" and not self.rc.data.val_path:  # the held-out part of a corpus
+                held = ("prepare it again with a larger --val-fraction" if is_token_dir(
+                    source or self._sources()[0][0]) else "lower data.train_frac")
+                fix = f"give a val text file (data.val_path), {held}, or a smaller block_size"
             raise ConfigError(f"the {name} split{of} has {len(data)} tokens, fewer than "
-                              f"train.block_size + 1 = {self.block + 1}; use more text or a "
-                              "smaller block_size")
+                              f"train.block_size + 1 = {self.block + 1}; {fix}")
         return data
 
     def split(self, name: str) -> Tokens:
