@@ -336,7 +336,8 @@ class LMTask(Task):
     def _checked(self, data: Tokens, name: str, source: str = "") -> Tokens:
         if len(data) < self.block + 1:
             of = f" of {source}" if source else ""
-            fix = "use more text or a smaller block_size"
+            fix = (f"give at least {self.block + 1} tokens of text (or train with a smaller "
+                   "train.block_size)")
             if name == "val" and not self.rc.data.val_path:  # the held-out part of a corpus
                 held = ("prepare it again with a larger --val-fraction" if is_token_dir(
                     source or self._sources()[0][0]) else "lower data.train_frac")

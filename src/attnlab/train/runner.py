@@ -132,11 +132,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return rc
 
 
-def check_same_config(run_dir: Path, saved: dict, new: RunConfig) -> None:
+def check_same_config(run_dir: Path, saved: dict, new: RunConfig, files: bool = True) -> None:
     """A checkpoint only continues the model and data it was trained with, and evaluates as
-    it did (:data:`RESUME_TRAIN_KEYS`). Old spellings in ``saved`` are read as today's."""
+    it did (:data:`RESUME_TRAIN_KEYS`). Old spellings in ``saved`` are read as today's.
+    ``files=False`` leaves the data files out (``data.*path``, ``data.mix``): reading them
+    says more (a DIR of another vocabulary) than that they changed."""
     saved, d = upgrade(saved), new.to_dict()
     for section, keys in (("model", ()), ("data", ()), ("train", RESUME_TRAIN_KEYS)):
+        if not files and section == "data":
+            keys = tuple(k for k in sorted(set(saved.get("data", {})) | set(d["data"]))
+                         if not (k.endswith("path") or k == "mix"))
         diff = _first_difference(saved, d, section, keys)
         if diff is not None:
             raise RunError(f"the checkpoint in {run_dir} was trained with a different config: "
@@ -305,7 +310,7 @@ def _resumed_start(rc: RunConfig, run: RunDir) -> RunStart:
         check_steps_left(run, rc)
     # a changed key said as itself, before the data it changes is read (a changed
     # data.synth_vocab would fail as a model.vocab_size too small for it)
-    check_same_config(run.path, saved, rc)
+    check_same_config(run.path, saved, rc, files=False)
     return RunStart(rc, resume, saved, tokenizer)
 
 
