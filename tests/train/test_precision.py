@@ -56,6 +56,28 @@ def test_fastest_is_not_fooled_by_one_slow_call():
     assert len(calls) == 12
 
 
+def test_a_precision_many_times_slower_in_the_first_two_rounds_is_timed_no_more():
+    """bf16 on a CPU without bf16 units (22x slower, 5 s a step, was seen): after its warm-up
+    and two slow rounds fp32 is timed alone; one fast round among them keeps it timed."""
+    clock, calls = FakeClock(), []
+    assert prec.fastest(make_step(clock, {"fp32": 1.0, "bf16": 3.0}, calls), "k", rounds=5,
+                        clock=clock) == "fp32"
+    assert calls == ["fp32", "bf16", "fp32", "bf16", "bf16", "fp32", "fp32", "fp32", "fp32"]
+    assert probe._read_cache(probe.cache_file())["k"]["ms"] == {"fp32": 1000.0, "bf16": 3000.0}
+    clock, calls = FakeClock(), []
+    bf16_costs = iter([5.0, 5.0, 1.0, 5.0, 5.0, 5.0])  # warm-up, then 5 timed calls
+
+    def step(precision):
+        calls.append(precision)
+        clock.now += next(bf16_costs) if precision == "bf16" else 1.0
+
+    assert prec.fastest(step, "k2", rounds=5, clock=clock) == "fp32"
+    assert calls.count("bf16") == 6  # timed in every round
+    clock, calls = FakeClock(), []  # under SLOWER times: timed in every round
+    prec.fastest(make_step(clock, {"fp32": 1.0, "bf16": 2.9}, calls), "k3", clock=clock)
+    assert calls.count("bf16") == 6
+
+
 def test_fastest_is_cached_per_key():
     clock, calls = FakeClock(), []
     step = make_step(clock, {"fp32": 1.0, "bf16": 3.0}, calls)
