@@ -27,9 +27,11 @@ class FakeClock:
 
 
 def make_step(clock, cost, calls):
+    """A step whose call costs ``cost[precision]``: seconds, or an iterator of each call's."""
     def step(precision):
         calls.append(precision)
-        clock.now += cost[precision]
+        c = cost[precision]
+        clock.now += c if isinstance(c, float) else next(c)
     return step
 
 
@@ -47,11 +49,7 @@ def test_fastest_is_not_fooled_by_one_slow_call():
     # machine): its summed time would lose to bf16, its fastest call wins
     clock, calls = FakeClock(), []
     fp32_costs = iter([1.0, 1.0, 10.0, 1.0, 1.0, 1.0])  # warm-up, then 5 timed calls
-
-    def step(precision):
-        calls.append(precision)
-        clock.now += next(fp32_costs) if precision == "fp32" else 2.0
-
+    step = make_step(clock, {"fp32": fp32_costs, "bf16": 2.0}, calls)
     assert prec.fastest(step, "k", rounds=5, clock=clock) == "fp32"
     assert len(calls) == 12
 
@@ -66,11 +64,7 @@ def test_a_precision_many_times_slower_in_the_first_two_rounds_is_timed_no_more(
     assert probe._read_cache(probe.cache_file())["k"]["ms"] == {"fp32": 1000.0, "bf16": 3000.0}
     clock, calls = FakeClock(), []
     bf16_costs = iter([5.0, 5.0, 1.0, 5.0, 5.0, 5.0])  # warm-up, then 5 timed calls
-
-    def step(precision):
-        calls.append(precision)
-        clock.now += next(bf16_costs) if precision == "bf16" else 1.0
-
+    step = make_step(clock, {"fp32": 1.0, "bf16": bf16_costs}, calls)
     assert prec.fastest(step, "k2", rounds=5, clock=clock) == "fp32"
     assert calls.count("bf16") == 6  # timed in every round
     clock, calls = FakeClock(), []  # under SLOWER times: timed in every round
