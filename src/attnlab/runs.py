@@ -12,6 +12,7 @@ model's inputs as training read them (:meth:`Run.inputs`), for every family.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from .models import build_model
 from .state_tree import flatten, unflatten
 from .tokenizers import Tokenizer, load_tokenizer
 from .weights import load_sharded, load_weights, save_sharded, save_weights, write_tensors
+
+log = logging.getLogger(__name__)
 
 # The layout of a run dir:
 #   config.json        the resolved run config: {"model": {...}, "data": {...}, "train": {...}}
@@ -447,6 +450,8 @@ def load_run(run_dir: str | Path, which: str = "best", device: str = "cpu") -> R
     cfg = rd.read_config()
     model = build_model(ModelConfig.from_dict(cfg["model"]))
     ckpt = rd.load_weights(model, which)
+    if which in CHECKPOINTS and ckpt.parent.name != which:  # (a run stopped before it wrote one)
+        log.info("%s has no %s/ checkpoint: using its %s/", rd.path, which, ckpt.parent.name)
     tokenizer = rd.load_tokenizer()
     if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
         # (fewer tokens than embeddings is fine: a vocabulary padded to a multiple of 64)

@@ -294,3 +294,23 @@ def test_label_names_that_do_not_fit_the_classes_are_named(tmp_path):
             run.label_names  # noqa: B018 (the property raises)
     (run_dir / "config.json").write_text(json.dumps({**config, "data": {}}))
     assert load_run(run_dir).label_names == ["0", "1", "2"]
+
+
+def test_a_run_without_the_checkpoint_asked_for_says_which_it_uses(runs, tmp_path, capsys,
+                                                                  caplog):
+    """A run stopped before its first evaluation has last/ but no best/: ``best`` (the
+    default) reads last/ and says so; a run with best/ says nothing."""
+    import logging
+    import shutil
+
+    run = tmp_path / "stopped"
+    shutil.copytree(runs["lm"], run)
+    (run / "best").rename(run / "last")
+    for path, said in ((run, [f"{run} has no best/ checkpoint: using its last/"]),
+                       (runs["lm"], [])):
+        caplog.clear()
+        with caplog.at_level(logging.INFO):  # (main resets the attnlab logger's level)
+            code, out, err = run_cli(capsys, "sample", path, "--prompt", "the",
+                                     "--max-new-tokens", 2)
+        assert code == 0, err
+        assert [r.getMessage() for r in caplog.records if "checkpoint" in r.getMessage()] == said
