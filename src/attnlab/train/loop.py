@@ -28,7 +28,7 @@ from ..info import check_fits, check_micro_batches
 from ..models import build_model
 from ..run_config import RunConfig
 from ..runs import RunDir, RunError
-from ..speed import probe, use_cpu_dropout, use_cpu_sdpa, use_fused_loss
+from ..speed import keep_freed_memory, probe, use_cpu_dropout, use_cpu_sdpa, use_fused_loss
 from ..tasks import Task
 from .average import WeightEMA
 from .distributed import (
@@ -199,6 +199,8 @@ class Trainer:
         self.device = resolve_device(self.cfg.device, self.info)
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)  # process-wide, as torch has it
+        if self.device.type == "cpu":  # (process-wide too: glibc's malloc thresholds)
+            keep_freed_memory()
         sharded = self.cfg.parallel == "fsdp"  # (each process holds 1/K of the weights)
         check_fits(task.model_config, self.device, self.info.world_size if sharded else 1)
         seed_everything(self.cfg.seed)  # the same initial weights on every process
