@@ -197,10 +197,7 @@ class Trainer:
         check_micro_batches(self.cfg.grad_accum, sum(t.nbytes for t in batch))
         self.run = run_dir if run_dir is None or isinstance(run_dir, RunDir) else RunDir(run_dir)
         self.device = resolve_device(self.cfg.device, self.info)
-        if self.cfg.threads:
-            torch.set_num_threads(self.cfg.threads)  # process-wide, as torch has it
-        if self.device.type == "cpu":  # (process-wide too: glibc's malloc thresholds)
-            keep_freed_memory()
+        self._set_process()
         sharded = self.cfg.parallel == "fsdp"  # (each process holds 1/K of the weights)
         check_fits(task.model_config, self.device, self.info.world_size if sharded else 1)
         seed_everything(self.cfg.seed)  # the same initial weights on every process
@@ -234,6 +231,14 @@ class Trainer:
         if self.metric not in ("val_loss", *task.metric_names):
             raise ConfigError(f"train.best_metric={metric!r} is not measured by this task; "
                               f"allowed: auto, val_loss, {', '.join(task.metric_names)}")
+
+    def _set_process(self) -> None:
+        """What training sets for the whole process: torch's threads (``train.threads``) and,
+        on a CPU, freed memory kept for the next step (:func:`~attnlab.speed.keep_freed_memory`)."""
+        if self.cfg.threads:
+            torch.set_num_threads(self.cfg.threads)
+        if self.device.type == "cpu":
+            keep_freed_memory()
 
     # ---- precision -------------------------------------------------------------------------
     def _measure_precision(self, announce: bool = True) -> str:
