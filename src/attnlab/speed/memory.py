@@ -6,8 +6,8 @@ raised as such blocks are freed, to 32 MiB at most) straight from the operating 
 unmaps it when freed, and trims the top of its heap when more than twice that threshold lies
 free there; the next step then takes the same memory back page by page, each page a fault
 that the kernel fills with zeros. Whether a run pays this depends on what happened to be freed
-before it: the same step of ``shakespeare_char_cpu`` took 5 page faults in one version of the
-data pipeline and 200 to 1,100 in another, and the ``multi30k_de_en`` step 15,000 to 25,000
+before it: the same step of ``shakespeare_char_cpu`` took 5 page faults in one version of
+attnlab and 200 to 1,100 in a later one, and the ``multi30k_de_en`` step 15,000 to 25,000
 (its loss's 64 MB block of logits is always mapped). :func:`keep_freed_memory` makes every
 block come from the heap and keeps up to :data:`TRIM_THRESHOLD` of free memory at its top, so
 a step takes the memory the step before freed: no page faults. The resident memory stays at
