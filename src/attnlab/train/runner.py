@@ -113,12 +113,17 @@ def check_run_dir(run: RunDir, resume: bool) -> None:
 RESUME_TRAIN_KEYS = ("seed", "block_size", "eval_batches", "eval_batch_size")
 
 
+def _differing(saved: dict, new: dict, section: str, keys: tuple[str, ...] = ()) -> list[str]:
+    """The keys of ``section`` (``keys``, or every key of either) whose values differ."""
+    a, b = saved.get(section) or {}, new.get(section) or {}
+    return [key for key in keys or sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
+
+
 def _first_difference(saved: dict, new: dict, section: str,
                       keys: tuple[str, ...] = ()) -> str | None:
-    a, b = saved.get(section, {}), new.get(section, {})
-    for key in keys or sorted(set(a) | set(b)):
-        if a.get(key) != b.get(key):
-            return f"{section}.{key} is {a.get(key)!r} there but {b.get(key)!r} here"
+    a, b = saved.get(section) or {}, new.get(section) or {}
+    for key in _differing(saved, new, section, keys)[:1]:
+        return f"{section}.{key} is {a.get(key)!r} there but {b.get(key)!r} here"
     return None
 
 
@@ -295,8 +300,8 @@ def _ready_trainer(rc: RunConfig, run: RunDir, resume: bool, info: DistInfo) -> 
 def _changed_keys(saved: dict[str, Any], rc: RunConfig) -> frozenset[str]:
     """The keys whose value in ``rc`` is not the one in the run's ``config.json``."""
     saved, mine = upgrade(saved), rc.to_dict()
-    return frozenset(f"{section}.{key}" for section in SECTIONS for key, value in
-                     mine[section].items() if (saved.get(section) or {}).get(key) != value)
+    return frozenset(f"{section}.{key}" for section in SECTIONS
+                     for key in _differing(saved, mine, section, tuple(mine[section])))
 
 
 def _resumed_start(rc: RunConfig, run: RunDir) -> RunStart:
