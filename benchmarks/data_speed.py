@@ -22,6 +22,9 @@ ignored by git, and reused while their size and source are unchanged):
    document, as nanoGPT's ``data/openwebtext/prepare.py`` does. Runs alternate (A B, B A, ...:
    ``--pairs`` pairs) because the host's speed drifts; each pair's ratio and the median.
    The ids of both are compared (attnlab's train shards, then val, against tiktoken's file).
+   After each pair, the floor of any pipeline on this tokenizer: the same P processes only
+   reading and encoding the same chunks (``encode_to_numpy``), nothing kept or written; how
+   close attnlab comes to it.
 3. Peak resident memory of ``attnlab train shakespeare_char_cpu`` for ``--steps`` steps on the
    1 GB prepared DIR and on Tiny Shakespeare prepared with the same tokenizer (so the same
    model: the vocabulary, 50,257, comes from the data), each in a fresh child process whose
@@ -248,6 +251,25 @@ def run_tiktoken(corpus: Path, out: Path, procs: int) -> tuple[float, int]:
     return time.perf_counter() - t0, total
 
 
+def _encode_chunk(span: tuple[int, int]) -> int:
+    start, end = span
+    with open(_TT["path"], "rb") as f:
+        f.seek(start)
+        text = f.read(end - start).decode("utf-8")
+    return len(_TT["enc"].encode_to_numpy(text, disallowed_special=()))
+
+
+def run_encode(corpus: Path, out: Path, procs: int) -> tuple[float, int]:
+    """The tokenizer alone, the floor of any pipeline built on it: P processes read and
+    encode the same chunks with tiktoken's fastest call (ids as a numpy buffer), and keep
+    nothing (``out`` is not written). (seconds, tokens, the end-of-text id counted)"""
+    t0 = time.perf_counter()
+    _TT["enc"], _TT["path"] = tiktoken_gpt2(), corpus
+    with get_context("fork").Pool(procs) as pool:
+        total = sum(pool.map(_encode_chunk, chunks(corpus, CHUNK_BYTES), chunksize=1)) + 1
+    return time.perf_counter() - t0, total
+
+
 def run_attnlab(corpus: Path, out: Path, procs: int) -> tuple[float, int]:
     """``prepare`` end to end into an empty DIR. (seconds, tokens)"""
     from attnlab.data.prepare import prepare
@@ -297,9 +319,9 @@ def part_tokenize(args, corpus: Path) -> dict:
     print(f"\n## Tokenizing {size / MB:,.0f} MB with GPT-2's BPE on {args.procs} processes "
           f"(attnlab's GPT2Tokenizer encodes with {inside})", flush=True)
     out_a, out_t = args.work / "corpus-gpt2", args.work / "tiktoken-gpt2.bin"
-    speeds: dict[str, list[float]] = {"attnlab": [], "tiktoken": []}
+    speeds: dict[str, list[float]] = {"attnlab": [], "tiktoken": [], "encode": []}
     tokens: dict[str, int] = {}
-    ratios = []
+    ratios, of_floor = [], []
     for pair in range(args.pairs):
         order = ("attnlab", "tiktoken") if pair % 2 == 0 else ("tiktoken", "attnlab")
         got = {}
@@ -312,13 +334,22 @@ def part_tokenize(args, corpus: Path) -> dict:
                   f"{tokens[name]:,} tokens", flush=True)
         ratios.append(got["attnlab"] / got["tiktoken"])
         print(f"  pair {pair + 1} ratio attnlab/tiktoken: {ratios[-1]:.3f}", flush=True)
+        seconds, tokens["encode"] = one_run("encode", corpus, out_t, args.procs)
+        speeds["encode"].append(size / MB / seconds)
+        of_floor.append(got["attnlab"] / speeds["encode"][-1])
+        print(f"  pair {pair + 1}, the encoding alone (nothing written): {seconds:.2f} s, "
+              f"{speeds['encode'][-1]:.2f} MB/s; attnlab at {of_floor[-1]:.1%} of it",
+              flush=True)
     same = same_ids(out_a, out_t)
     diff = tokens["attnlab"] - tokens["tiktoken"]
     print(f"  tokens: attnlab {tokens['attnlab']:,} (train + val, one end-of-text after the "
           f"document), tiktoken {tokens['tiktoken']:,} (one end-of-text appended); "
           f"difference {diff:+,}; same ids in the same order: {'yes' if same else 'NO'}")
+    if tokens["encode"] != tokens["tiktoken"]:
+        print(f"  the encoding alone counted {tokens['encode']:,} tokens: NOT tiktoken's")
     return {"speeds": speeds, "ratios": ratios, "median": statistics.median(ratios),
-            "tokens": tokens, "same": same, "dir": out_a, "inside": inside}
+            "of_floor": of_floor, "tokens": tokens, "same": same, "dir": out_a,
+            "inside": inside}
 
 
 # --- 3. training's peak memory ----------------------------------------------------------------
@@ -438,6 +469,11 @@ def table(args, tok: dict | None, mem: dict | None, second: dict | None) -> str:
                     f"nanoGPT's pipeline: {statistics.median(t):.2f} | {tok['median']:.2f}x "
                     f"(pairs: {each}; {same}) | >= {AIM_TOKENIZE:.2f}x | "
                     f"{verdict(tok['median'] >= AIM_TOKENIZE and tok['same'])} |")
+        each = ", ".join(f"{r:.1%}" for r in tok["of_floor"])
+        rows.append(f"| the same against tiktoken's encoding alone (same processes, nothing "
+                    f"written), MB/s | {statistics.median(a):.2f} | "
+                    f"{statistics.median(tok['speeds']['encode']):.2f} | "
+                    f"{statistics.median(tok['of_floor']):.1%} (pairs: {each}) | - | - |")
     if mem:
         (big, e_big), (tiny, e_tiny) = mem["big"], mem["tiny"]
         if e_big or e_tiny:
@@ -508,7 +544,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict | None:
     if (argv if argv is not None else sys.argv[1:])[:1] == ["--one"]:  # one_run's child
         name, corpus, out, procs = (argv or sys.argv[1:])[1:]
-        run = run_attnlab if name == "attnlab" else run_tiktoken
+        run = {"attnlab": run_attnlab, "tiktoken": run_tiktoken, "encode": run_encode}[name]
         seconds, tokens = run(Path(corpus), Path(out), int(procs))
         print(json.dumps({"seconds": seconds, "tokens": tokens}))
         return None

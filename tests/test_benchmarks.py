@@ -219,6 +219,9 @@ def test_data_speed_quick_prints_the_three_comparisons(tmp_path, capsys):
     assert tok["same"] and tok["tokens"]["attnlab"] == tok["tokens"]["tiktoken"]
     (row,) = table_rows(out, "GPT-2 tokenizing 2 MB")
     assert float(row[3].split("x")[0]) > 0 and "same ids" in row[3]
+    assert tok["tokens"]["encode"] == tok["tokens"]["tiktoken"]  # the floor encodes the same
+    (row,) = table_rows(out, "the same against tiktoken's encoding alone")
+    assert float(row[3].split("%")[0]) > 0 and len(tok["of_floor"]) == 1
     (row,) = table_rows(out, "peak RSS")
     assert "failed" not in row[1] and row[3].endswith("x; same model")
     assert float(row[3].split("x")[0]) > 0 and got["memory"]["same_model"]

@@ -234,10 +234,12 @@ class Trainer:
 
     def _set_process(self) -> None:
         """What training sets for the whole process: torch's threads (``train.threads``) and,
-        on a CPU, freed memory kept for the next step (:func:`~attnlab.speed.keep_freed_memory`)."""
+        on a CPU, freed memory kept for the next step (:func:`~attnlab.speed.keep_freed_memory`)
+        unless the model is sharded: FSDP's gathered weights, kept, held as much memory as
+        the shards save (docs/what-we-tried.md, "Freed memory kept between steps")."""
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and self.cfg.parallel != "fsdp":
             keep_freed_memory()
 
     # ---- precision -------------------------------------------------------------------------
