@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/dist_memory.py          (about a minute on 2 cores)
     .venv/bin/python benchmarks/dist_memory.py --tiny   (seconds: checks that it runs)
+    .venv/bin/python benchmarks/dist_memory.py --large --only fsdp --steps 8
 
 Writes a small text and trains a decoder on it for a few steps with ``torchrun
 --nproc_per_node 2`` (gloo), under DDP and, in a version with ``train.parallel``, FSDP (else
@@ -10,7 +11,10 @@ are imported and its peak (``ru_maxrss``). What training added, less what it add
 14K-parameter model (gloo, modules imported on the way, the loss plot: measured first), is the
 model's share, printed beside ``attnlab info --world-size 2``'s estimate of it: the training
 state (:func:`attnlab.info.device_memory`) and the activations of the process's rows of the
-batch. Prints the machine, date, commit and command first. Linux (``/proc/self/statm``).
+batch, and the seconds each mode's ``torchrun`` took (start-up, ``--steps`` steps, the final
+evaluation and samples): run it alternately with and without a setting of the environment
+(``MALLOC_MMAP_THRESHOLD_``, ...) to weigh memory against time. Prints the machine, date,
+commit and command first. Linux (``/proc/self/statm``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import date
 from pathlib import Path
 
@@ -87,9 +92,10 @@ def estimate(run: Path) -> tuple[int, dict[str, float]]:
     return params, {m: s.total + activations for m, s in device_memory(params, NPROC).items()}
 
 
-def measure(shape: dict, choose: list[str], tmp: Path, name: str) -> tuple[int, dict, list]:
+def measure(shape: dict, choose: list[str], tmp: Path,
+            name: str) -> tuple[int, dict, list, float]:
     """Train ``shape`` on ``NPROC`` processes with the ``--set``s ``choose``: the parameters,
-    each mode's estimate and each rank's (base, peak) bytes."""
+    each mode's estimate, each rank's (base, peak) bytes and the seconds it took."""
     text = tmp / "text.txt"
     if not text.exists():
         text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n"
@@ -109,12 +115,14 @@ def measure(shape: dict, choose: list[str], tmp: Path, name: str) -> tuple[int, 
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"),
                                                        os.environ.get("PYTHONPATH")]))}
+    t0 = time.perf_counter()
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{name}: failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     params, estimates = estimate(run)
     got = [json.loads(Path(f"{report}.{rank}").read_text()) for rank in range(NPROC)]
-    return params, estimates, [(g["base"], g["peak"]) for g in got]
+    return params, estimates, [(g["base"], g["peak"]) for g in got], seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,13 +130,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="a tiny model: checks the script runs")
     p.add_argument("--large", action="store_true",
                    help="a GPT-2-small-sized decoder (85M parameters, a char vocabulary)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 3)")
+    p.add_argument("--only", choices=["ddp", "fsdp"], default=None, help="one mode only")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args, rest = p.parse_known_args(argv)
     if args.worker:
         return worker(args.worker, [a for a in rest if a != "--"])
-    shape = SHAPES["tiny" if args.tiny else "large" if args.large else "full"]
+    shape = dict(SHAPES["tiny" if args.tiny else "large" if args.large else "full"])
+    shape["steps"] = args.steps or shape["steps"]
+    malloc = [f"{k}={v}" for k, v in sorted(os.environ.items())  # (the settings it weighs)
+              if k.startswith(("MALLOC_", "GLIBC_TUNABLES"))]
+    command = [*malloc, "benchmarks/dist_memory.py", *(argv or sys.argv[1:])]
     print(f"machine: {machine()}\ndate: {date.today().isoformat()}\ncommit: {git_head()}\n"
-          f"command: {' '.join(['benchmarks/dist_memory.py', *(argv or sys.argv[1:])])}")
+          f"command: {' '.join(command)}")
     print(f"decoder d_model={shape['d_model']}, {shape['n_layers']} layers, batch {BATCH} x "
           f"{shape['max_len']} tokens, {shape['steps']} steps, fp32, {NPROC} CPU processes "
           "(gloo)\n")
@@ -136,24 +150,26 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         # what any run adds (gloo, modules imported on the way, the loss plot): the tiny model's
-        _, _, fixed = measure(SHAPES["tiny"], [], tmp, "reference")
+        _, _, fixed, _ = measure(SHAPES["tiny"], [], tmp, "reference")
         for name, choose in modes():
+            if args.only not in (None, name):
+                continue
             if choose is None:
                 print(f"{name.upper()}: skipped (train.parallel is not a config key in this "
                       "version)")
                 continue
-            params, estimates, got = measure(shape, choose, tmp, name)
+            params, estimates, got, seconds = measure(shape, choose, tmp, name)
             for rank, ((base, peak), (b0, p0)) in enumerate(zip(got, fixed)):
                 rows.append((name.upper(), rank, base, peak, (peak - base) - (p0 - b0),
-                             estimates[name]))
+                             estimates[name], seconds))
     print(f"{params:,} parameters; MiB per process (the model's share: what training added, "
           "less what it added for a 14K-parameter model):\n")
     print("| mode | rank | after imports | peak | the model's share | estimate | share / "
-          "estimate |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for name, rank, base, peak, share, est in rows:
+          "estimate | torchrun's seconds |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, rank, base, peak, share, est, seconds in rows:
         print(f"| {name} | {rank} | {base / mib:.0f} | {peak / mib:.0f} | {share / mib:.1f} | "
-              f"{est / mib:.1f} | {share / est:.2f} |")
+              f"{est / mib:.1f} | {share / est:.2f} | {seconds:.1f} |")
     return 0
 
 

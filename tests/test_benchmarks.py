@@ -434,4 +434,15 @@ def test_dist_memory_measures_each_process_beside_the_estimate(capsys):
     assert script("dist_memory").main(["--tiny"]) == 0
     out = capsys.readouterr().out
     assert "commit: " in out and "2 CPU processes (gloo)" in out
-    assert [row[:2] for row in table_rows(out, "DDP")] == [["DDP", "0"], ["DDP", "1"]]
+    rows = table_rows(out, "DDP")
+    assert [row[:2] for row in rows] == [["DDP", "0"], ["DDP", "1"]]
+    assert all(float(row[7]) > 0 for row in rows)  # torchrun's seconds
+
+
+@pytest.mark.slow
+def test_dist_memory_one_mode_more_steps_and_the_malloc_settings_named(capsys, monkeypatch):
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "4194304")
+    assert script("dist_memory").main(["--tiny", "--only", "ddp", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "command: MALLOC_MMAP_THRESHOLD_=4194304 benchmarks/dist_memory.py --tiny" in out
+    assert "3 steps" in out and len(table_rows(out, "DDP")) == 2 and not table_rows(out, "FSDP")
