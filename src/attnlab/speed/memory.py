@@ -12,6 +12,7 @@ attnlab and 200 to 1,100 in a later one, and the ``multi30k_de_en`` step 15,000 
 block come from the heap and keeps up to :data:`TRIM_THRESHOLD` of free memory at its top, so
 a step takes the memory the step before freed: no page faults. The resident memory stays at
 the step's peak, which each step reaches again anyway (``multi30k_de_en``'s peak 2-4% higher).
+An evaluation's batches do the same with their logits: ``attnlab eval`` sets it too.
 Figures: docs/what-we-tried.md ("Freed memory kept between steps").
 """
 

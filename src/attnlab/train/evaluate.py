@@ -21,7 +21,7 @@ from ..devices import resolve_device
 from ..errors import UsageError
 from ..run_config import RunConfig
 from ..runs import RunDir, RunError, load_run
-from ..speed import use_cpu_sdpa
+from ..speed import keep_freed_memory, use_cpu_sdpa
 from ..tasks import Progress, Task, build_task, task_class
 from .precision import Amp, resolve_precision
 
@@ -60,6 +60,8 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
     rc = _eval_data(rd, rc, split, data)
     task = _eval_task(rd, rc)
     dev = resolve_device(device, flag="--device")
+    if dev.type == "cpu":  # each batch's logits freed and made again, as in training
+        keep_freed_memory()
     run = load_run(rd.path, checkpoint, device=str(dev))
     # the precision and attention kernels training evaluated with, as the Trainer enters them
     amp = Amp(_eval_precision(rd, rc, checkpoint, dev), dev, rc.train.sdpa_backend)
