@@ -222,12 +222,15 @@ def chunks(path: Path, size: int) -> list[tuple[int, int]]:
 _TT: dict = {}  # the worker processes' encoding and file (inherited through fork)
 
 
-def _tiktoken_chunk(span: tuple[int, int]) -> np.ndarray:
+def _read_span(span: tuple[int, int]) -> str:
     start, end = span
     with open(_TT["path"], "rb") as f:
         f.seek(start)
-        text = f.read(end - start).decode("utf-8")
-    return np.array(_TT["enc"].encode_ordinary(text), dtype=np.uint16)
+        return f.read(end - start).decode("utf-8")
+
+
+def _tiktoken_chunk(span: tuple[int, int]) -> np.ndarray:
+    return np.array(_TT["enc"].encode_ordinary(_read_span(span)), dtype=np.uint16)
 
 
 def run_tiktoken(corpus: Path, out: Path, procs: int) -> tuple[float, int]:
@@ -252,11 +255,7 @@ def run_tiktoken(corpus: Path, out: Path, procs: int) -> tuple[float, int]:
 
 
 def _encode_chunk(span: tuple[int, int]) -> int:
-    start, end = span
-    with open(_TT["path"], "rb") as f:
-        f.seek(start)
-        text = f.read(end - start).decode("utf-8")
-    return len(_TT["enc"].encode_to_numpy(text, disallowed_special=()))
+    return len(_TT["enc"].encode_to_numpy(_read_span(span), disallowed_special=()))
 
 
 def run_encode(corpus: Path, out: Path, procs: int) -> tuple[float, int]:
