@@ -70,9 +70,9 @@ def test_training_on_a_cpu_keeps_freed_memory(monkeypatch):
 
 
 def test_sharded_training_hands_freed_memory_back(monkeypatch):
-    """Under FSDP the gathered weights and the whole model built before sharding, kept in the
-    heap, held as much as the shards save (85M parameters: 2.0-2.1 GB a process against
-    1.16 GB with glibc's own settings), so a sharded run leaves malloc as it is."""
+    """Under FSDP the weights each block gathers, kept in the heap once freed, held what the
+    shards save (85M parameters: a process's peak 2.39 / 2.47 GB against 1.92-2.26 GB with
+    glibc's malloc as it starts), at no speed gain: a sharded run leaves malloc as it is."""
     called = []
     monkeypatch.setattr("attnlab.train.loop.keep_freed_memory", lambda: called.append(1))
     cpu = torch.device("cpu")

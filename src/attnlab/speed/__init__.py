@@ -13,7 +13,8 @@ the decoding loops apply these around a model.
 * :mod:`~attnlab.speed.loss`: the output projection fused with its loss, put into a
   model's ``head_loss`` slot (:func:`use_fused_loss`, :func:`linear_cross_entropy`).
 * :mod:`~attnlab.speed.memory`: freed memory kept in the process for the next training step
-  on a CPU, not handed back to the system and faulted in again (:func:`keep_freed_memory`).
+  or evaluation batch on a CPU, not handed back to the system and faulted in again
+  (:func:`keep_freed_memory`).
 * :mod:`~attnlab.speed.decoding`: what decoding steps run in (:func:`decoding_kernels`,
   :func:`direct_attributes`) and the weights' memory order (:func:`inference_layout`,
   :func:`layout_pays`).

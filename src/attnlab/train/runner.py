@@ -121,10 +121,11 @@ def _differing(saved: dict, new: dict, section: str, keys: tuple[str, ...] = ())
 
 def _first_difference(saved: dict, new: dict, section: str,
                       keys: tuple[str, ...] = ()) -> str | None:
-    a, b = saved.get(section) or {}, new.get(section) or {}
-    for key in _differing(saved, new, section, keys)[:1]:
-        return f"{section}.{key} is {a.get(key)!r} there but {b.get(key)!r} here"
-    return None
+    differing = _differing(saved, new, section, keys)
+    if not differing:
+        return None
+    key, a, b = differing[0], saved.get(section) or {}, new.get(section) or {}
+    return f"{section}.{key} is {a.get(key)!r} there but {b.get(key)!r} here"
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
