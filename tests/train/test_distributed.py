@@ -226,6 +226,19 @@ def same_weights_and_losses(a, b):
 FSDP = ["--set", "train.parallel='fsdp'"]
 # rank 1 alone dies at once during step 5 (kill -9); torchrun then ends the other process
 KILLED = SIGNALLED.replace("signal.SIGTERM", "signal.SIGKILL")
+# each process saves the weights of the model its train_run returns (None: no model) beside
+# the run dir
+OUTCOME = """import os, sys, torch
+import attnlab.train
+from attnlab.cli import main
+plain = attnlab.train.train_run
+def train_run(*args, **kwargs):
+    out = plain(*args, **kwargs)
+    torch.save(out.model and out.model.state_dict(), f"{out.run_dir}.{os.environ['RANK']}.pt")
+    return out
+attnlab.train.train_run = train_run
+sys.exit(main())
+"""
 
 
 def weights(run_dir, which="last"):
@@ -248,10 +261,17 @@ def test_fsdp_trains_what_ddp_and_one_process_train_over_50_steps(tmp_path):
     text.write_text(TEXT)
     steps = ["--set", "model.n_layers=2", "--set", "train.max_steps=50", "--set",
              "train.eval_every=25", "--set", "train.log_every=5"]
-    run(command(text, tmp_path / "one") + steps, 1, tmp_path)
+    one = run(command(text, tmp_path / "one") + steps, 1, tmp_path)
     run(command(text, tmp_path / "ddp") + steps, 2, tmp_path)
-    fsdp = run(command(text, tmp_path / "fsdp") + steps + FSDP, 2, tmp_path)
+    fsdp = run(command(text, tmp_path / "fsdp") + steps + FSDP, 2, tmp_path, main=OUTCOME)
     assert "2 processes (FSDP, gloo)" in fsdp.stderr, fsdp.stderr[-3000:]
+    # the first process samples from the model gathered there (the others gather nothing)
+    gathered, saved = [torch.load(tmp_path / f"fsdp.{r}.pt") for r in (0, 1)], weights(
+        tmp_path / "fsdp")
+    assert gathered[1] is None and gathered[0].keys() == saved.keys()
+    assert all(torch.equal(v, saved[k]) for k, v in gathered[0].items())
+    samples = fsdp.stdout[fsdp.stdout.find("--- sample"):]
+    assert samples.count("--- sample") == 3 and one.stdout.endswith(samples), fsdp.stdout
     ac = ["--set", "train.activation_checkpointing=true"]
     run(command(text, tmp_path / "ac") + steps + FSDP + ac, 2, tmp_path)
     curve = losses(tmp_path / "fsdp")

@@ -277,11 +277,12 @@ def gathered(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def whole_state(model: nn.Module) -> dict[str, Tensor]:
-    """The weights of fsdp-sharded ``model``, whole, on every process (a collective: every
-    process calls it)."""
+    """The weights of fsdp-sharded ``model``, whole, in CPU memory on the first process; an
+    empty dict on the others (a collective: every process calls it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                cpu_offload=True))
 
 
 @contextlib.contextmanager

@@ -494,16 +494,20 @@ class Trainer:
             use_fused_loss(model)
         return model
 
-    def whole_model(self) -> torch.nn.Module:
-        """The model as one module with its current weights: fsdp's shards gathered on every
-        process (each calls this) into a copy; the model itself otherwise. What runs after
-        training, outside the process group (samples), runs on it."""
+    def whole_model(self) -> torch.nn.Module | None:
+        """The model as one module with its current weights: the model itself, or under fsdp
+        its shards gathered into a copy on the first process (every process calls this: a
+        collective), None on the others. What runs after training, outside the process group
+        (samples), runs on it."""
         if self.cfg.parallel != "fsdp" or not self.info.enabled:
             return self.model
+        state = whole_state(self.model)  # ({} on the other processes)
+        if not self.info.is_main:
+            return None
         if self.whole is None:
             with torch.random.fork_rng(devices=[]):  # (training's random stream untouched)
                 self.whole = self._build_model()
-        self.whole.load_state_dict(whole_state(self.model))
+        self.whole.load_state_dict(state)
         return self.whole
 
     # ---- the loop ------------------------------------------------------------------------------

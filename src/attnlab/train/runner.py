@@ -46,10 +46,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RunOutcome:
-    """A finished training run: its result, the trained model (last weights) and tokenizer."""
+    """A finished training run: its result, the trained model (last weights) and tokenizer.
+    A sharded run (``train.parallel = "fsdp"``) gathers the model on the first process alone:
+    ``model`` is None on the others (``is_main`` False)."""
 
     result: TrainResult
-    model: nn.Module
+    model: nn.Module | None
     tokenizer: Tokenizer | None
     run_dir: Path
     config: RunConfig
@@ -61,7 +63,7 @@ class RunOutcome:
         language model with a tokenizer."""
         tokenizer = self.tokenizer
         if not self.config.train.samples or self.config.model.family != "decoder" \
-                or tokenizer is None:
+                or tokenizer is None or self.model is None:
             return []
         return sample_texts(self.model, tokenizer, self.config, default_prompt(tokenizer))
 
