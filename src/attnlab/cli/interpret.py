@@ -41,8 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     a = _sub(ps, "ablate", "the loss change when each head or feed-forward block is removed")
     a.add_argument("--text", default=None, help="the text whose loss is measured")
     a.add_argument("--file", default=None, help="a UTF-8 text file whose loss is measured")
-    a.add_argument("--split", default=None, choices=("val",), help="language models: the "
-                   "run's own val split, as `attnlab eval` reads it")
+    a.add_argument("--split", default=None, choices=("val",), help="language models: "
+                   "the run's own val split, the windows training's periodic evaluation "
+                   "samples")
     a.add_argument("--batches", type=int, default=None, help="--split: batches (default 1)")
     a.add_argument("--kind", default="zero", choices=("zero", "mean"),
                    help="replace the output by 0 (zero) or its mean over the batch (mean)")
@@ -373,8 +374,8 @@ def _read(path: str) -> str:
 
 
 def split_batch(run, run_dir: str, batches: int):
-    """``batches`` batches of the run's val split as ``attnlab eval --batches`` samples it
-    (the run's task and tokenizer, windows of its block), as one LM batch."""
+    """``batches`` batches of the run's val split as training's periodic evaluation samples
+    them (the run's task and tokenizer, windows of its block), as one LM batch."""
     from ..interpret.ablation import lm_batch
     from ..run_config import RunConfig
     from ..runs import RunDir

@@ -451,8 +451,8 @@ class LMTask(Task):
 
     def sampled_starts(self, data: Tokens, max_batches: int) -> list[int]:
         """Where the windows of ``max_batches`` sampled evaluation batches start in ``data``
-        (random, the same ones every time: ``attnlab eval --batches``, ``interpret ablate
-        --split``)."""
+        (random, the same ones every time: training's periodic evaluation, ``interpret
+        ablate --split``)."""
         gen = torch.Generator().manual_seed(self.rc.train.seed + 7919)
         return torch.randint(len(data) - self.block, (max_batches * self.eval_batch_size(),),
                              generator=gen).tolist()
