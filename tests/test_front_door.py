@@ -111,6 +111,17 @@ def test_a_recipe_of_the_working_directory_comes_first(tmp_path, monkeypatch, ca
     assert "A recipe of my own." in lines["extra"] and "reverse" in lines
     with pytest.raises(FileNotFoundError, match="recipes: copy, demo, extra, .*`attnlab recipes`"):
         find_recipe("nosuch")
+    # a folder named like a recipe is none; a recipe that is not UTF-8 text is one line, in
+    # the list and as a name, file or training config alike
+    (tmp_path / "configs" / "dir.toml").mkdir()
+    assert "dir" not in {line.split()[0] for line in run_cli(capsys, "recipes")[1].splitlines()}
+    (tmp_path / "configs" / "latin.toml").write_bytes(b"# Caf\xe9 au lait.\n[model]\n")
+    for argv in (["recipes"], ["recipes", "latin"], ["recipes", "configs/latin.toml"],
+                 ["train", "latin"], ["info", "latin"]):
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 2 and out == "" and err.count("\n") == 1, (argv, err)
+        assert "config file configs/latin.toml is not UTF-8 text (invalid continuation byte " \
+               "at byte 5)" in err, (argv, err)
 
 
 def test_describe_takes_the_first_sentence_of_the_leading_comments(tmp_path):

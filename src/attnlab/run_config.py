@@ -21,7 +21,7 @@ import tomli_w
 
 from .config import ConfigError, ModelConfig, check, check_keys, check_literal, check_types
 from .errors import MissingFileError
-from .recipes import not_a_folder
+from .recipes import not_a_folder, recipe_text
 
 TokenizerKind = Literal["char", "bpe", "gpt2"]
 PreTokenizer = Literal["byte_level", "whitespace"]
@@ -377,8 +377,8 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise MissingFileError(f"config file {path} does not exist (give a .toml recipe, e.g. "
                                "configs/shakespeare_char.toml, or no config for the demo)")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        return tomllib.loads(recipe_text(path))
+    except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
 
 

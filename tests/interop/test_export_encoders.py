@@ -102,7 +102,7 @@ def test_a_bert_whose_pad_id_is_outside_its_vocabulary_is_one_message(tmp_path) 
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "pad_token_id": 999}))
     with pytest.raises(ValueError, match="config.json: transformers cannot build BertModel "
-                                         "from it \\(Padding_idx must be within"):
+                                         "from it \\(AssertionError: Padding_idx must be within"):
         bert_classifier_from_hf(tmp_path)
 
 

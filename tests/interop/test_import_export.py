@@ -526,6 +526,9 @@ def _bad_folder(kind: str, root: Path, gpt2_folder: Path) -> Path:
         (folder / "model.safetensors.index.json").write_text('{"weight_map": {"a": 5}}')
     elif kind == "config_types":
         config["n_layer"] = None
+    elif kind in ("no_heads", "negative", "activation"):  # tracebacks from transformers
+        config |= {"no_heads": {"n_head": 0}, "negative": {"n_embd": -16},
+                   "activation": {"activation_function": "foo"}}[kind]
     elif kind == "fewer_layers":  # the second layer's weights were silently left out
         config["n_layer"] = 1
     elif kind == "nan":  # was imported, then refused by load_run as a damaged run
@@ -547,6 +550,11 @@ BAD_IMPORTS = {
     "junk_bin": "is refused",
     "shard_index": "is not a valid shard index",
     "config_types": "config.json is not a configuration transformers accepts",
+    "no_heads": "config.json: transformers cannot build GPT2LMHeadModel from it "
+                "(ZeroDivisionError: ",
+    "negative": "cannot build GPT2LMHeadModel from it (RuntimeError: Trying to create tensor "
+                "with negative dimension",
+    "activation": "cannot build GPT2LMHeadModel from it (KeyError: ",
     "fewer_layers": "has weight 'transformer.h.1.attn.c_attn.bias' of a layer that "
                     "config.json does not have",
     "nan": "weight 'transformer.h.1.mlp.c_fc.weight' holds NaN or inf values",

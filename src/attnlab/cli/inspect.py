@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import sys
-import tomllib
 from pathlib import Path
 
 from ..config import ModelConfig
@@ -101,12 +100,15 @@ def _config_from(target: Path) -> tuple[ModelConfig, str | None, str]:
                              f"({str(e).split('(', 1)[-1].rstrip(')')})") from None
     if target.suffix not in (".json", ".toml"):
         raise UsageError(f"{target}: expected a run dir, a .toml or a .json config")
-    kind = target.suffix[1:].upper()
-    try:
-        text = target.read_text(encoding="utf-8")
-        data = json.loads(text) if kind == "JSON" else tomllib.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"{target} is not valid {kind}: {e}") from None
+    if target.suffix == ".toml":
+        from ..run_config import read_toml
+
+        data = read_toml(target)
+    else:
+        try:
+            data = json.loads(target.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"{target} is not valid JSON: {e}") from None
     if isinstance(data, dict) and ("data" in data or "train" in data):  # a training recipe:
         return _recipe_model(data)  # resolved as training does
     model = data.get("model", data) if isinstance(data, dict) else data

@@ -265,17 +265,18 @@ def cmd_recipes(args: argparse.Namespace) -> int:
     a name, print that recipe's text."""
     import textwrap
 
-    from ..recipes import describe, local, shipped
+    from ..recipes import describe, local, recipe_text, shipped
 
     if args.name:
-        print(find_recipe(args.name).read_text(encoding="utf-8"), end="")
+        print(recipe_text(find_recipe(args.name)), end="")
         return 0
     mine, ours = local(), shipped()
     names = sorted({*mine, *ours})
     width = max(map(len, names)) + 2
+    said = {name: describe(mine.get(name) or ours[name]) for name in names}  # (errors first)
     for name in names:
         where = f"  [{mine[name]}]" if name in mine else ""
-        text = f"{describe(mine.get(name) or ours[name])}{where}".strip()
+        text = f"{said[name]}{where}".strip()
         lines = textwrap.wrap(text, RECIPES_WIDTH - width, break_on_hyphens=False) or [""]
         print(f"{name:<{width}}{lines[0]}".rstrip())
         for line in lines[1:]:

@@ -331,10 +331,11 @@ def load_hf_model(model_or_dir: Any, cls_name: str,
         config.tie_word_embeddings = False
     try:
         model = cls(config)
-    except (AssertionError, ValueError) as e:  # e.g. torch's "Padding_idx must be within
-        # num_embeddings" for a pad_token_id outside the vocabulary
+    except Exception as e:  # noqa: BLE001 - transformers' code, fed the folder's values: torch's
+        # "Padding_idx must be within num_embeddings" (a pad_token_id outside the vocabulary),
+        # a negative size, n_head = 0 (ZeroDivisionError), an unknown activation (KeyError)
         raise RunError(f"{path / 'config.json'}: transformers cannot build {cls_name} from "
-                       f"it ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})"
+                       f"it ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
                        ) from None
     load_hf_state(model, sd, str(path), _UNUSED.get(cls_name, ()))
     if hasattr(model, "tie_weights"):

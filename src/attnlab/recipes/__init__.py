@@ -24,7 +24,8 @@ def shipped() -> dict[str, Path]:
 
 def local() -> dict[str, Path]:
     """The recipes in ``./configs`` of the working directory by name (none without one)."""
-    return {p.stem: p for p in sorted(LOCAL.glob("*.toml"))} if LOCAL.is_dir() else {}
+    return {p.stem: p for p in sorted(LOCAL.glob("*.toml")) if p.is_file()} \
+        if LOCAL.is_dir() else {}
 
 
 def not_a_folder(path: Path) -> None:
@@ -32,6 +33,15 @@ def not_a_folder(path: Path) -> None:
     if path.is_dir():
         raise ConfigError(f"config file {path} is a folder; give a .toml recipe file, or a "
                           "recipe name (`attnlab recipes`)")
+
+
+def recipe_text(path: Path) -> str:
+    """The text of recipe file ``path``; one line for a file that is not UTF-8 text."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({e.reason} at byte "
+                          f"{e.start}): a recipe is a TOML file") from None
 
 
 def find_recipe(name: str) -> Path:
@@ -65,7 +75,7 @@ def describe(path: Path) -> str:
     """What a recipe trains: the whole first sentence of the comment lines it starts with, on
     one line (``attnlab recipes`` wraps it); empty when it starts with none."""
     words: list[str] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in recipe_text(path).splitlines():
         text = line.strip()
         if not text.startswith("#"):
             break
@@ -83,4 +93,4 @@ def describe(path: Path) -> str:
     return sentence
 
 
-__all__ = ["RECIPES", "describe", "find_recipe", "local", "shipped"]
+__all__ = ["RECIPES", "describe", "find_recipe", "local", "recipe_text", "shipped"]
