@@ -223,6 +223,13 @@ def test_a_machine_that_never_comes_ends_attnlab_launch_in_one_line(tmp_path, re
     (["--nproc-per-node", "0", "info", "reverse"], "--nproc-per-node 0 is not allowed: a "
                                                    "number of processes >= 1"),
     (["--nproc_per_node=-1", "info", "reverse"], "--nproc-per-node -1 is not allowed"),
+    # torchrun raised (a traceback) on these
+    (["--nproc-per-node", "abc", "info", "reverse"], "--nproc-per-node abc is not allowed: a "
+                                                     "number of processes >= 1 (or auto, cpu"),
+    (["--nproc-per-node", "1.5", "info", "reverse"], "--nproc-per-node 1.5 is not allowed: a"),
+    (["--nnodes", "abc", "info", "reverse"], "--nnodes abc is not allowed: a number of machines"),
+    (["--nnodes", "0", "info", "reverse"], "--nnodes 0 is not allowed: a number of machines"),
+    (["--nnodes", "3:2", "info", "reverse"], "--nnodes 3:2 is not allowed"),
     (["--bogus-flag", "info", "reverse"], "torchrun's options '--bogus-flag': unrecognized "
                                           "arguments: --bogus-flag"),
     (["--nproc-per-node", "1", "launch", "info", "reverse"], "launch takes torchrun's "
@@ -234,6 +241,16 @@ def test_attnlab_launch_refuses_bad_words_in_one_line(argv, says, capsys):
     assert main(["launch", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"attnlab launch: error: {says}"), err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA GPU refuses gpu")
+def test_attnlab_launch_of_a_process_per_gpu_without_one_is_one_line(capsys):
+    from attnlab.cli import main
+
+    assert main(["launch", "--nproc-per-node", "gpu", "info", "reverse"]) == 2
+    err = capsys.readouterr().err
+    assert err == "attnlab launch: error: --nproc-per-node gpu is not allowed (Cuda is not " \
+                  "available.): a number of processes >= 1 (or auto, cpu, gpu)\n", err
 
 
 @pytest.mark.slow

@@ -324,11 +324,16 @@ def _option(args: list[str], *names: str) -> str | None:
 
 def _check_torchrun_args(args: list[str], command: list[str]) -> None:
     """torchrun's options as torchrun parses them, refused in one line (torchrun prints its
-    usage, or fails an assertion on --nproc-per-node 0)."""
+    usage, fails an assertion on --nproc-per-node 0 or --nnodes 0, raises on --nproc-per-node
+    abc or gpu without a GPU)."""
     import contextlib
     import io
 
-    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import (
+        determine_local_world_size,
+        get_args_parser,
+        parse_min_max_nnodes,
+    )
 
     said = io.StringIO()
     try:
@@ -341,10 +346,23 @@ def _check_torchrun_args(args: list[str], command: list[str]) -> None:
         raise UsageError(f"torchrun's options {' '.join(args)!r}: "
                          f"{why[0].split('error: ', 1)[-1]} (`torchrun --help` lists them)"
                          ) from None
-    nproc = str(parsed.nproc_per_node)
-    if nproc.lstrip("-").isdigit() and int(nproc) < 1:
-        raise UsageError(f"--nproc-per-node {nproc} is not allowed: a number of processes >= 1 "
-                         "(or auto, cpu, gpu)")
+    nproc, nodes = str(parsed.nproc_per_node), str(parsed.nnodes)
+    try:
+        low, high = parse_min_max_nnodes(nodes)
+    except ValueError:
+        low, high = 0, 0
+    if not 0 < low <= high:
+        raise UsageError(f"--nnodes {nodes} is not allowed: a number of machines >= 1, or "
+                         "MIN:MAX (elastic)")
+    try:
+        count = determine_local_world_size(nproc)
+    except ValueError as e:  # abc, 1.5; gpu without a GPU ("Cuda is not available.")
+        count, why = 0, f" ({e})" if not str(e).startswith("Unsupported") else ""
+    else:
+        why = ""
+    if count < 1:
+        raise UsageError(f"--nproc-per-node {nproc} is not allowed{why}: a number of processes "
+                         ">= 1 (or auto, cpu, gpu)")
 
 
 def launch(torchrun_args: list[str], command: list[str], join_timeout_s: float | None = None
