@@ -535,6 +535,9 @@ def test_a_parquet_column_that_is_missing_is_named(tmp_path):
 @pytest.mark.parametrize("kwargs, pattern", [
     ({"val_fraction": 1.0}, "val_fraction must be a number in"),
     ({"workers": -1}, "workers"),
+    # thousands of processes on a few cores: refused before one starts
+    ({"workers": 4 * pipeline.usable_cores() + 1}, r"workers=\d+ is not allowed: an integer in "
+                                               r"0\.\.\d+"),
     ({"errors": "ignore"}, "errors='ignore' is not allowed"),
     ({"tokenizer": "wordpiece"}, "tokenizer 'wordpiece' is not allowed"),
 ])

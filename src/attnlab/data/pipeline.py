@@ -188,7 +188,7 @@ def check_args(val_fraction: float, seed: int, workers: int, errors: str,
     if not isinstance(val_fraction, (int, float)) or not 0.0 <= val_fraction < 1.0:
         raise DataError(f"val_fraction must be a number in [0, 1), got {val_fraction!r}")
     check_int("seed", seed, 0)
-    check_int("workers", workers, 0)
+    check_int("workers", workers, 0, 4 * usable_cores())  # (0: one per core; more only thrash)
     check_int("vocab_size", vocab_size, 8)
     if errors not in ERRORS:
         raise DataError(f"errors={errors!r} is not allowed: one of {', '.join(ERRORS)}")
