@@ -118,6 +118,13 @@ def _load(args: argparse.Namespace):
     return run
 
 
+def _two_tokens(a: int, b: int | None, first: str, second: str) -> None:
+    """Refuse a logit difference of a token with itself (always 0)."""
+    if a == b:
+        raise UsageError(f"{first} and {second} are the same token (id {a}): the difference of "
+                         "their logits is always 0; give two different tokens")
+
+
 def one_token(run, text: str, flag: str) -> int:
     """The id of ``text``, which must be exactly one token of the run's vocabulary."""
     tok = run.tokenizer
@@ -252,6 +259,7 @@ def attribute(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
 
     token = one_token(run, args.token, "--token")
     other = None if args.other is None else one_token(run, args.other, "--other")
+    _two_tokens(token, other, "--token", "--other")
     ids, src = _inputs(run, args, args.text, "--text", "the text whose logit at "
                        "--position is explained")
     n = ids.size(1)
@@ -429,6 +437,7 @@ def patch(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
 
     answer = one_token(run, args.answer, "--answer")
     wrong = one_token(run, args.wrong, "--wrong")
+    _two_tokens(answer, wrong, "--answer", "--wrong")
     clean, corrupted, shared = patch_inputs(run, args)
     result = run_patch(run.model, clean, corrupted, answer=answer, wrong=wrong,
                        layers=args.layer, heads=args.head, **shared)
