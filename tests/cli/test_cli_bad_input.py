@@ -238,6 +238,7 @@ def _rows(e):
         "eval_missing_run": ["eval", f"{b}/nothing"],
         "eval_bad_split": ["eval", lm, "--split", "train"],
         "eval_beam_0": ["eval", mt, "--beam", "0"],
+        "eval_beam_wide": ["eval", mt, "--beam", "100000"],  # (11-18 GB and counting)
         "eval_length_penalty_nan": ["eval", mt, "--beam", "2", "--length-penalty", "nan"],
         "eval_bad_device": ["eval", lm, "--device", "foo"],
         "eval_cuda_on_cpu": ["eval", lm, "--device", "cuda"],
@@ -293,6 +294,7 @@ def _rows(e):
         # translate
         "translate_bad_device": ["translate", mt, "--input", text, "--device", "foo"],
         "translate_beam_0": ["translate", mt, "--input", text, "--beam", "0"],
+        "translate_beam_wide": ["translate", mt, "--input", text, "--beam", "100000"],
         "translate_batch_0": ["translate", mt, "--input", text, "--batch-size", "0"],
         "translate_missing_input": ["translate", mt, "--input", f"{b}/nope.txt"],
         "translate_binary_input": ["translate", mt, "--input", str(e["binary.bin"])],
@@ -397,6 +399,8 @@ EXPECT = {
     "sample_zero_samples": "--num-samples 0 is not allowed: >= 1",
     "translate_beam_0": "--beam 0 is not allowed: >= 1",
     "eval_beam_0": "--beam 0 is not allowed: >= 1",
+    "translate_beam_wide": "--beam 100000 is not allowed: 1..",
+    "eval_beam_wide": "--beam 100000 is not allowed: 1..",
     "train_test_path_missing": "nope.txt does not exist",
     "train_test_path_a_folder": "is a directory; expected a UTF-8 text file",
     "train_test_path_non_utf8": "latin1.txt is not UTF-8 text",

@@ -319,7 +319,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-len {args.max_len} is not allowed: >= 1 (the most target tokens "
                          "per sentence; leave it out for 1.5 x the source's + 10)")
     run = _load(args, "encoder_decoder")
-    cap = run.model.config.max_len
+    cfg = run.model.config
+    check_beam_flags(args.beam, args.length_penalty, cfg.tgt_vocab_size or cfg.vocab_size)
+    cap = cfg.max_len
     if args.max_len is not None and args.max_len > cap:  # before any decoding work
         raise UsageError(f"--max-len {args.max_len} is not allowed: 1..{cap} (the model's target "
                          "positions, its max_len)")

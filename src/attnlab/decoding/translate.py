@@ -124,11 +124,14 @@ def _until_eos(table: list[list[int]], eos_id: int) -> list[list[int]]:
     return [row[:row.index(eos_id)] if eos_id in row else row for row in table]
 
 
-def check_beam_flags(beam: int, length_penalty: float) -> None:
+def check_beam_flags(beam: int, length_penalty: float, vocab_size: int | None = None) -> None:
     """``--beam`` and ``--length-penalty`` of ``attnlab translate`` and ``attnlab eval``,
-    refused in one line before any work."""
-    if beam < 1:
-        raise UsageError(f"--beam {beam} is not allowed: >= 1 (1 = greedy)")
+    refused in one line before any work; with the model's target ``vocab_size``, a beam
+    wider than it (more hypotheses than the first step has tokens, and memory for each)."""
+    if beam < 1 or (vocab_size is not None and beam > vocab_size):
+        raise UsageError(f"--beam {beam} is not allowed: >= 1 (1 = greedy)" if beam < 1 else
+                         f"--beam {beam} is not allowed: 1..{vocab_size} (1 = greedy; at most "
+                         "the model's target vocabulary)")
     if not math.isfinite(length_penalty):
         raise UsageError(f"--length-penalty {length_penalty} is not allowed: a finite number "
                          "(0 = none, 0.6 as in GNMT)")

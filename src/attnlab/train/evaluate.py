@@ -83,7 +83,7 @@ def _eval_config(rd: RunDir, split: str, checkpoint: str, beam: int, length_pena
     why = rd.untrained_head(checkpoint)
     if why:
         raise RunError(why)
-    check_beam_flags(beam, length_penalty)
+    check_beam_flags(beam, length_penalty, rc.model.tgt_vocab_size or rc.model.vocab_size)
     cls.check_eval_options(beam, stride)
     return rc
 
