@@ -95,6 +95,8 @@ def env(tmp_path_factory):
     long = base / "long.txt"
     long.write_text("the quick brown fox " * 10 + "\n")
     e["long.txt"] = long
+    e["reviews.tsv"] = base / "reviews.tsv"
+    e["reviews.tsv"].write_text("label\tsentence\n1\ta fine film\n0\ta dull one\n")
     # broken copies of the LM run
     for name, edit in {
         "truncated": lambda r: (r / "best" / "model.safetensors").write_bytes(
@@ -206,6 +208,8 @@ def _rows(e):
                                        "--out", out],
         "train_mix_non_utf8": ["train", "--set", f"data.mix=[{{path='{text}', weight=1}}, "
                                f"{{path='{e['latin1.txt']}', weight=1}}]", *TINY, "--out", out],
+        "train_mix_tsv": ["train", "--set", f"data.mix=[{{path='{e['reviews.tsv']}', "
+                          "weight=1}]", *TINY, "--out", out],
         "train_recipe_missing": ["train", f"{b}/nope.toml", "--out", out],
         "train_recipe_not_toml": ["train", str(e["bad.toml"]), "--out", out],
         "train_recipe_bad_key": ["train", str(e["cfg_badkey.toml"]), "--out", out],
@@ -356,6 +360,8 @@ EXPECT = {
     "train_bom_only_text": "is empty (or only whitespace)",
     "train_resume_other_seed": "train.seed is 1337 there but 7 here",
     "train_resume_other_synth_vocab": "data.synth_vocab is 16 there but 40 here",
+    "train_mix_tsv": "no column 'text' (it has 'label', 'sentence'); name the text column with "
+                     "`attnlab data prepare --text-field NAME`",
     "train_tsv_no_path": "classification of your own files needs data.path: set it with "
                          "--set data.path=",
     "train_synthetic_with_a_file": "data.path is not read by data.name='reverse'",

@@ -590,7 +590,8 @@ def test_the_command_line(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
         f"attnlab data prepare: error: {tmp_path / 'd.jsonl'} line 1: no field 'text' (it has "
-        "'body'); name the text field with --text-field"]
+        "'body'); name the text field with `attnlab data prepare --text-field NAME` (and train "
+        "on the folder it prepares)"]
     assert not (tmp_path / "q").exists()
 
 

@@ -374,6 +374,11 @@ def documents(source: Source, text_field: str = "text", errors: str = "strict") 
         yield from _csv(source, text_field, errors)
 
 
+# training reads the field or column "text"; `attnlab data prepare` reads another
+ANOTHER_FIELD = ("name the text {what} with `attnlab data prepare --text-field NAME` (and train "
+                 "on the folder it prepares)")
+
+
 def _field(row: object, field: str, where: str) -> str:
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected a JSON object with a {field!r} field, got "
@@ -381,7 +386,7 @@ def _field(row: object, field: str, where: str) -> str:
     if field not in row:
         raise DataError(f"{where}: no field {field!r} (it has "
                         + ", ".join(repr(k) for k in list(row)[:10])
-                        + "); name the text field with --text-field")
+                        + f"); {ANOTHER_FIELD.format(what='field')}")
     value = row[field]
     if not isinstance(value, str):
         raise DataError(f"{where}: field {field!r} is {type(value).__name__}, not text")
@@ -434,7 +439,7 @@ def _column(names: list[str], field: str, source: Source) -> None:
     if field not in names:
         raise DataError(f"{source.path}: no column {field!r} (it has "
                         + ", ".join(repr(c) for c in names[:20])
-                        + "); name the text column with --text-field")
+                        + f"); {ANOTHER_FIELD.format(what='column')}")
 
 
 def _values(source: Source, batches, field: str, errors: str) -> Iterator[str]:
