@@ -128,9 +128,10 @@ def check_beam_flags(beam: int, length_penalty: float, vocab_size: int | None = 
     """``--beam`` and ``--length-penalty`` of ``attnlab translate`` and ``attnlab eval``,
     refused in one line before any work; with the model's target ``vocab_size``, a beam
     wider than it (more hypotheses than the first step has tokens, and memory for each)."""
-    if beam < 1 or (vocab_size is not None and beam > vocab_size):
-        raise UsageError(f"--beam {beam} is not allowed: >= 1 (1 = greedy)" if beam < 1 else
-                         f"--beam {beam} is not allowed: 1..{vocab_size} (1 = greedy; at most "
+    if beam < 1:
+        raise UsageError(f"--beam {beam} is not allowed: >= 1 (1 = greedy)")
+    if vocab_size is not None and beam > vocab_size:
+        raise UsageError(f"--beam {beam} is not allowed: 1..{vocab_size} (1 = greedy; at most "
                          "the model's target vocabulary)")
     if not math.isfinite(length_penalty):
         raise UsageError(f"--length-penalty {length_penalty} is not allowed: a finite number "

@@ -334,9 +334,9 @@ def load_hf_model(model_or_dir: Any, cls_name: str,
     except Exception as e:  # noqa: BLE001 - transformers' code, fed the folder's values: torch's
         # "Padding_idx must be within num_embeddings" (a pad_token_id outside the vocabulary),
         # a negative size, n_head = 0 (ZeroDivisionError), an unknown activation (KeyError)
+        why = ": " + str(e).splitlines()[0][:200] if str(e) else ""
         raise RunError(f"{path / 'config.json'}: transformers cannot build {cls_name} from "
-                       f"it ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
-                       ) from None
+                       f"it ({type(e).__name__}{why})") from None
     load_hf_state(model, sd, str(path), _UNUSED.get(cls_name, ()))
     if hasattr(model, "tie_weights"):
         model.tie_weights()
