@@ -96,7 +96,8 @@ def env(tmp_path_factory):
     long.write_text("the quick brown fox " * 10 + "\n")
     e["long.txt"] = long
     e["reviews.tsv"] = base / "reviews.tsv"
-    e["reviews.tsv"].write_text("label\tsentence\n1\ta fine film\n0\ta dull one\n")
+    e["reviews.tsv"].write_text("label\tsentence\n" + "".join(
+        f"{i % 2}\t{'a fine' if i % 2 else 'a dull'} film {i}\n" for i in range(20)))
     # broken copies of the LM run
     for name, edit in {
         "truncated": lambda r: (r / "best" / "model.safetensors").write_bytes(
@@ -211,6 +212,12 @@ def _rows(e):
                                        "--out", out],
         "train_mix_non_utf8": ["train", "--set", f"data.mix=[{{path='{text}', weight=1}}, "
                                f"{{path='{e['latin1.txt']}', weight=1}}]", *TINY, "--out", out],
+        "train_classify_max_len_1": ["train", "--set", f"data.path={e['reviews.tsv']}", "--set",
+                                     "data.tokenizer=char", *TINY, "--set", "model.max_len=1",
+                                     "--out", out],
+        "train_classify_data_max_len_1": ["train", "--set", f"data.path={e['reviews.tsv']}",
+                                          "--set", "data.tokenizer=char", *TINY, "--set",
+                                          "data.max_len=1", "--out", out],
         "train_mix_tsv": ["train", "--set", f"data.mix=[{{path='{e['reviews.tsv']}', "
                           "weight=1}]", *TINY, "--out", out],
         "train_recipe_missing": ["train", f"{b}/nope.toml", "--out", out],
@@ -365,6 +372,9 @@ EXPECT = {
     "train_bom_only_text": "is empty (or only whitespace)",
     "train_resume_other_seed": "train.seed is 1337 there but 7 here",
     "train_resume_other_synth_vocab": "data.synth_vocab is 16 there but 40 here",
+    "train_classify_max_len_1": "model.max_len=1 is not allowed for classification: at least 2 "
+                                "(the [CLS] token and one token of the sentence)",
+    "train_classify_data_max_len_1": "data.max_len=1 is not allowed for classification: at least",
     "train_mix_tsv": "no column 'text' (it has 'label', 'sentence'); name the text column with "
                      "`attnlab data prepare --text-field NAME`",
     "train_tsv_no_path": "classification of your own files needs data.path: set it with "

@@ -89,6 +89,10 @@ class ClassifyTask(EpochTask):
         self.model_config = self.resolve_model(vocab_size=tok.vocab_size, pad_id=tok.pad_id,
                                                n_classes=n_classes, head=self.head)
         self.max_len = min(d.max_len or self.model_config.max_len, self.model_config.max_len)
+        if self.max_len < 2:  # [CLS] alone: every sentence the same input, one answer for all
+            key = "data.max_len" if self.max_len == d.max_len else "model.max_len"
+            raise ConfigError(f"{key}={self.max_len} is not allowed for {self.kind}: at least 2 "
+                              "(the [CLS] token and one token of the sentence)")
 
     def _read(self, path: Path) -> list[tuple[str, int]]:
         return read_labelled_tsv(path, num_labels=self.n_classes)
