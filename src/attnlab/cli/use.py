@@ -32,8 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("sample", help="continue a prompt with a decoder-only LM run",
                               description="Sample text from a trained decoder-only run. One "
                               "prompt: the text is streamed to stdout as it is generated; several "
-                              "(--prompt repeated, or --prompt-file): they are sampled together "
-                              "in one batch and each continuation is printed under a "
+                              "(--prompt repeated, --prompt-file, or both): they are sampled "
+                              "together in one batch and each continuation is printed under a "
                               "'--- prompt N ---' line.")
     _add_run_args(p)
     p.add_argument("--prompt", action="append", default=[],
