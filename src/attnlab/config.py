@@ -226,14 +226,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        """The config of a ``[model]`` table (a recipe's, a run dir's config.json): an unknown
-        key or a bad value named with its section (``model.d_model=-5 is not allowed: ...``),
-        as a whole run config names it."""
         check_keys(cls, d, "model")
-        try:
-            return cls(**d)
-        except ConfigError as e:
-            raise ConfigError(f"model.{e}") from None
+        return cls(**d)
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with ``changes``; fields derived before are derived again."""

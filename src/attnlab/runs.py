@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from torch import nn
 from .config import ModelConfig
 from .data.synthetic import SYNTHETIC_NAMES
 from .devices import resolve_device
-from .errors import RunError, UsageError
+from .errors import ConfigError, RunError, UsageError
 from .files import atomic_write_json, interrupted_copy, missing_files, write_dir_atomic
 from .metrics_log import Row, read_metrics
 from .models import build_model
@@ -99,6 +100,18 @@ class RunDir:
             raise RunError(f"{self.config_file}: its {bad[0]!r} section is "
                            f"{cfg[bad[0]]!r}, not a table of settings")
         return cfg
+
+    def model_config(self, config: dict[str, Any] | None = None) -> ModelConfig:
+        """The model config of the run (of ``config``, its :meth:`read_config` when given);
+        a value it should not hold is the line the whole config gives (``model.d_model=...``,
+        as ``attnlab eval`` and a resume say it)."""
+        section = (self.read_config() if config is None else config)["model"]
+        try:
+            return ModelConfig.from_dict(section)
+        except ConfigError as e:
+            if not re.match(r"\w+=", str(e)):  # (unknown keys are named whole already)
+                raise
+            raise ConfigError(f"model.{e}") from None
 
     def write_config(self, config: dict[str, Any]) -> None:
         """Write the resolved run config (``RunConfig.to_dict()``)."""
@@ -448,7 +461,7 @@ def load_run(run_dir: str | Path, which: str = "best", device: str = "cpu") -> R
     device = resolve_device(str(device), flag="device")  # (torch's assertions otherwise)
     rd = RunDir(run_dir)
     cfg = rd.read_config()
-    model = build_model(ModelConfig.from_dict(cfg["model"]))
+    model = build_model(rd.model_config(cfg))
     ckpt = rd.load_weights(model, which)
     if which in CHECKPOINTS and ckpt.parent.name != which:  # (a run stopped before it wrote one)
         log.info("%s has no %s/ checkpoint: using its %s/", rd.path, which, ckpt.parent.name)

@@ -89,7 +89,7 @@ def _config_from(target: Path) -> tuple[ModelConfig, str | None, str]:
         config = run.read_config()
         precision = _precision(run.checkpoint_meta("best").get("precision"),
                                (config.get("train") or {}).get("precision"))
-        return ModelConfig.from_dict(config["model"]), None, precision
+        return run.model_config(config), None, precision
     if not target.is_file():
         from .train import find_recipe
 

@@ -90,13 +90,12 @@ def _add_input_args(p: argparse.ArgumentParser, item: str) -> None:
 def _load(args: argparse.Namespace, family: str):
     """The run of ``args.run_dir`` on ``--device``, refused (before its weights are read) when
     its model is not of ``family`` or it has no tokenizer."""
-    from ..config import ModelConfig
     from ..devices import resolve_device
     from ..runs import RunDir, load_run
 
     device = str(resolve_device(args.device, flag="--device"))
     # Check the family before loading weights, so a wrong run fails fast and says why.
-    cfg = ModelConfig.from_dict(RunDir(args.run_dir).read_config()["model"])
+    cfg = RunDir(args.run_dir).model_config()
     if cfg.family != family:
         raise UsageError(f"`attnlab {args.command}` needs {FAMILY_NAMES[family]} run, but "
                          f"{args.run_dir} holds {FAMILY_NAMES[cfg.family]} model")
