@@ -22,6 +22,7 @@ import tomli_w
 from .config import ConfigError, ModelConfig, check, check_keys, check_literal, check_types
 from .errors import MissingFileError
 from .recipes import not_a_folder, recipe_text
+from .runs import RunDir
 
 TokenizerKind = Literal["char", "bpe", "gpt2"]
 PreTokenizer = Literal["byte_level", "whitespace"]
@@ -311,6 +312,15 @@ class RunConfig:
                                   ) from None
             explicit.update(f"{name}.{k}" for k in section)
         return cls(**parts, explicit=frozenset(explicit))
+
+    @classmethod
+    def of_run(cls, run: RunDir) -> RunConfig:
+        """The config ``run`` was trained with (its config.json); a value the file should not
+        hold is one line that names the file (``runs/lm/config.json: model.d_model=-3 ...``)."""
+        try:
+            return cls.from_dict(run.read_config())
+        except ConfigError as e:
+            raise ConfigError(f"{run.config_file}: {e}") from None
 
     def replace(self, section: str, **changes: Any) -> RunConfig:
         """A copy with some fields of one section changed (not marked explicit)."""

@@ -103,15 +103,15 @@ class RunDir:
 
     def model_config(self, config: dict[str, Any] | None = None) -> ModelConfig:
         """The model config of the run (of ``config``, its :meth:`read_config` when given);
-        a value it should not hold is the line the whole config gives (``model.d_model=...``,
-        as ``attnlab eval`` and a resume say it)."""
+        a value it should not hold is one line naming the file and the key as the whole
+        config names it (``runs/lm/config.json: model.d_model=...``, as
+        :meth:`attnlab.run_config.RunConfig.of_run` says it)."""
         section = (self.read_config() if config is None else config)["model"]
         try:
             return ModelConfig.from_dict(section)
         except ConfigError as e:
-            if not re.match(r"\w+=", str(e)):  # (unknown keys are named whole already)
-                raise
-            raise ConfigError(f"model.{e}") from None
+            key = "model." if re.match(r"\w+=", str(e)) else ""  # (unknown keys come whole)
+            raise ConfigError(f"{self.config_file}: {key}{e}") from None
 
     def write_config(self, config: dict[str, Any]) -> None:
         """Write the resolved run config (``RunConfig.to_dict()``)."""

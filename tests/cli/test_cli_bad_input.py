@@ -158,7 +158,10 @@ def _rows(e):
         "train_negative_steps": synth(out, 2, "--set", "train.max_steps=-3"),
         # sizes: too large for this machine's memory, for a tensor, too deep to build
         "train_too_large_for_memory": synth(out, 2, "--set", "model.d_model=10000000"),
-        "train_weight_too_large": synth(out, 2, "--set", "model.d_model=1000000000000"),
+        "train_val_size_too_large": "data.val_size=10,000,000,000,000 is not allowed: evaluation "
+                                "draws that many examples (256 B each) at once",
+    "train_weight_too_large": synth(out, 2, "--set", "model.d_model=1000000000000"),
+        "train_val_size_too_large": synth(out, 2, "--set", "data.val_size=10000000000000"),
         "train_too_deep": synth(out, 2, "--set", "model.n_layers=1000000000000"),
         "train_batch_out_of_memory": synth(out, 2, "--set", "train.batch_size=1000000000000"),
         "train_accum_too_many": synth(out, 2, "--set", "train.grad_accum=1000000000000"),
@@ -261,6 +264,11 @@ def _rows(e):
         "eval_config_binary": ["eval", str(e["config_binary"])],
         "sample_config_bad_value": ["sample", str(e["config_bad_value"]), "--prompt", "a"],
         "info_config_bad_value": ["info", str(e["config_bad_value"])],
+        "eval_config_bad_value": ["eval", str(e["config_bad_value"])],
+        "lens_config_bad_value": ["interpret", "ablate", str(e["config_bad_value"]), "--split",
+                                  "val"],
+        "train_resume_config_bad_value": ["train", "--out", str(e["config_bad_value"]),
+                                          "--resume"],
         "eval_no_tokenizer": ["eval", str(e["no_tokenizer"]), "--data", text],
         "eval_nan_weights": ["eval", str(e["nan_weights"]), "--data", text],
         "eval_other_config": ["eval", str(e["other_config"]), "--data", text],
@@ -452,8 +460,16 @@ EXPECT = {
     "data_no_action": "choose an action: fetch, list or prepare",
     "eval_config_not_json": "config.json is not valid JSON",
     "eval_config_binary": "config.json is not valid JSON",
-    "sample_config_bad_value": ": model.d_model=-5 is not allowed: a positive integer",
-    "info_config_bad_value": ": model.d_model=-5 is not allowed: a positive integer",
+    "sample_config_bad_value": "config_bad_value/config.json: model.d_model=-5 is not "
+                                  "allowed: a positive integer",
+    "info_config_bad_value": "config_bad_value/config.json: model.d_model=-5 is not "
+                                  "allowed: a positive integer",
+    "eval_config_bad_value": "config_bad_value/config.json: model.d_model=-5 is not "
+                                  "allowed: a positive integer",
+    "lens_config_bad_value": "config_bad_value/config.json: model.d_model=-5 is not "
+                                  "allowed: a positive integer",
+    "train_resume_config_bad_value": "config_bad_value/config.json: model.d_model=-5 is not "
+                                  "allowed: a positive integer",
     "sample_tokenizer_not_json": "tokenizer.json is not valid JSON",
     "sample_tokenizer_bigger": "its tokenizer has 60 tokens but the model only 29 embeddings",
     "sample_model_null": "config.json has no 'model' section",
@@ -462,6 +478,8 @@ EXPECT = {
     "info_json_list": "expected a table of model settings",
     "info_zero_length": "--length 0 must be positive",
     "train_too_large_for_memory": "the model is too large to train here: model.vocab_size=",
+    "train_val_size_too_large": "data.val_size=10,000,000,000,000 is not allowed: evaluation "
+                                "draws that many examples (256 B each) at once",
     "train_weight_too_large": "d_ff=4000000000000 is not allowed: sizes whose weights a "
                               "tensor holds: with d_model=1000000000000",
     "train_too_deep": "n_layers=1000000000000 is not allowed: at most 10,000 layers",

@@ -197,7 +197,8 @@ def digest(folder):
     "fetch_unknown", "fetch_offline", "eval_missing_run", "bad_recipe_name", "eval_unknown_chars",
     "eval_wrong_data_count", "resume_with_init_from", "resume_with_set_init_from",
     "resume_below_checkpoint", "resume_at_checkpoint", "resume_other_family", "eval_bad_device",
-    "fetch_from_a_file", "eval_stride_past_the_block", "eval_negative_stride",
+    "fetch_from_a_file", "eval_stride_past_the_block", "eval_negative_stride", "eval_zero_stride",
+    "eval_length_penalty_of_an_lm",
 ])
 def test_bad_input_is_one_line_exit_2_and_leaves_checkpoints_alone(case, lm_run, text, tmp_path,
                                                                    capsys, monkeypatch):
@@ -258,6 +259,12 @@ def test_bad_input_is_one_line_exit_2_and_leaves_checkpoints_alone(case, lm_run,
                                        "stride 17: allowed a whole number from 1 to the run's "
                                        "block of 16 tokens"),
         "eval_negative_stride": (["eval", run, "--stride", "-1"], "stride -1: allowed"),
+        "eval_zero_stride": (["eval", run, "--stride", "0"], "stride 0: allowed a whole "
+                             "number from 1 to the run's block of 16 tokens"),
+        "eval_length_penalty_of_an_lm": (["eval", run, "--length-penalty", "1.0"],
+                                         "--length-penalty is for beam search of translation "
+                                         "runs; a language-model run is scored without it "
+                                         "(leave --length-penalty out)"),
         "fetch_from_a_file": (["data", "fetch", "shakespeare", "--from", str(text), "--cache",
                                str(tmp_path / "cache")],
                               f"{text} is a file, not a folder: --from takes the folder "
@@ -478,7 +485,8 @@ def test_the_translation_recipe_is_deterministic_for_a_seed(tmp_path):
 def test_an_unknown_key_is_one_same_line_from_a_recipe_a_set_and_a_run_dirs_config(
         key, tmp_path, capsys):
     """A recipe file, --set and a run dir's config.json (read by eval, a resume, and by
-    sample for the model) check their keys in one place: the same line from each."""
+    sample for the model) check their keys in one place: the same line from each, the run
+    dir's naming its file first."""
     section, name = key.split(".")
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(f"[{section}]\n{name} = 1\n")
@@ -496,7 +504,11 @@ def test_an_unknown_key_is_one_same_line_from_a_recipe_a_set_and_a_run_dirs_conf
         assert main([str(a) for a in argv]) == 2, argv
         out, err = capsys.readouterr()
         assert out == "" and len(err.splitlines()) == 1, (argv, err)
-        lines.add(err.strip().partition(": error: ")[2])
+        line = err.strip().partition(": error: ")[2]
+        if run.path in argv:  # (the file the key is in)
+            assert line.startswith(f"{run.config_file}: "), (argv, line)
+            line = line.removeprefix(f"{run.config_file}: ")
+        lines.add(line)
     assert len(lines) == 1, lines
     head, _, allowed = lines.pop().partition("]: ")
     assert head == f"unknown config key '{key}'; allowed keys in [{section}", head

@@ -234,6 +234,12 @@ def test_a_machine_that_never_comes_ends_attnlab_launch_in_one_line(tmp_path, re
                                           "arguments: --bogus-flag"),
     (["--nproc-per-node", "1", "launch", "info", "reverse"], "launch takes torchrun's "
                                                              "options, then the command"),
+    # a train's config is checked before torchrun starts a process (one line, no banner)
+    (["--nproc-per-node", "2", "train", "--set", "model.d_model=-3"], "model.d_model=-3 is not "
+                                                                      "allowed: a positive"),
+    (["--nproc-per-node", "2", "train", "no.toml"], "config file no.toml does not exist"),
+    (["--nproc-per-node", "2", "train", "--resume", "--init-from", "x"], "--init-from "
+                                                                         "(train.init_from)"),
 ])
 def test_attnlab_launch_refuses_bad_words_in_one_line(argv, says, capsys):
     from attnlab.cli import main
@@ -241,6 +247,28 @@ def test_attnlab_launch_refuses_bad_words_in_one_line(argv, says, capsys):
     assert main(["launch", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"attnlab launch: error: {says}"), err
+
+
+@pytest.mark.parametrize("command, says", [
+    (["train", "--bogus"], "attnlab train: error: unrecognized arguments: --bogus; allowed "
+                           "arguments: `attnlab train --help`\n"),
+    (["eval"], "attnlab eval: error: the following arguments are required: run_dir; allowed "
+               "arguments: `attnlab eval --help`\n"),
+])
+def test_attnlab_launch_says_a_commands_argument_error_once_before_launching(command, says,
+                                                                            capsys):
+    from attnlab.cli import main
+
+    assert main(["launch", "--nproc-per-node", "2", *command]) == 2
+    assert capsys.readouterr().err == says
+
+
+def test_attnlab_launch_of_a_commands_help_prints_it_once(capsys):
+    from attnlab.cli import main
+
+    assert main(["launch", "--nproc-per-node", "2", "train", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: attnlab train") and out.count("usage:") == 1, out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA GPU refuses gpu")
@@ -255,13 +283,13 @@ def test_attnlab_launch_of_a_process_per_gpu_without_one_is_one_line(capsys):
 
 @pytest.mark.slow
 def test_attnlab_launch_returns_the_exit_code_of_its_processes(tmp_path):
-    proc = subprocess.run([*LAUNCH, "--standalone", "--nproc_per_node=2", "train", "no.toml"],
+    proc = subprocess.run([*LAUNCH, "--standalone", "--nproc_per_node=2", "eval", "no-run"],
                           cwd=tmp_path, env=environment(), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("attnlab")]
-    assert lines and all(ln.startswith("attnlab train: error: config file no.toml does not "
-                                       "exist") for ln in lines), proc.stderr
+    assert len(lines) == 2 and all(ln.startswith("attnlab eval: error: run dir no-run does not "
+                                                 "exist") for ln in lines), proc.stderr
 
 
 def test_processes_resumed_on_another_number_draw_from_new_streams_of_their_own():

@@ -395,7 +395,7 @@ def split_batch(run, run_dir: str, batches: int):
     if family != "decoder":
         raise UsageError(f"--split is for language-model runs; {run_dir} is "
                          f"{FAMILY_WORDS[family]} run: give --text or --file")
-    rc = RunConfig.from_dict(RunDir(run_dir).read_config())
+    rc = RunConfig.of_run(RunDir(run_dir))
     task = build_task(rc, run.tokenizer)
     if not isinstance(task, LMTask):
         raise UsageError(f"--split is for language-model runs; {run_dir} is a {task.kind} "

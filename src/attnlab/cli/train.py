@@ -22,6 +22,7 @@ from ..recipes import find_recipe
 
 if TYPE_CHECKING:
     from ..run_config import RunConfig
+    from ..runs import RunDir
 
 log = logging.getLogger(__name__)
 RECIPES_WIDTH = 100  # `attnlab recipes` wraps its lines at this many characters
@@ -89,9 +90,9 @@ def _register_eval(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--beam", type=int, default=1,
                    help="decode with beam search of this width (encoder-decoder runs: "
                    "translation's BLEU, the synthetic tasks' accuracy; default 1 = greedy)")
-    p.add_argument("--length-penalty", type=float, default=0.6,
+    p.add_argument("--length-penalty", type=float, default=None, metavar="A",
                    help="GNMT length-penalty alpha for --beam > 1 (default 0.6)")
-    p.add_argument("--stride", type=int, default=0, metavar="N",
+    p.add_argument("--stride", type=int, default=None, metavar="N",
                    help="language models: score the split in windows of the block that start N "
                    "tokens apart, each target once, so that each has at least block - N tokens "
                    "before it (sliding-window perplexity; default: the block, non-overlapping "
@@ -257,7 +258,29 @@ def cmd_launch(args: argparse.Namespace) -> int:
             continue
         torchrun_args.append(word)
         k += 1
-    return launch(torchrun_args, words[at:], timeout)
+    code = _check_before_launch(words[at:])
+    return launch(torchrun_args, words[at:], timeout) if code is None else code
+
+
+def _check_before_launch(command: list[str]) -> int | None:
+    """``command``'s arguments, and a ``train``'s config, checked in this process before
+    torchrun starts any, so that bad input is one line, not one per process after torchrun's
+    banner: None to launch it, else the exit code (``--help`` printed: 0; an argument error
+    printed: 2)."""
+    from . import build_parser
+    from .common import Parser
+
+    try:
+        args, extra = build_parser().parse_known_args(command)
+        if extra:  # as main() says them
+            words = [w for w in (args.command, getattr(args, "action", None)) if w]
+            Parser(prog=" ".join(["attnlab", *words])).error(
+                f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as e:  # (argparse printed the help, or the one line)
+        return e.code if isinstance(e.code, int) else 2
+    if args.command == "train":
+        _train_plan(args)
+    return None
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:
@@ -306,17 +329,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Train a recipe (or the demo) into its run dir and print the results; with
     ``--print-config``, print the config it would start from instead."""
     from ..recipes import shipped
-    from ..runs import RunDir
     from ..tasks import config_text
     from ..train import train_run
     from ..train.distributed import env_info, lost_process
 
-    _check_train_args(args)
-    recipe = find_recipe(args.config) if args.config else None
-    stem = recipe.stem if recipe else "demo"
-    out = Path(args.out) if args.out else _default_out(stem, args.resume)
-    run = RunDir(out)
-    rc = _train_config(args, recipe, run)
+    recipe, run, rc = _train_plan(args)
+    out = run.path
     if args.print_config:  # no recipe: the demo's comments (resumed: the run's config has none)
         source = recipe or (None if args.resume else shipped()["demo"])
         print(json.dumps(rc.to_dict(), indent=2, ensure_ascii=False) if args.json
@@ -349,6 +367,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_plan(args: argparse.Namespace) -> tuple[Path | None, RunDir, RunConfig]:
+    """What ``train`` would do, checked before any file is written: its recipe (None: the
+    demo), its run dir and its config."""
+    from ..runs import RunDir
+
+    _check_train_args(args)
+    recipe = find_recipe(args.config) if args.config else None
+    stem = recipe.stem if recipe else "demo"
+    run = RunDir(Path(args.out) if args.out else _default_out(stem, args.resume))
+    return recipe, run, _train_config(args, recipe, run)
+
+
 def _check_train_args(args: argparse.Namespace) -> None:
     """Refuse ``train`` arguments that do not fit together, before any config is read."""
     if args.resume and (args.init_from or any(
@@ -361,7 +391,7 @@ def _check_train_args(args: argparse.Namespace) -> None:
 def _train_config(args: argparse.Namespace, recipe: Path | None, run) -> RunConfig:
     """The run config: the recipe (resumed without one: the run's own config) with ``--set``,
     then ``--init-from`` and ``--seed`` applied, in that order."""
-    from ..run_config import toml_value
+    from ..run_config import RunConfig, toml_value
     from ..train import load_config
 
     # --init-from wins over a train.init_from of the recipe or of --set (given last)
@@ -369,6 +399,7 @@ def _train_config(args: argparse.Namespace, recipe: Path | None, run) -> RunConf
     overrides = args.overrides + ([f"train.init_from={given}"] if given else []) + (
         [f"train.seed={args.seed}"] if args.seed is not None else [])
     if recipe is None and args.resume and run.config_file.is_file():
+        RunConfig.of_run(run)  # (a value its config.json should not hold: named with the file)
         return load_config(None, overrides, base=run.read_config())  # the run's own
     return load_config(recipe, overrides)
 

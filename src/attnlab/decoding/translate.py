@@ -124,7 +124,8 @@ def _until_eos(table: list[list[int]], eos_id: int) -> list[list[int]]:
     return [row[:row.index(eos_id)] if eos_id in row else row for row in table]
 
 
-def check_beam_flags(beam: int, length_penalty: float, vocab_size: int | None = None) -> None:
+def check_beam_flags(beam: int, length_penalty: float | None,
+                     vocab_size: int | None = None) -> None:
     """``--beam`` and ``--length-penalty`` of ``attnlab translate`` and ``attnlab eval``,
     refused in one line before any work; with the model's target ``vocab_size``, a beam
     wider than it (more hypotheses than the first step has tokens, and memory for each)."""
@@ -133,7 +134,7 @@ def check_beam_flags(beam: int, length_penalty: float, vocab_size: int | None = 
     if vocab_size is not None and beam > vocab_size:
         raise UsageError(f"--beam {beam} is not allowed: 1..{vocab_size} (1 = greedy; at most "
                          "the model's target vocabulary)")
-    if not math.isfinite(length_penalty):
+    if length_penalty is not None and not math.isfinite(length_penalty):
         raise UsageError(f"--length-penalty {length_penalty} is not allowed: a finite number "
                          "(0 = none, 0.6 as in GNMT)")
 

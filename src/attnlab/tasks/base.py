@@ -145,21 +145,26 @@ class Task:
         return rc.model.replace(**changes), why
 
     @classmethod
-    def check_eval_options(cls, beam: int = 1, stride: int = 0) -> None:
-        """Refuse, before any data is read, an evaluation option this task cannot do."""
+    def check_eval_options(cls, beam: int = 1, stride: int | None = None,
+                           length_penalty: float | None = None) -> None:
+        """Refuse, before any data is read, an evaluation option this task cannot do (None:
+        the option not given)."""
         if beam != 1 and not cls.beam_search:
             raise UsageError(f"--beam is for translation runs (BLEU); a {cls.kind} run is "
                              "scored without beam search (leave --beam out)")
-        if stride and not cls.strided:
+        if length_penalty is not None and not cls.beam_search:
+            raise UsageError(f"--length-penalty is for beam search of translation runs; a "
+                             f"{cls.kind} run is scored without it (leave --length-penalty out)")
+        if stride is not None and not cls.strided:
             raise UsageError(f"--stride is for language-model runs (perplexity); a {cls.kind} "
                              "run is scored without it (leave --stride out)")
 
-    def set_eval_options(self, beam: int = 1, length_penalty: float = 0.6,
-                         stride: int = 0) -> dict[str, Any]:
-        """Evaluate with these options (``attnlab eval``): beam search of width ``beam``
-        (:attr:`beam_search`), windows every ``stride`` tokens (:attr:`strided`); returns
-        what they mean for the results, in words (none here)."""
-        self.check_eval_options(beam, stride)
+    def set_eval_options(self, beam: int = 1, length_penalty: float | None = None,
+                         stride: int | None = None) -> dict[str, Any]:
+        """Evaluate with these options (``attnlab eval``; None: not given, the default): beam
+        search of width ``beam`` (:attr:`beam_search`), windows every ``stride`` tokens
+        (:attr:`strided`); returns what they mean for the results, in words (none here)."""
+        self.check_eval_options(beam, stride, length_penalty)
         return {}
 
     # ---- the config, read for the task ----------------------------------------------------------

@@ -206,10 +206,10 @@ class LMTask(Task):
                              f"block of {self.block} tokens")
         self.stride = stride
 
-    def set_eval_options(self, beam: int = 1, length_penalty: float = 0.6,
-                         stride: int = 0) -> dict[str, Any]:
-        self.check_eval_options(beam, stride)
-        if not stride:
+    def set_eval_options(self, beam: int = 1, length_penalty: float | None = None,
+                         stride: int | None = None) -> dict[str, Any]:
+        self.check_eval_options(beam, stride, length_penalty)
+        if stride is None:
             return {}
         self.set_stride(stride)
         return {"window": self.block, "stride": stride}

@@ -72,10 +72,12 @@ class Seq2SeqTask(Task):
     beam = 1
     length_penalty = 0.6
 
-    def set_eval_options(self, beam: int = 1, length_penalty: float = 0.6,
-                         stride: int = 0) -> dict[str, str]:
-        self.check_eval_options(beam, stride)
-        self.beam, self.length_penalty = beam, length_penalty
+    def set_eval_options(self, beam: int = 1, length_penalty: float | None = None,
+                         stride: int | None = None) -> dict[str, str]:
+        self.check_eval_options(beam, stride, length_penalty)
+        self.beam = beam
+        if length_penalty is not None:
+            self.length_penalty = length_penalty
         return {"decoding": self.decoding()}
 
     def decoding(self) -> str:

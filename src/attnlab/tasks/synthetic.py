@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from ..config import ConfigError, ModelConfig
 from ..data import SYNTHETIC_NAMES, SyntheticData
 from ..decoding import translate
+from ..info import check_held
 from ..run_config import RunConfig
 from ..tokenizers import IdTokenizer, Tokenizer
 from .base import Amp, DataSet, Progress, no_progress
@@ -51,6 +52,9 @@ class SyntheticTask(Seq2SeqTask):
                               "generates its sequences; leave it out (or leave data.name out "
                               "to train on your files)")
         self.data = SyntheticData(d.name, d.synth_vocab, d.seq_min, d.seq_max)
+        # the drawn ids, the sources and the targets (int64) of every example, before evaluating
+        check_held("data.val_size", d.val_size, 8 * (3 * d.seq_max + 2),
+                   "evaluation draws that many examples")
         self.model_config = self.resolve_model(vocab_size=d.synth_vocab, pad_id=self.data.pad_id)
         # the ids of the data written as text; a resumed run's saved one is the same
         self.tokenizer = tokenizer or IdTokenizer(d.synth_vocab)

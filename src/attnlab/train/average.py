@@ -24,7 +24,6 @@ from torch import nn
 
 from ..errors import RunError, UsageError
 from ..models import build_model
-from ..run_config import RunConfig
 from ..runs import RunDir
 from ..weights import average_weights, unwrap
 
@@ -109,7 +108,7 @@ def average_run(run_dir: str | Path, last: int, out: str | Path) -> dict[str, ob
                        "(or more)")
     chosen = kept[-last:]
     config = src.read_config()
-    model = build_model(RunConfig.from_dict(config).model)
+    model = build_model(src.model_config(config))
     average_weights(model, [path for _, path in chosen])
     steps = [s for s, _ in chosen]
     meta = {"step": steps[-1], "averaged_steps": steps, "averaged_from": str(src.path)}
@@ -136,7 +135,7 @@ def ema_run(run_dir: str | Path, out: str | Path) -> dict[str, object]:
     if "ema" not in state:
         raise RunError(f"{src.path} keeps no moving average of its weights: train it with "
                        "--set train.ema_decay=D (0 < D < 1, such as 0.999)")
-    model = build_model(RunConfig.from_dict(config).model)
+    model = build_model(src.model_config(config))
     src.load_weights(model, "last")
     ema = WeightEMA(model, decay)
     try:

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None = None,
                  checkpoint: str = "best", device: str = "auto", beam: int = 1,
-                 length_penalty: float = 0.6, stride: int = 0,
+                 length_penalty: float | None = None, stride: int | None = None,
                  progress: Progress | None = None) -> dict[str, Any]:
     """Metrics of a trained run on ``split``: loss + perplexity / BLEU / accuracy+F1.
 
@@ -45,9 +45,9 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
         checkpoint: ``best``, ``last`` or a .safetensors file.
         device: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
         beam: translation only: 1 decodes greedily, more is beam search of that width.
-        length_penalty: beam search's length penalty.
+        length_penalty: beam search's length penalty (None: GNMT's 0.6).
         stride: language models only: windows of the block every ``stride`` tokens, each
-            target scored once (:meth:`attnlab.tasks.LMTask.set_stride`); 0, the default:
+            target scored once (:meth:`attnlab.tasks.LMTask.set_stride`); None, the default:
             non-overlapping windows, as training evaluates.
         progress: told as batches are done (see :meth:`attnlab.tasks.Task.evaluate`).
 
@@ -73,18 +73,18 @@ def evaluate_run(run_dir: str | Path, split: str = "val", data: list[str] | None
             **metrics}
 
 
-def _eval_config(rd: RunDir, split: str, checkpoint: str, beam: int, length_penalty: float,
-                 stride: int) -> RunConfig:
+def _eval_config(rd: RunDir, split: str, checkpoint: str, beam: int,
+                 length_penalty: float | None, stride: int | None) -> RunConfig:
     """The run's config, once the arguments of ``attnlab eval`` that need no data check out."""
     if split not in ("val", "test"):
         raise UsageError(f"--split {split!r} is not allowed: val or test")
-    rc = RunConfig.from_dict(rd.read_config())
+    rc = RunConfig.of_run(rd)
     cls = task_class(rc)
     why = rd.untrained_head(checkpoint)
     if why:
         raise RunError(why)
     check_beam_flags(beam, length_penalty, rc.model.tgt_vocab_size or rc.model.vocab_size)
-    cls.check_eval_options(beam, stride)
+    cls.check_eval_options(beam, stride, length_penalty)
     return rc
 
 

@@ -165,7 +165,7 @@ def resumed_config(run: RunDir, saved: dict, rc: RunConfig) -> RunConfig:
     Raises:
         RunError: ``rc`` trains another model family than the run holds.
     """
-    theirs = RunConfig.from_dict(saved)  # (a broken config.json: one line naming the key)
+    theirs = RunConfig.of_run(run)  # (a broken config.json: one line naming it and the key)
     family = task_class(rc).family
     if theirs.model.family != family:  # a merge of two families would be nonsense
         raise RunError(f"run dir {run.path} holds {FAMILY_WORDS[theirs.model.family]} run "
