@@ -3,6 +3,7 @@ for training, evaluation and inference alike."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -66,4 +67,12 @@ def available_devices() -> list[str]:
     return names
 
 
-__all__ = ["available_devices", "resolve_device"]
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity: taskset, cgroups), else the
+    machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+__all__ = ["available_devices", "resolve_device", "usable_cores"]

@@ -21,6 +21,7 @@ from attnlab.data.pairs import prepare_pairs
 from attnlab.data.pipeline import DiskFullError
 from attnlab.data.prepare import prepare, prepare_cached
 from attnlab.data.shards import MANIFEST, TokenShards, is_prepared, read_manifest
+from attnlab.devices import usable_cores
 from attnlab.tokenizers import BPETokenizer, CharTokenizer, GPT2Tokenizer, load_tokenizer
 
 WORDS = ("the king is dead long live the queen and all her court with him "
@@ -536,7 +537,7 @@ def test_a_parquet_column_that_is_missing_is_named(tmp_path):
     ({"val_fraction": 1.0}, "val_fraction must be a number in"),
     ({"workers": -1}, "workers"),
     # thousands of processes on a few cores: refused before one starts
-    ({"workers": 4 * pipeline.usable_cores() + 1}, r"workers=\d+ is not allowed: an integer in "
+    ({"workers": 4 * usable_cores() + 1}, r"workers=\d+ is not allowed: an integer in "
                                                r"0\.\.\d+"),
     ({"errors": "ignore"}, "errors='ignore' is not allowed"),
     ({"tokenizer": "wordpiece"}, "tokenizer 'wordpiece' is not allowed"),

@@ -266,6 +266,25 @@ def test_compile_failure_falls_back_to_eager_with_a_warning(tmp_path, monkeypatc
     assert run.result.train_losses == eager.result.train_losses  # the failed try left no trace
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_more_threads_than_cores_is_said(threads, tmp_path, monkeypatch, caplog):
+    """train.threads above the cores the process may run on (its affinity) is a warning: the
+    threads take turns and each step runs slower."""
+    import attnlab.train.loop as loop
+
+    monkeypatch.setattr(loop, "usable_cores", lambda: 2)
+    rc = RunConfig.from_dict(lm_dict(tmp_path, threads=threads))
+    before = torch.get_num_threads()
+    try:
+        with caplog.at_level(logging.WARNING):
+            Trainer(rc, build_task(rc), tmp_path / "run")
+        assert torch.get_num_threads() == threads
+    finally:  # (torch's threads are the whole process's)
+        torch.set_num_threads(before)
+    said = "train.threads=3 is more than the 2 CPU cores this process may run on"
+    assert (said in caplog.text) == (threads == 3), caplog.text
+
+
 def test_best_checkpoint_and_early_stopping(tmp_path):
     rc = RunConfig.from_dict(lm_dict(tmp_path, max_steps=20, eval_every=1, patience=2))
     task = build_task(rc)

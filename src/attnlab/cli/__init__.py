@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         return run_command(cmd_launch, argparse.Namespace(
-            command="launch", argv=argv[1:], commands=build_parser().commands))
+            command="launch", argv=argv[1:], commands=parser.commands, parser=parser))
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:  # named with the command they were given to

@@ -258,20 +258,19 @@ def cmd_launch(args: argparse.Namespace) -> int:
             continue
         torchrun_args.append(word)
         k += 1
-    code = _check_before_launch(words[at:])
+    code = _check_before_launch(args.parser, words[at:])
     return launch(torchrun_args, words[at:], timeout) if code is None else code
 
 
-def _check_before_launch(command: list[str]) -> int | None:
-    """``command``'s arguments, and a ``train``'s config, checked in this process before
-    torchrun starts any, so that bad input is one line, not one per process after torchrun's
-    banner: None to launch it, else the exit code (``--help`` printed: 0; an argument error
-    printed: 2)."""
-    from . import build_parser
+def _check_before_launch(parser: argparse.ArgumentParser, command: list[str]) -> int | None:
+    """``command``'s arguments (``parser``: attnlab's), and a ``train``'s config, checked in
+    this process before torchrun starts any, so that bad input is one line, not one per
+    process after torchrun's banner: None to launch it, else the exit code (``--help``
+    printed: 0; an argument error printed: 2)."""
     from .common import Parser
 
     try:
-        args, extra = build_parser().parse_known_args(command)
+        args, extra = parser.parse_known_args(command)
         if extra:  # as main() says them
             words = [w for w in (args.command, getattr(args, "action", None)) if w]
             Parser(prog=" ".join(["attnlab", *words])).error(

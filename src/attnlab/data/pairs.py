@@ -30,6 +30,7 @@ from attnlab.data.pipeline import PIECE_BYTES, SAMPLE_BYTES, Encoder, Piece, Pie
 from attnlab.data.shards import DTYPES, FORMAT, read_manifest, token_dtype
 from attnlab.data.sources import NotUTF8Error, check_source, source_of
 from attnlab.data.text import check_text_file
+from attnlab.devices import usable_cores
 from attnlab.errors import VocabularyError
 from attnlab.tokenizers import SPECIALS, BPETokenizer, CharTokenizer, Tokenizer
 
@@ -259,7 +260,7 @@ def _prepare_pairs(files: list[tuple[Path, Path]], out: Path, tokenizer: str | T
     pieces = _PairPieces(files, val_fraction, seed, errors, piece_bytes)
     work = partial(_encode_pairs, src_add_special=src_add_special, dtype=dtype, max_len=max_len)
     total = sum(d[side]["bytes"] for d in described for side in SIDES)
-    encoder = Encoder(tok, workers or pipeline.usable_cores(), work)
+    encoder = Encoder(tok, workers or usable_cores(), work)
     shards = pipeline.write_pieces(encoder, pieces, partial(_finished, out, dtype=dtype),
                                    partial(_write, out), progress=progress, total_bytes=total)
     if not any(s["pairs"] for s in shards["train"]):

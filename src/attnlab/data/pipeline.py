@@ -33,6 +33,7 @@ from attnlab.config import check_int
 from attnlab.data.errors import DataError
 from attnlab.data.shards import MANIFEST, PLAN, TOKENIZER, read_manifest
 from attnlab.data.sources import ERRORS
+from attnlab.devices import usable_cores
 from attnlab.errors import InputError
 from attnlab.files import atomic_write_bytes, atomic_write_json
 from attnlab.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_dict
@@ -173,12 +174,6 @@ def joined(parts: list[np.ndarray], dtype: str) -> np.ndarray:
     if ids.size and int(ids.max()) > np.iinfo(dtype).max:  # attnlab's fault, not the input's
         raise AssertionError(f"bug: id {int(ids.max())} does not fit the shards' {dtype}")
     return ids.astype(dtype, copy=False)
-
-
-def usable_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):  # the cores this process may use (taskset, cgroups)
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 # ---- a prepared DIR: start, shards, finish ---------------------------------------------------

@@ -39,6 +39,7 @@ from attnlab.data.sources import (
     text_range,
     text_size,
 )
+from attnlab.devices import usable_cores
 from attnlab.tokenizers import BPETokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -395,7 +396,7 @@ def _prepare(sources: Sequence[str | Path] | str | Path, out: Path, tokenizer: s
              exclude: Sequence[str], piece_bytes: int) -> Path:
     """:func:`prepare` of checked arguments: plan, tokenizer, shards, manifest last."""
     found = _found(sources, include, exclude, errors)
-    workers = workers or pipeline.usable_cores()
+    workers = workers or usable_cores()
     described = [{"path": str(s.path.resolve()), "bytes": s.path.stat().st_size,
                   "sha256": sha256_of(s.path)} for s in found]
     kind = tokenizer.kind if isinstance(tokenizer, Tokenizer) else tokenizer

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..devices import resolve_device
+from ..devices import resolve_device, usable_cores
 from ..errors import ConfigError
 from ..info import check_fits, check_micro_batches
 from ..models import build_model
@@ -239,6 +239,11 @@ class Trainer:
         the shards save (docs/what-we-tried.md, "Freed memory kept between steps")."""
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)
+            cores = usable_cores()
+            if self.cfg.threads > cores and self.info.is_main:
+                log.warning("train.threads=%d is more than the %d CPU cores this process may "
+                            "run on: the threads take turns on them and each step runs slower; "
+                            "at most %d (0: torch's default)", self.cfg.threads, cores, cores)
         if self.device.type == "cpu" and self.cfg.parallel != "fsdp":
             keep_freed_memory()
 
