@@ -1,5 +1,5 @@
 """Interpretability speed: hooks, head ablation and activation patching, attnlab vs
-TransformerLens, on a GPT-2-small-shaped model.
+TransformerLens and nnsight, on a GPT-2-small-shaped model.
 
     .venv/bin/python benchmarks/interpret.py              # GPT-2 small shape, 64 tokens, 4 pairs
     .venv/bin/python benchmarks/interpret.py --quick      # a 2-layer model: checks it runs
@@ -18,12 +18,17 @@ gradient on either side; the same prompt of ``--tokens`` tokens.
 (c) the per-head activation-patching grid: ``patch(..., grids=["heads"])`` against
     ``transformer_lens.patching.get_act_patch_attn_head_out_all_pos`` after the clean
     ``run_with_cache`` (aim: at least 2x);
+(e), (f) (b) and (c) against nnsight 0.8 on the same weights (``TransformersModel`` of the
+    Hugging Face model): one trace per layer whose ``tracer.invoke`` per head zeroes (or, for
+    patching, sets to the clean run's) that head's slice of ``attn.c_proj``'s input, nnsight
+    batching the invokes of a trace into one forward, as an nnsight user writes a grid
+    (aim: attnlab at least as fast);
 (d) the peak memory of a ``--mem-tokens``-token forward with ``run_with_cache`` of one site
     against every site, and a plain forward: the growth of the resident peak (Linux's VmHWM,
     reset before the forward) of a fresh process over its resident memory before, and the
     bytes of the cached tensors: the cache holds only the sites named.
 
-(a)-(c) alternate A B, B A, ... (``--pairs`` pairs, in this process); each pair's ratio is
+(a)-(c), (e), (f) alternate A B, B A, ... (``--pairs`` pairs, in this process); each pair's ratio is
 printed, then the median and the range. The machine, date, commit and command come first.
 """
 
@@ -56,6 +61,7 @@ from data_speed import git_head, gpt2_files, machine  # noqa: E402  (shared help
 FULL = {"n_layer": 12, "n_head": 12, "n_embd": 768}  # GPT-2 small
 QUICK = {"n_layer": 2, "n_head": 4, "n_embd": 64}
 AIM_CACHE, AIM_ABLATE, AIM_PATCH = 1.5, 2.0, 2.0
+AIM_NNSIGHT = 1.0
 
 
 # ---- the model, both ways -------------------------------------------------------------------
@@ -202,6 +208,101 @@ def part_patch(model, bridge, ids, pairs: int) -> dict:
     return row
 
 
+# ---- (e), (f): nnsight --------------------------------------------------------------------
+def load_nnsight(folder: Path):
+    """nnsight's ``TransformersModel`` of the Hugging Face GPT-2 in ``folder``, or None with the
+    reason."""
+    try:
+        import transformers
+        from nnsight import TransformersModel
+
+        hf = transformers.GPT2LMHeadModel.from_pretrained(folder).float().eval()
+        tok = transformers.GPT2TokenizerFast.from_pretrained(folder)
+        return TransformersModel(hf, tokenizer=tok), ""
+    except Exception as e:  # noqa: BLE001  (a peer that cannot load is reported, not fatal)
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def nnsight_grid(lm, inputs, layers: int, heads: int, value, score) -> torch.Tensor:
+    """(layers, heads): ``score(logits)`` of ``inputs`` with head h of layer l set to
+    ``value(l, h)`` (its columns of ``attn.c_proj``'s input); one trace per layer, one
+    invoke per head (nnsight batches a trace's invokes into one forward)."""
+    dh = lm.config.n_embd // heads
+    grid = torch.zeros(layers, heads)
+    with torch.no_grad():
+        for layer in range(layers):
+            saved = []
+            with lm.trace() as tracer:
+                for h in range(heads):
+                    with tracer.invoke(inputs):
+                        cols = slice(h * dh, (h + 1) * dh)
+                        lm.transformer.h[layer].attn.c_proj.input[..., cols] = value(layer, h)
+                        saved.append(lm.lm_head.output.save())
+            grid[layer] = torch.tensor([float(score(lg)) for lg in saved])
+    return grid
+
+
+def part_ablate_nnsight(model, lm, ids, pairs: int) -> dict:
+    import torch.nn.functional as F
+
+    from attnlab.interpret import ablate, lm_batch
+
+    layers, heads = model.config.n_layers, model.config.n_heads
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    out = {}
+
+    def loss(logits):
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+    def attnlab_grid():
+        out["grid"] = ablate(model, lm_batch(ids), heads=range(heads)).heads
+
+    def nnsight_ablation():
+        saved = {}
+        with torch.no_grad(), lm.trace(inputs):
+            saved["logits"] = lm.lm_head.output.save()
+        base = loss(saved["logits"])
+        out["nn"] = nnsight_grid(lm, inputs, layers, heads, lambda layer, h: 0.0,
+                                 lambda lg: loss(lg) - base)
+    row = report(f"(e) head ablation, {layers * heads} heads (A attnlab, B nnsight)",
+                 abba(attnlab_grid, nnsight_ablation, pairs), f"B/A >= {AIM_NNSIGHT}",
+                 lambda r: r >= AIM_NNSIGHT)
+    print(f"    largest |attnlab - nnsight| of the grid: "
+          f"{(out['grid'] - out['nn']).abs().max():.2e}")
+    return row
+
+
+def part_patch_nnsight(model, lm, ids, pairs: int) -> dict:
+    from attnlab.interpret import patch
+
+    layers, heads = model.config.n_layers, model.config.n_heads
+    clean, corrupted = ids[:, :-1], ids[:, :-1].clone()
+    corrupted[:, clean.size(1) // 2] = (clean[:, clean.size(1) // 2] + 1) % 50257
+    answer, wrong = int(ids[0, -1]), int(ids[0, -1] + 1) % 50257
+    dh = model.config.d_model // heads
+    out = {}
+
+    def attnlab_grid():
+        out["grid"] = patch(model, clean, corrupted, answer=answer, wrong=wrong,
+                            grids=["heads"]).heads
+
+    def nnsight_patching():
+        z = {}  # (filled inside the trace, whose body nnsight runs in a frame of its own)
+        with torch.no_grad(), lm.trace(clean):
+            for i in range(layers):
+                z[i] = lm.transformer.h[i].attn.c_proj.input.save()
+        out["nn"] = nnsight_grid(
+            lm, corrupted, layers, heads,
+            lambda layer, h: z[layer][..., h * dh:(h + 1) * dh],
+            lambda lg: (lg[:, -1, answer] - lg[:, -1, wrong]).mean())
+    row = report("(f) head patching grid (A attnlab, B nnsight)",
+                 abba(attnlab_grid, nnsight_patching, pairs), f"B/A >= {AIM_NNSIGHT}",
+                 lambda r: r >= AIM_NNSIGHT)
+    print(f"    largest |attnlab - nnsight| of the grid: "
+          f"{(out['grid'] - out['nn']).abs().max():.2e}")
+    return row
+
+
 # ---- (d) memory -----------------------------------------------------------------------------
 CHILD = r"""
 import json, sys
@@ -252,8 +353,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, default=None, help="prompt tokens (default 64)")
     ap.add_argument("--mem-tokens", type=int, default=None, help="(d)'s tokens (default 1024)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    ap.add_argument("--only", default="abcd", help="the parts to run, e.g. b or ad (default "
-                    "abcd)")
+    ap.add_argument("--only", default="abcdef", help="the parts to run, e.g. b or ad "
+                    "(default abcdef)")
     args = ap.parse_args(argv)
     pairs = args.pairs or (2 if args.quick else 4)
     tokens = args.tokens or (16 if args.quick else 64)
@@ -278,6 +379,14 @@ def main(argv: list[str] | None = None) -> None:
         else:
             rows += [part(model, bridge, ids, pairs) for key, part in
                      (("b", part_ablate), ("c", part_patch)) if key in args.only]
+        if {"e", "f"} & set(args.only):
+            lm, why = load_nnsight(folder)
+            if lm is None:
+                print(f"(e), (f) skipped: nnsight cannot load the model ({why})")
+            else:
+                rows += [part(model, lm, ids, pairs) for key, part in
+                         (("e", part_ablate_nnsight), ("f", part_patch_nnsight))
+                         if key in args.only]
         memory = part_memory(folder, mem_tokens) if "d" in args.only else []
     print("\n| part | A (median s) | B (median s) | B/A median (range) | aim | met |")
     print("| --- | --- | --- | --- | --- | --- |")
