@@ -415,18 +415,21 @@ def test_recipes_script_reads_the_data_cache_by_default_and_names_data_fetch_whe
     recipes.check_data("shakespeare_char_small", cache)
 
 def test_interpret_benchmark_quick_prints_every_part(capsys):
-    """benchmarks/interpret.py --quick: a 2-layer GPT-2 in attnlab and TransformerLens, each
-    part's table row, and grids that agree."""
-    pytest.importorskip("transformer_lens", reason="the peer is TransformerLens (a test "
+    """benchmarks/interpret.py --quick: a 2-layer GPT-2 in attnlab, TransformerLens and
+    nnsight, each part's table row, and grids that agree."""
+    pytest.importorskip("transformer_lens", reason="a peer is TransformerLens (a test "
                         "dependency)")
+    pytest.importorskip("nnsight", reason="a peer is nnsight (a test dependency)")
     script("interpret").main(["--quick", "--pairs", "1"])
     out = capsys.readouterr().out
-    for part in ("(a) cache every site", "(b) head ablation", "(c) head patching grid"):
+    for part in ("(a) cache every site", "(b) head ablation", "(c) head patching grid",
+                 "(e) head ablation", "(f) head patching grid"):
         assert len(table_rows(out, part)) == 1, out
     assert "(d) cache one site" in out and "(d) cache every site" in out
-    diffs = [float(line.rsplit(":", 1)[1]) for line in out.splitlines()
-             if "largest |attnlab - TransformerLens|" in line]
-    assert len(diffs) == 2 and max(diffs) < 1e-4
+    for peer in ("TransformerLens", "nnsight"):
+        diffs = [float(line.rsplit(":", 1)[1]) for line in out.splitlines()
+                 if f"largest |attnlab - {peer}|" in line]
+        assert len(diffs) == 2 and max(diffs) < 1e-4, (peer, out)
 
 
 @pytest.mark.slow
