@@ -1,10 +1,13 @@
-"""nnsight as the oracle where TransformerLens has none: the encoder families.
+"""nnsight as the oracle where TransformerLens has none: the encoder families and a
+Llama-shaped decoder.
 
 - The real all-MiniLM-L6-v2 as Hugging Face's ``BertForSequenceClassification`` (its
   classification head drawn at random, large enough that every head matters): every hook
   site attnlab caches equals nnsight's read of the same module of the Hugging Face model, and
   head and feed-forward ablation (zero, mean) and activation patching (residual stream,
   heads) equal the same interventions written with nnsight on the Hugging Face model.
+- A scrambled Llama (rotary positions, RMSNorm, SwiGLU, 4 query heads sharing 2 key/value
+  heads) made by ``transformers``: the same three checks against nnsight on it.
 - attnlab's own encoder-decoder wrapped by nnsight: ablation of the encoder, decoder and
   cross-attention heads and patching of a decoder input equal nnsight's interventions on the
   inputs of the output projections, an intervention engine independent of attnlab's hooks.
@@ -307,3 +310,126 @@ def test_patching_a_decoder_input_of_the_encoder_decoder_equals_nnsight():
                 want[i, hd] = metric(logits)
         assert (want - result.corrupted).abs().max() > 20 * TOL, stack  # (it can fail)
         torch.testing.assert_close(result.grids[stack], want, atol=TOL, rtol=0, msg=stack)
+
+
+# ---- a Llama-shaped decoder: rotary positions, RMSNorm, SwiGLU, grouped-query attention ----
+@pytest.fixture(scope="module")
+def llama():
+    """(attnlab's import, nnsight's view of the Hugging Face model) of a small scrambled
+    Llama with 4 query heads sharing 2 key/value heads."""
+    transformers = pytest.importorskip("transformers")
+    from attnlab.interop import llama_from_hf
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=120, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rope_theta=500.0, tie_word_embeddings=False, attn_implementation="eager")
+    torch.manual_seed(0)
+    hf = scramble(transformers.LlamaForCausalLM(cfg), seed=5, std=0.3)
+    return llama_from_hf(hf).eval(), wrap(hf)
+
+
+def llama_ids() -> torch.Tensor:
+    return torch.randint(0, 120, (2, 10), generator=torch.Generator().manual_seed(6))
+
+
+@torch.no_grad()
+def test_every_block_site_of_a_llama_equals_nnsights_read_of_hugging_face(llama):
+    """The sites Hugging Face's modules make (q and k are rotated inside its attention's
+    forward, where no module returns them)."""
+    ours, theirs = llama
+    ids = llama_ids()
+    _, cache = run_with_cache(ours, ids)
+    want = {}
+    with theirs.trace(ids):
+        for i, layer in enumerate(theirs.model.layers):
+            want[f"blocks.{i}.resid_pre"] = layer.input.save()
+            want[f"blocks.{i}.attn.v"] = layer.self_attn.v_proj.output.save()
+            want[f"blocks.{i}.attn.z"] = layer.self_attn.o_proj.input.save()
+            want[f"blocks.{i}.attn_out"] = layer.self_attn.o_proj.output.save()
+            want[f"blocks.{i}.attn.pattern"] = layer.self_attn.output[1].save()
+            want[f"blocks.{i}.resid_mid"] = layer.post_attention_layernorm.input.save()
+            want[f"blocks.{i}.ffn_out"] = layer.mlp.output.save()
+            want[f"blocks.{i}.resid_post"] = layer.output.save()
+    for site, value in want.items():
+        if site.endswith((".v", ".z")):
+            value = heads_of(value, value.size(-1) // ours.config.head_dim)
+        if site.endswith(".v") and value.size(1) != cache[site].size(1):  # (B, KV, T, Dh)
+            value = value.repeat_interleave(cache[site].size(1) // value.size(1), dim=1)
+        torch.testing.assert_close(cache[site], value, atol=TOL, rtol=0, msg=site)
+
+
+@pytest.mark.parametrize("kind", ["zero", "mean"])
+@torch.no_grad()
+def test_ablation_of_a_llama_equals_nnsight_on_hugging_face(llama, kind):
+    ours, theirs = llama
+    ids = llama_ids()
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    result = ablate(ours, Batch((inputs,), targets), kind=kind)
+    n_layers, n_heads, dh = ours.config.n_layers, ours.config.n_heads, ours.config.head_dim
+
+    def loss(logits: torch.Tensor) -> float:
+        return float(F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()))
+    z, ffn = {}, {}
+    with theirs.trace(inputs):
+        for i, layer in enumerate(theirs.model.layers):
+            z[i] = layer.self_attn.o_proj.input.save()
+            ffn[i] = layer.mlp.output.save()
+        base = theirs.output.logits.save()
+    assert result.base_loss == pytest.approx(loss(base), abs=TOL)
+    every = torch.ones(inputs.shape, dtype=torch.bool)  # (no pad id: every position is real)
+    heads, ffns = torch.zeros(n_layers, n_heads), torch.zeros(n_layers)
+    for i in range(n_layers):
+        for hd in range(n_heads):
+            cols = slice(hd * dh, (hd + 1) * dh)
+            value = 0.0 if kind == "zero" else masked_mean(z[i][..., cols], every)
+            with theirs.trace(inputs):
+                theirs.model.layers[i].self_attn.o_proj.input[..., cols] = value
+                logits = theirs.output.logits.save()
+            heads[i, hd] = loss(logits) - loss(base)
+        value = 0.0 if kind == "zero" else masked_mean(ffn[i], every)
+        with theirs.trace(inputs):
+            theirs.model.layers[i].mlp.output[:] = value
+            logits = theirs.output.logits.save()
+        ffns[i] = loss(logits) - loss(base)
+    assert heads.abs().max() > 1e-2 and ffns.abs().max() > 1e-2  # the comparison can fail
+    torch.testing.assert_close(result.heads, heads, atol=TOL, rtol=0)
+    torch.testing.assert_close(result.ffn, ffns, atol=TOL, rtol=0)
+
+
+@torch.no_grad()
+def test_patching_of_a_llama_equals_nnsight_on_hugging_face(llama):
+    ours, theirs = llama
+    clean = llama_ids()[:, :-1]
+    corrupted = clean.clone()
+    corrupted[:, 3] = (clean[:, 3] + 17) % 120
+    answer, wrong = 7, 8
+    result = patch(ours, clean, corrupted, answer=answer, wrong=wrong)
+    n_layers, n_heads, dh = ours.config.n_layers, ours.config.n_heads, ours.config.head_dim
+
+    def metric(logits: torch.Tensor) -> float:
+        return float((logits[:, -1, answer] - logits[:, -1, wrong]).mean())
+    resid, z = {}, {}
+    with theirs.trace(clean):
+        for i, layer in enumerate(theirs.model.layers):
+            resid[i] = layer.input.save()
+            z[i] = layer.self_attn.o_proj.input.save()
+        clean_logits = theirs.output.logits.save()
+    assert result.clean == pytest.approx(metric(clean_logits), abs=TOL)
+    want_resid = torch.zeros(n_layers, clean.size(1))
+    want_heads = torch.zeros(n_layers, n_heads)
+    for i in range(n_layers):
+        for p in range(clean.size(1)):
+            with theirs.trace(corrupted):
+                theirs.model.layers[i].input[:, p] = resid[i][:, p]
+                logits = theirs.output.logits.save()
+            want_resid[i, p] = metric(logits)
+        for hd in range(n_heads):
+            cols = slice(hd * dh, (hd + 1) * dh)
+            with theirs.trace(corrupted):
+                theirs.model.layers[i].self_attn.o_proj.input[..., cols] = z[i][..., cols]
+                logits = theirs.output.logits.save()
+            want_heads[i, hd] = metric(logits)
+    assert (want_heads - result.corrupted).abs().max() > 20 * TOL  # (it can fail)
+    torch.testing.assert_close(result.resid, want_resid, atol=TOL, rtol=0)
+    torch.testing.assert_close(result.heads, want_heads, atol=TOL, rtol=0)
