@@ -130,6 +130,16 @@ def report(name: str, times: list[tuple[float, float]], aim: str, ok) -> dict:
             "range": (min(ratios), max(ratios)), "aim": aim, "met": ok(med)}
 
 
+def race(title: str, ours, peers, peer: str, pairs: int, aim: float, out: dict) -> dict:
+    """:func:`report` of attnlab's ``ours`` (A) against the peer's ``peers`` (B), which leave
+    their grids in ``out["grid"]`` and ``out["peer"]``, and the grids' largest difference."""
+    row = report(f"{title} (A attnlab, B {peer})", abba(ours, peers, pairs), f"B/A >= {aim}",
+                 lambda r: r >= aim)
+    print(f"    largest |attnlab - {peer}| of the grid: "
+          f"{(out['grid'] - out['peer'].float()).abs().max():.2e}")
+    return row
+
+
 # ---- (a) - (c) ------------------------------------------------------------------------------
 def part_cache(model, ids, pairs: int) -> dict:
     from attnlab.interpret import run_with_cache
@@ -150,10 +160,10 @@ def part_ablate(model, bridge, ids, pairs: int) -> dict:
     from attnlab.interpret import ablate, lm_batch
 
     layers, heads = model.config.n_layers, model.config.n_heads
-    ours = {}
+    out = {}
 
     def attnlab_grid():
-        ours["grid"] = ablate(model, lm_batch(ids), heads=range(heads)).heads
+        out["grid"] = ablate(model, lm_batch(ids), heads=range(heads)).heads
 
     def zero(h):
         def fn(z, hook):  # (B, T, H, Dh)
@@ -170,13 +180,9 @@ def part_ablate(model, bridge, ids, pairs: int) -> dict:
                     loss = bridge.run_with_hooks(ids, return_type="loss", fwd_hooks=[
                         (f"blocks.{layer}.attn.hook_z", zero(h))])
                     grid[layer, h] = loss - base
-        ours["tl"] = grid
-    row = report(f"(b) head ablation, {layers * heads} heads (A attnlab, B TransformerLens)",
-                 abba(attnlab_grid, tl_grid, pairs), f"B/A >= {AIM_ABLATE}",
-                 lambda r: r >= AIM_ABLATE)
-    print(f"    largest |attnlab - TransformerLens| of the grid: "
-          f"{(ours['grid'] - ours['tl']).abs().max():.2e}")
-    return row
+        out["peer"] = grid
+    return race(f"(b) head ablation, {layers * heads} heads", attnlab_grid, tl_grid,
+                "TransformerLens", pairs, AIM_ABLATE, out)
 
 
 def part_patch(model, bridge, ids, pairs: int) -> dict:
@@ -199,13 +205,9 @@ def part_patch(model, bridge, ids, pairs: int) -> dict:
     def tl_grid():
         with torch.no_grad():
             _, cache = bridge.run_with_cache(clean)
-            out["tl"] = get_act_patch_attn_head_out_all_pos(bridge, corrupted, cache, metric)
-    row = report("(c) head patching grid (A attnlab, B TransformerLens)",
-                 abba(attnlab_grid, tl_grid, pairs), f"B/A >= {AIM_PATCH}",
-                 lambda r: r >= AIM_PATCH)
-    print(f"    largest |attnlab - TransformerLens| of the grid: "
-          f"{(out['grid'] - out['tl'].float()).abs().max():.2e}")
-    return row
+            out["peer"] = get_act_patch_attn_head_out_all_pos(bridge, corrupted, cache, metric)
+    return race("(c) head patching grid", attnlab_grid, tl_grid, "TransformerLens", pairs,
+                AIM_PATCH, out)
 
 
 # ---- (e), (f): nnsight --------------------------------------------------------------------
@@ -262,14 +264,10 @@ def part_ablate_nnsight(model, lm, ids, pairs: int) -> dict:
         with torch.no_grad(), lm.trace(inputs):
             saved["logits"] = lm.lm_head.output.save()
         base = loss(saved["logits"])
-        out["nn"] = nnsight_grid(lm, inputs, layers, heads, lambda layer, h: 0.0,
-                                 lambda lg: loss(lg) - base)
-    row = report(f"(e) head ablation, {layers * heads} heads (A attnlab, B nnsight)",
-                 abba(attnlab_grid, nnsight_ablation, pairs), f"B/A >= {AIM_NNSIGHT}",
-                 lambda r: r >= AIM_NNSIGHT)
-    print(f"    largest |attnlab - nnsight| of the grid: "
-          f"{(out['grid'] - out['nn']).abs().max():.2e}")
-    return row
+        out["peer"] = nnsight_grid(lm, inputs, layers, heads, lambda layer, h: 0.0,
+                                   lambda lg: loss(lg) - base)
+    return race(f"(e) head ablation, {layers * heads} heads", attnlab_grid, nnsight_ablation,
+                "nnsight", pairs, AIM_NNSIGHT, out)
 
 
 def part_patch_nnsight(model, lm, ids, pairs: int) -> dict:
@@ -291,16 +289,12 @@ def part_patch_nnsight(model, lm, ids, pairs: int) -> dict:
         with torch.no_grad(), lm.trace(clean):
             for i in range(layers):
                 z[i] = lm.transformer.h[i].attn.c_proj.input.save()
-        out["nn"] = nnsight_grid(
+        out["peer"] = nnsight_grid(
             lm, corrupted, layers, heads,
             lambda layer, h: z[layer][..., h * dh:(h + 1) * dh],
             lambda lg: (lg[:, -1, answer] - lg[:, -1, wrong]).mean())
-    row = report("(f) head patching grid (A attnlab, B nnsight)",
-                 abba(attnlab_grid, nnsight_patching, pairs), f"B/A >= {AIM_NNSIGHT}",
-                 lambda r: r >= AIM_NNSIGHT)
-    print(f"    largest |attnlab - nnsight| of the grid: "
-          f"{(out['grid'] - out['nn']).abs().max():.2e}")
-    return row
+    return race("(f) head patching grid", attnlab_grid, nnsight_patching, "nnsight", pairs,
+                AIM_NNSIGHT, out)
 
 
 # ---- (d) memory -----------------------------------------------------------------------------
