@@ -135,6 +135,28 @@ def test_patch_of_a_translation_run_corrupts_the_source(runs, capsys, tmp_path):
     assert "needs --target" in capsys.readouterr().err
 
 
+def test_patch_of_a_classifier_takes_classes_by_name_or_number(runs, capsys, tmp_path):
+    """A classifier's metric is logit(answer) - logit(wrong) of its class logits: --answer
+    and --wrong name classes (the run's label names, or their numbers)."""
+    from attnlab.interpret.patching import patch
+
+    argv = ["patch", str(runs["cls"]), "--clean", "a fine film", "--corrupted", "a dull film",
+            "--answer", "pos", "--wrong", "neg"]
+    got = _json(capsys, argv)
+    run = load_run(runs["cls"])
+    ids = [run.inputs(text)[0] for text in ("a fine film", "a dull film")]
+    want = patch(run.model, *ids, answer=2, wrong=0)
+    assert got["clean"] == pytest.approx(want.clean) and got["clean"] != got["corrupted"]
+    assert torch.allclose(torch.tensor(got["resid"]), want.resid, atol=1e-5)
+    assert torch.allclose(torch.tensor(got["grids"]["encoder"]), want.heads, atol=1e-5)
+    assert _json(capsys, [*argv[:-4], "--answer", "2", "--wrong", "0"]) == got
+    html = tmp_path / "patch.html"
+    assert main(["interpret", *argv, "--html", str(html)]) == 0
+    out = capsys.readouterr().out
+    assert "logit('pos') - logit('neg') of the classifier is" in out
+    assert [a["kind"] for a in _page_data(html)["analyses"]] == ["positions", "heads"]
+
+
 def test_rollout_json_matches_the_library(runs, capsys):
     rollout = pytest.importorskip("attnlab.interpret.rollout")
     got = _json(capsys, ["rollout", str(runs["lm"]), "--text", "the fox"])
@@ -158,6 +180,12 @@ def test_heads_json_and_page(runs, capsys, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["lens", "{nope}", "--text", "the"], "does not exist"),
     (["lens", "{cls}", "--text", "the"], "needs an LM head"),
+    (["patch", "{cls}", "--clean", "a", "--corrupted", "b", "--answer", "good", "--wrong",
+      "neg"], "--answer 'good' is not a class of "),
+    (["patch", "{cls}", "--clean", "a", "--corrupted", "b", "--answer", "pos", "--wrong", "3"],
+     "--wrong '3' is not a class of "),
+    (["patch", "{cls}", "--clean", "a", "--corrupted", "b", "--answer", "pos", "--wrong", "2"],
+     "--answer and --wrong are the same class (pos)"),
     (["attribute", "{lm}", "--text", "the", "--token", "ox"],
      "--token 'ox' is not one token: it encodes to 2 tokens ['o', 'x']"),
     (["attribute", "{lm}", "--text", "the", "--token", "Z"], "'Z'"),

@@ -51,8 +51,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "answer from --clean into --corrupted")
     a.add_argument("--clean", required=True, help="the text the model gets right")
     a.add_argument("--corrupted", required=True, help="the same length, changed")
-    a.add_argument("--answer", required=True, help="the right next token (one token)")
-    a.add_argument("--wrong", required=True, help="the wrong next token (one token)")
+    a.add_argument("--answer", required=True, help="the right next token (one token); a "
+                   "classifier's: the right class (its name or number)")
+    a.add_argument("--wrong", required=True, help="the wrong next token (one token); a "
+                   "classifier's: the wrong class")
     a = _sub(ps, "rollout", "attention rollout: attention through all layers, residuals "
                             "included")
     a.add_argument("--text", required=True, help="the input (the source, for translation)")
@@ -111,7 +113,7 @@ def _load(args: argparse.Namespace):
     cfg = run.model.config
     check_target(run, args)
     lm = cfg.family in LM_HEAD or cfg.head == "mlm"
-    if args.action in ("lens", "attribute", "patch") and not lm:
+    if args.action in ("lens", "attribute") and not lm:
         raise UsageError(f"interpret {args.action} needs an LM head (a model that predicts "
                          f"tokens); {args.run_dir} is an encoder classifier")
     check_layers_heads(cfg, args.layer, args.head)
@@ -123,6 +125,17 @@ def _two_tokens(a: int, b: int | None, first: str, second: str) -> None:
     if a == b:
         raise UsageError(f"{first} and {second} are the same token (id {a}): the difference of "
                          "their logits is always 0; give two different tokens")
+
+
+def one_class(run, text: str, flag: str) -> int:
+    """The class ``text`` names: one of the run's label names, or a class number."""
+    names = run.label_names
+    if text in names:
+        return names.index(text)
+    if text.strip().isdigit() and int(text) < len(names):
+        return int(text)
+    raise UsageError(f"{flag} {text!r} is not a class of {run.run_dir}: allowed "
+                     f"{', '.join(names)} (or 0..{len(names) - 1})")
 
 
 def one_token(run, text: str, flag: str) -> int:
@@ -435,14 +448,20 @@ def patch(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
     from ..interpret.patching import patch as run_patch
     from ..viz.explorer import HeadGrid, PositionGrid
 
-    answer = one_token(run, args.answer, "--answer")
-    wrong = one_token(run, args.wrong, "--wrong")
+    cfg = run.model.config
+    classes = cfg.family == "encoder" and cfg.head != "mlm"  # (the answer is a class)
+    answer, wrong = ((one_class if classes else one_token)(run, text, flag)
+                     for text, flag in ((args.answer, "--answer"), (args.wrong, "--wrong")))
+    if classes and answer == wrong:
+        raise UsageError(f"--answer and --wrong are the same class ({run.label_names[answer]}): "
+                         "the difference of their logits is always 0; give two classes")
     _two_tokens(answer, wrong, "--answer", "--wrong")
     clean, corrupted, shared = patch_inputs(run, args)
     result = run_patch(run.model, clean, corrupted, answer=answer, wrong=wrong,
                        layers=args.layer, heads=args.head, **shared)
     tokens = _strings(run, clean)
     metric = f"logit({args.answer!r}) - logit({args.wrong!r})"
+    where = "of the classifier" if classes else "at the last position"
     note = f"{metric} of the corrupted run with this activation from the clean run " \
            f"(clean {result.clean:.3f}, corrupted {result.corrupted:.3f})"
     grids = [] if args.head is not None else [  # (no head axis: not patched with --head)
@@ -450,7 +469,7 @@ def patch(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
                      note=note)]
     grids += [HeadGrid(f"patching: {stack} heads", grid, note=note)
               for stack, grid in result.grids.items()]
-    lines = [f"activation patching of {args.run_dir}: {metric} at the last position is "
+    lines = [f"activation patching of {args.run_dir}: {metric} {where} is "
              f"{result.clean:.4f} clean, {result.corrupted:.4f} corrupted; each number: the "
              "corrupted run with one activation from the clean run",
              grid_table(("encoder " if shared else "") + "residual stream (blocks.{l}.resid_pre)"
