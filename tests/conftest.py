@@ -1,5 +1,7 @@
 """Suite-wide settings."""
 
+import sys
+
 import pytest
 import torch
 
@@ -12,6 +14,19 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _torch_backward_as_torch_made_it():
+    """nnsight (a test dependency) replaces ``torch.Tensor.backward`` when it is imported, for
+    its ``with t.backward():`` traces, and its replacement parses the source file of every
+    caller of ``backward`` (a Markdown page that the docs tests run is not Python: a
+    SyntaxError). After each test, torch's own is put back, whichever test imported nnsight."""
+    yield
+    patched = sys.modules.get("nnsight.intervention.backward")
+    original = getattr(patched, "_original_backward", None)
+    if original is not None and torch.Tensor.backward is not original:
+        torch.Tensor.backward = original
 
 
 @pytest.fixture(autouse=True, scope="session")

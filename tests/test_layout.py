@@ -539,7 +539,7 @@ FAMILIES_NAMED = {"decoder", "encoder", "encoder_decoder"}
 ALLOWED_FAMILY_CHECKS = {
     # --target (viz attention, interpret): only an encoder-decoder reads a target
     ("attnlab.cli.common", "check_target", 'family != "encoder_decoder"'),
-    # interpret lens / attribute / patch need a model that predicts tokens, not a classifier
+    # interpret lens / attribute need a model that predicts tokens, not a classifier
     ("attnlab.cli.interpret", "_load", "cfg.family in LM_HEAD"),
     # interpret ablate --text refuses a masked LM: its loss needs masked positions
     ("attnlab.cli.interpret", "ablate_batch", 'cfg.family == "encoder"'),

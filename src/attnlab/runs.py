@@ -365,6 +365,23 @@ class Run:
                            f"but the model has {n} classes: give one name per class")
         return [str(x) for x in names]
 
+    @property
+    def predicts_classes(self) -> bool:
+        """Whether the model's output is a class (an encoder classifier), not a token."""
+        cfg = self.model.config
+        return cfg.family == "encoder" and cfg.head != "mlm"
+
+    def class_id(self, text: str, name: str = "class") -> int:
+        """The class ``text`` names: one of :attr:`label_names`, or its number; ``name`` is
+        what the error calls it."""
+        names = self.label_names
+        if text in names:
+            return names.index(text)
+        if text.strip().isdigit() and int(text) < len(names):
+            return int(text)
+        raise UsageError(f"{name} {text!r} is not a class of {self.run_dir}: allowed "
+                         f"{', '.join(names)} (or 0..{len(names) - 1})")
+
     # ---- a text as the model read its inputs in training ---------------------------------------
     def encode(self, text: str, name: str = "text") -> list[int]:
         """``text`` as the model read its inputs in training: an encoder's text as the

@@ -113,6 +113,33 @@ def test_cached_and_recomputed_generation_agree_also_when_the_window_slides():
         assert all(len(r) == 30 for r in cached)
 
 
+@pytest.mark.parametrize("site", ["blocks.0.resid_post", "blocks.1.attn.z"])
+def test_generation_inside_hooks_applies_the_edit_at_every_step(site):
+    """Steering: an edit held by ``hooks`` (a vector added to the residual stream, a head
+    scaled) acts on every forward of generation, the cached steps included: the tokens equal
+    a naive loop that recomputes the whole sequence under the same edit each step."""
+    from attnlab.interpret import hooks
+
+    model = tiny_lm(pos="rope")
+    shift = torch.randn(32, generator=torch.Generator().manual_seed(1)) * 2
+
+    def edit(x, name):
+        return x + shift if name.endswith("resid_post") else x * torch.tensor(
+            [1.0, -2.0, 1.0, 3.0])[:, None, None]
+    plain = generate(model, PROMPTS, 12, temperature=0)
+    with hooks(model, {site: edit}):
+        steered = generate(model, PROMPTS, 12, temperature=0)
+        recomputed = generate(model, PROMPTS, 12, temperature=0, use_cache=False)
+        tokens = list(PROMPTS[1])
+        with torch.no_grad():
+            for _ in range(12):
+                logits, _ = model(torch.tensor([tokens]))
+                tokens.append(int(logits[0, -1].argmax()))
+    assert steered == recomputed and steered[1] == tokens[len(PROMPTS[1]):]
+    assert steered != plain  # the edit changes what is generated
+    assert generate(model, PROMPTS, 12, temperature=0) == plain  # and is gone after
+
+
 def reference_window_greedy(model, prompt, n):
     """The documented sliding window, written naively: full recomputation of the window."""
     max_len = model.config.max_len

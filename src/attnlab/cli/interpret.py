@@ -127,17 +127,6 @@ def _two_tokens(a: int, b: int | None, first: str, second: str) -> None:
                          "their logits is always 0; give two different tokens")
 
 
-def one_class(run, text: str, flag: str) -> int:
-    """The class ``text`` names: one of the run's label names, or a class number."""
-    names = run.label_names
-    if text in names:
-        return names.index(text)
-    if text.strip().isdigit() and int(text) < len(names):
-        return int(text)
-    raise UsageError(f"{flag} {text!r} is not a class of {run.run_dir}: allowed "
-                     f"{', '.join(names)} (or 0..{len(names) - 1})")
-
-
 def one_token(run, text: str, flag: str) -> int:
     """The id of ``text``, which must be exactly one token of the run's vocabulary."""
     tok = run.tokenizer
@@ -448,9 +437,8 @@ def patch(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
     from ..interpret.patching import patch as run_patch
     from ..viz.explorer import HeadGrid, PositionGrid
 
-    cfg = run.model.config
-    classes = cfg.family == "encoder" and cfg.head != "mlm"  # (the answer is a class)
-    answer, wrong = ((one_class if classes else one_token)(run, text, flag)
+    classes = run.predicts_classes  # (then the answer is a class)
+    answer, wrong = (run.class_id(text, flag) if classes else one_token(run, text, flag)
                      for text, flag in ((args.answer, "--answer"), (args.wrong, "--wrong")))
     if classes and answer == wrong:
         raise UsageError(f"--answer and --wrong are the same class ({run.label_names[answer]}): "
