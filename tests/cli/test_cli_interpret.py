@@ -135,6 +135,24 @@ def test_patch_of_a_translation_run_corrupts_the_source(runs, capsys, tmp_path):
     assert "needs --target" in capsys.readouterr().err
 
 
+def test_patch_position_reads_the_logits_there(runs, capsys):
+    from attnlab.interpret.patching import patch
+
+    argv = ["patch", str(runs["lm"]), "--clean", "the fox", "--corrupted", "the dog",
+            "--answer", "o", "--wrong", "e", "--position", "4"]
+    got = _json(capsys, argv)
+    run = load_run(runs["lm"])
+    tok = run.tokenizer
+    want = patch(run.model, _ids(run, "the fox"), _ids(run, "the dog"), position=4,
+                 answer=tok.encode("o")[0], wrong=tok.encode("e")[0])
+    last = patch(run.model, _ids(run, "the fox"), _ids(run, "the dog"),
+                 answer=tok.encode("o")[0], wrong=tok.encode("e")[0])
+    assert got["clean"] == pytest.approx(want.clean) and want.clean != last.clean
+    assert torch.allclose(torch.tensor(got["resid"]), want.resid, atol=1e-5)
+    assert main(["interpret", *argv]) == 0
+    assert "logit('o') - logit('e') at position 4 is" in capsys.readouterr().out
+
+
 def test_patch_of_a_classifier_takes_classes_by_name_or_number(runs, capsys, tmp_path):
     """A classifier's metric is logit(answer) - logit(wrong) of its class logits: --answer
     and --wrong name classes (the run's label names, or their numbers)."""
@@ -186,6 +204,14 @@ def test_heads_json_and_page(runs, capsys, tmp_path):
      "--wrong '3' is not a class of "),
     (["patch", "{cls}", "--clean", "a", "--corrupted", "b", "--answer", "pos", "--wrong", "2"],
      "--answer and --wrong are the same class (pos)"),
+    (["patch", "{cls}", "--clean", "a", "--corrupted", "b", "--answer", "pos", "--wrong", "0",
+      "--position", "1"], "a classifier's logits are the whole text's, at no position"),
+    (["patch", "{lm}", "--clean", "the", "--corrupted", "thy", "--answer", "o", "--wrong",
+      "e", "--position", "3"], "--position 3 is out of range: the --clean text is 3 tokens "
+                               "(-3..2)"),
+    (["patch", "{mt}", "--clean", "the", "--corrupted", "thy", "--target", "a", "--answer",
+      "o", "--wrong", "e", "--position", "2"], "--position 2 is out of range: the decoder "
+                                               "input (<bos> and --target) is 2 tokens"),
     (["attribute", "{lm}", "--text", "the", "--token", "ox"],
      "--token 'ox' is not one token: it encodes to 2 tokens ['o', 'x']"),
     (["attribute", "{lm}", "--text", "the", "--token", "Z"], "'Z'"),

@@ -55,6 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "classifier's: the right class (its name or number)")
     a.add_argument("--wrong", required=True, help="the wrong next token (one token); a "
                    "classifier's: the wrong class")
+    a.add_argument("--position", type=int, default=None, help="the position whose logits "
+                   "are read (default -1, the last; a masked LM: its [MASK]; the translation "
+                   "so far, for a translation run)")
     a = _sub(ps, "rollout", "attention rollout: attention through all layers, residuals "
                             "included")
     a.add_argument("--text", required=True, help="the input (the source, for translation)")
@@ -438,6 +441,9 @@ def patch(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
     from ..viz.explorer import HeadGrid, PositionGrid
 
     classes = run.predicts_classes  # (then the answer is a class)
+    if classes and args.position is not None:
+        raise UsageError("a classifier's logits are the whole text's, at no position: drop "
+                         "--position")
     answer, wrong = (run.class_id(text, flag) if classes else one_token(run, text, flag)
                      for text, flag in ((args.answer, "--answer"), (args.wrong, "--wrong")))
     if classes and answer == wrong:
@@ -445,11 +451,19 @@ def patch(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
                          "the difference of their logits is always 0; give two classes")
     _two_tokens(answer, wrong, "--answer", "--wrong")
     clean, corrupted, shared = patch_inputs(run, args)
+    position = -1 if args.position is None else args.position
+    n = shared["tgt"].size(1) if shared else clean.size(1)
+    if not -n <= position < n:
+        raise UsageError(f"--position {position} is out of range: the "
+                         f"{'decoder input (<bos> and --target)' if shared else '--clean text'}"
+                         f" is {n} tokens "
+                         f"({-n}..{n - 1})")
     result = run_patch(run.model, clean, corrupted, answer=answer, wrong=wrong,
-                       layers=args.layer, heads=args.head, **shared)
+                       position=position, layers=args.layer, heads=args.head, **shared)
     tokens = _strings(run, clean)
     metric = f"logit({args.answer!r}) - logit({args.wrong!r})"
-    where = "of the classifier" if classes else "at the last position"
+    where = "of the classifier" if classes else \
+        "at the last position" if position == -1 else f"at position {position}"
     note = f"{metric} of the corrupted run with this activation from the clean run " \
            f"(clean {result.clean:.3f}, corrupted {result.corrupted:.3f})"
     grids = [] if args.head is not None else [  # (no head axis: not patched with --head)
