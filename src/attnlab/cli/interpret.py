@@ -56,8 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--wrong", required=True, help="the wrong next token (one token); a "
                    "classifier's: the wrong class")
     a.add_argument("--position", type=int, default=None, help="the position whose logits "
-                   "are read (default -1, the last; a masked LM: its [MASK]; the translation "
-                   "so far, for a translation run)")
+                   "are read (default -1, the last; of the translation so far, for a "
+                   "translation run)")
     a = _sub(ps, "rollout", "attention rollout: attention through all layers, residuals "
                             "included")
     a.add_argument("--text", required=True, help="the input (the source, for translation)")
