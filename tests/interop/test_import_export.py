@@ -168,6 +168,41 @@ def test_llama_with_grouped_query_attention_round_trips(tmp_path) -> None:
         hf_tok(text)["input_ids"]  # the checkpoint's own <s> comes along
 
 
+def test_steering_an_imported_llama_equals_hugging_faces_generate_with_a_forward_hook() -> None:
+    """A vector added to the residual stream after layer 0 while generating: attnlab's
+    ``generate`` inside ``hooks`` (its KV cache) writes the tokens Hugging Face's ``generate``
+    (its own cache) writes with a torch forward hook adding the vector to that layer's
+    output; and without it, the plain tokens of both."""
+    from attnlab.decoding import generate
+    from attnlab.interpret import hooks
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=120, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rope_theta=500.0, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    hf = scramble(transformers.LlamaForCausalLM(cfg), seed=5, std=0.3).eval()
+    ours = llama_from_hf(hf).eval()
+    shift = torch.randn(32, generator=torch.Generator().manual_seed(1)) * 2
+    prompt = [5, 17, 33, 2, 90]
+
+    def hf_tokens(steer: bool) -> list[int]:
+        handle = hf.model.layers[0].register_forward_hook(
+            lambda module, args, out: out + shift if steer else None)
+        try:
+            with torch.no_grad():
+                out = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                  pad_token_id=0, eos_token_id=None)
+        finally:
+            handle.remove()
+        return out[0, len(prompt):].tolist()
+    plain = generate(ours, [prompt], 12, temperature=0)[0]
+    with hooks(ours, {"blocks.0.resid_post": lambda x, name: x + shift}):
+        steered = generate(ours, [prompt], 12, temperature=0)[0]
+    assert plain == hf_tokens(False) and steered == hf_tokens(True)
+    assert steered != plain  # the vector changes what is written
+
+
 def test_llama_settings_attnlab_lacks_are_one_line(tmp_path, capsys) -> None:
     cfg = transformers.LlamaConfig(
         vocab_size=120, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
