@@ -240,13 +240,33 @@ def test_a_machine_that_never_comes_ends_attnlab_launch_in_one_line(tmp_path, re
     (["--nproc-per-node", "2", "train", "no.toml"], "config file no.toml does not exist"),
     (["--nproc-per-node", "2", "train", "--resume", "--init-from", "x"], "--init-from "
                                                                          "(train.init_from)"),
+    (["--nproc-per-node", "2", "train", "--resume", "--out", "{tmp}/nothing"],
+     "cannot resume: {tmp}/nothing has no last/ checkpoint"),
 ])
-def test_attnlab_launch_refuses_bad_words_in_one_line(argv, says, capsys):
+def test_attnlab_launch_refuses_bad_words_in_one_line(argv, says, capsys, tmp_path):
     from attnlab.cli import main
 
-    assert main(["launch", *argv]) == 2
+    assert main(["launch", *(w.format(tmp=tmp_path) for w in argv)]) == 2
     err = capsys.readouterr().err
+    says = says.format(tmp=tmp_path)
     assert err.count("\n") == 1 and err.startswith(f"attnlab launch: error: {says}"), err
+    assert list(tmp_path.iterdir()) == []  # nothing made
+
+
+def test_attnlab_launch_refuses_a_new_run_into_a_checkpoint_before_launching(tmp_path, capsys):
+    """A run dir that holds a checkpoint takes a resume, not a new run (the one-process
+    line, before torchrun); --print-config writes nothing, so it is let through."""
+    from _runs import lm_run
+    from attnlab.cli import build_parser, main
+    from attnlab.cli.train import _check_before_launch
+
+    run = lm_run(tmp_path / "run")
+    assert main(["launch", "--nproc-per-node", "2", "train", "--out", str(run)]) == 2
+    assert capsys.readouterr().err == (f"attnlab launch: error: run dir {run} already holds a "
+                                       "checkpoint; pass --resume to continue it, or choose "
+                                       "another --out\n")
+    assert _check_before_launch(build_parser(), ["train", "--out", str(run),
+                                                 "--print-config"]) is None
 
 
 @pytest.mark.parametrize("command, says", [

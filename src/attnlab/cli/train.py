@@ -278,7 +278,11 @@ def _check_before_launch(parser: argparse.ArgumentParser, command: list[str]) ->
     except SystemExit as e:  # (argparse printed the help, or the one line)
         return e.code if isinstance(e.code, int) else 2
     if args.command == "train":
-        _train_plan(args)
+        from ..train.runner import check_checkpoints
+
+        _, run, _ = _train_plan(args)
+        if not args.print_config:
+            check_checkpoints(run, args.resume)
     return None
 
 

@@ -83,6 +83,17 @@ def default_prompt(tokenizer: Tokenizer) -> str:
                     "to sample from (set train.samples=0)")
 
 
+def check_checkpoints(run: RunDir, resume: bool) -> None:
+    """A resume needs a checkpoint to go on from, a new run a run dir without one (reads
+    only: ``attnlab launch`` asks it before torchrun starts the processes)."""
+    if resume and not run.has_checkpoint("last") and not run.has_checkpoint("best"):
+        raise RunError(f"cannot resume: {run.path} has no last/ checkpoint (train without "
+                       "--resume first, or give the --out of an earlier run)")
+    if not resume and run.has_checkpoint():
+        raise RunError(f"run dir {run.path} already holds a checkpoint; pass --resume to "
+                       "continue it, or choose another --out")
+
+
 def check_run_dir(run: RunDir, resume: bool) -> None:
     """Fail early, with one clear line, when the run dir cannot take this run."""
     run_dir = run.path
@@ -93,12 +104,7 @@ def check_run_dir(run: RunDir, resume: bool) -> None:
     except OSError as e:
         raise RunError(f"cannot write to run dir {run_dir} ({e.strerror or e}); choose a "
                        "writable --out folder") from None
-    if resume and not run.has_checkpoint("last") and not run.has_checkpoint("best"):
-        raise RunError(f"cannot resume: {run_dir} has no last/ checkpoint (train without "
-                       "--resume first, or give the --out of an earlier run)")
-    if not resume and run.has_checkpoint():
-        raise RunError(f"run dir {run_dir} already holds a checkpoint; pass --resume to "
-                       "continue it, or choose another --out")
+    check_checkpoints(run, resume)
     others = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
     if not resume and others:  # the files of a run stopped before its first checkpoint go
         try:
