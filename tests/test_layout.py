@@ -543,8 +543,6 @@ ALLOWED_FAMILY_CHECKS = {
     ("attnlab.cli.interpret", "_load", "cfg.family in LM_HEAD"),
     # interpret ablate --text refuses a masked LM: its loss needs masked positions
     ("attnlab.cli.interpret", "ablate_batch", 'cfg.family == "encoder"'),
-    # interpret ablate --split is for language-model runs (fails before the task is built)
-    ("attnlab.cli.interpret", "split_batch", 'family != "decoder"'),
     # interpret patch of a translation run needs --target (the translation so far)
     ("attnlab.cli.interpret", "patch_inputs", 'run.model.config.family == "encoder_decoder"'),
 }

@@ -98,6 +98,50 @@ def test_ablate_encoder_decoder_and_classifier_write_pages(runs, capsys, tmp_pat
     assert "heads" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("head", ["classify", "mlm"])
+def test_ablate_split_of_a_classifier_or_masked_lm_measures_its_evaluation_batches(
+        head, tmp_path, capsys):
+    """--split val of an encoder run: the sentences evaluation reads first, with their
+    labels (a masked LM's: masked as evaluation masks them)."""
+    from attnlab.interpret import ablate
+    from attnlab.run_config import RunConfig
+    from attnlab.runs import RunDir
+    from attnlab.tasks import build_task
+    from attnlab.train import train_run
+
+    tsv = tmp_path / "reviews.tsv"
+    tsv.write_text("sentence\tlabel\n" + "".join(
+        f"{'a fine' if i % 2 else 'a dull'} film, number {i}\t{i % 2}\n" for i in range(60)))
+    out = tmp_path / "run"
+    train_run(RunConfig.from_dict({
+        "model": {"family": "encoder", "head": head, "d_model": 32, "n_heads": 2,
+                  "n_layers": 1, "max_len": 40, "dropout": 0.0},
+        "data": {"path": str(tsv)},
+        "train": {"max_steps": 2, "batch_size": 8, "eval_every": 2, "precision": "fp32",
+                  "progress": False, "tensorboard": False, "device": "cpu",
+                  "eval_batch_size": 4}}), out)
+    got = _json(capsys, ["ablate", str(out), "--split", "val", "--batches", "1"])
+    run = load_run(out)
+    task = build_task(RunConfig.of_run(RunDir(out)), run.tokenizer)
+    batch = task.ablation_batch("val", 1)  # one evaluation batch: 4 of the 6 val sentences
+    sentences = task.items("val")[:4]
+    ids = batch.inputs[0]
+    assert ids.size(0) == 4 and len(task.items("val")) == 6
+    if head == "classify":
+        assert batch.targets.tolist() == [y for _, y in sentences]
+        assert [run.tokenizer.decode([t for t in row if t != run.tokenizer.pad_id])
+                for row in ids.tolist()] == [s for s, _ in sentences]
+    else:  # the sentences, some tokens masked; the targets: the masked tokens' own ids
+        picked = batch.targets != -100
+        assert picked.any(dim=1).all() and (ids[picked] != batch.targets[picked]).any()
+        whole = ids.where(~picked, batch.targets)
+        assert [run.tokenizer.decode([t for t in row if t != run.tokenizer.pad_id])
+                for row in whole.tolist()] == [s for s, _ in sentences]
+    want = ablate(run.model, batch)
+    assert got["base_loss"] == pytest.approx(want.base_loss, abs=1e-5)
+    assert torch.allclose(torch.tensor(got["grids"]["encoder"]), want.heads, atol=1e-5)
+
+
 def test_patch_json_matches_and_page_has_both_grids(runs, capsys, tmp_path):
     from attnlab.interpret.patching import patch
 
@@ -230,7 +274,7 @@ def test_heads_json_and_page(runs, capsys, tmp_path):
     (["ablate", "{lm}", "--text", "the fox", "--head", "4"],
      "--head 4 is out of range: the model has 4 heads"),
     (["ablate", "{lm}"], "give one of --text TEXT, --file FILE or --split val"),
-    (["ablate", "{cls}", "--split", "val"], "--split is for language-model runs"),
+    (["ablate", "{cls}", "--split", "val"], "--split val: run dir "),  # (no data of its own)
     (["lens", "{lm}", "--text", "the", "--target", "x"], "--target is for encoder-decoder"),
     (["lens", "{lm}", "--text", "the", "--k", "0"], "--k 0 is out of range"),
     (["rollout", "{lm}", "--text", "the", "--layer", "1"],

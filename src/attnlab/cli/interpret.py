@@ -15,7 +15,6 @@ import math
 from typing import Any
 
 from ..errors import UsageError
-from ..info import FAMILY_WORDS
 from .common import TEXT_FLAGS, check_layers_heads, check_out_path, check_target, load_text_run
 
 LM_HEAD = {"decoder", "encoder_decoder"}  # families whose model predicts tokens (+ masked LM)
@@ -41,9 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     a = _sub(ps, "ablate", "the loss change when each head or feed-forward block is removed")
     a.add_argument("--text", default=None, help="the text whose loss is measured")
     a.add_argument("--file", default=None, help="a UTF-8 text file whose loss is measured")
-    a.add_argument("--split", default=None, choices=("val",), help="language models: "
-                   "the run's own val split, the windows training's periodic evaluation "
-                   "samples")
+    a.add_argument("--split", default=None, choices=("val",), help="the run's own val "
+                   "split as its evaluation reads it: a language model's sampled windows, a "
+                   "classifier's first sentences and their labels, a masked LM's masked "
+                   "sentences")
     a.add_argument("--batches", type=int, default=None, help="--split: batches (default 1)")
     a.add_argument("--kind", default="zero", choices=("zero", "mean"),
                    help="replace the output by 0 (zero) or its mean over the batch (mean)")
@@ -344,7 +344,7 @@ FILE_USE = "a UTF-8 text file whose loss each ablation changes"
 
 def ablate_batch(run, args: argparse.Namespace) -> tuple[Any, str]:
     """The batch ``interpret ablate`` measures: ``--text``, ``--file`` or ``--split val``
-    (a language model's, as ``attnlab eval`` reads it), and the text the page shows."""
+    (as the run's evaluation reads it), and the text the page shows."""
 
     from ..interpret.ablation import text_batch
 
@@ -359,7 +359,8 @@ def ablate_batch(run, args: argparse.Namespace) -> tuple[Any, str]:
     flag = "--text" if args.text is not None else "--file"
     if cfg.family == "encoder" and cfg.head == "mlm":
         raise UsageError(f"interpret ablate {flag} of a masked LM: its loss needs masked "
-                         "positions; use attnlab.interpret.ablate from Python")
+                         "positions; use --split val (masked as its evaluation masks them) or "
+                         "attnlab.interpret.ablate from Python")
     text = args.text if args.text is not None else _read(args.file)
     ids, src = _inputs(run, args, text, flag, FILE_USE if args.file else TEXT_USE)
     return text_batch(run.model, ids, src, name=flag), text
@@ -387,30 +388,22 @@ def _read(path: str) -> str:
 
 
 def split_batch(run, run_dir: str, batches: int):
-    """``batches`` batches of the run's val split as training's periodic evaluation samples
-    them (the run's task and tokenizer, windows of its block), as one LM batch."""
-    from ..interpret.ablation import lm_batch
+    """``batches`` batches of the run's val split as its task evaluates them (a language
+    model's sampled windows, a classifier's labelled sentences, a masked LM's masks), as one
+    batch."""
     from ..run_config import RunConfig
     from ..runs import RunDir
-    from ..tasks import LMTask, build_task
+    from ..tasks import build_task
+    from ..train.evaluate import missing_split
 
     if batches < 1:
         raise UsageError(f"--batches {batches} must be >= 1")
-    family = run.model.config.family
-    if family != "decoder":
-        raise UsageError(f"--split is for language-model runs; {run_dir} is "
-                         f"{FAMILY_WORDS[family]} run: give --text or --file")
-    rc = RunConfig.of_run(RunDir(run_dir))
-    task = build_task(rc, run.tokenizer)
-    if not isinstance(task, LMTask):
-        raise UsageError(f"--split is for language-model runs; {run_dir} is a {task.kind} "
-                         "run: give --text or --file")
-    data = task.split("val")
-    if len(data) <= task.block + 1:
-        raise UsageError(f"the val split of {run_dir} is {len(data)} tokens, shorter than one "
-                         f"window of {task.block + 1}")
-    starts = task.sampled_starts(data, batches)  # the windows evaluation samples
-    return lm_batch(data.windows(starts, task.block + 1))
+    rd = RunDir(run_dir)
+    rc = RunConfig.of_run(rd)
+    why = missing_split(rd, rc, "val")
+    if why:
+        raise UsageError(f"--split val: {why}; give --text or --file")
+    return build_task(rc, run.tokenizer).ablation_batch("val", batches)
 
 
 def ablate(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from ..config import ConfigError, LossOptions, ModelConfig
 from ..data import DatasetInfo, fetch
 from ..errors import UsageError
+from ..interpret import Batch
 from ..nn import counted
 from ..run_config import DataConfig, RunConfig
 from ..tokenizers import MASK, SPECIALS, BPETokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer
@@ -241,6 +242,12 @@ class Task:
             progress: told after each batch (or group of batches) how many are done.
         """
         raise NotImplementedError
+
+    def ablation_batch(self, split: str, batches: int) -> Batch:
+        """``batches`` evaluation batches of ``split`` as one ``attnlab.interpret.Batch``,
+        whose loss ``attnlab interpret ablate --split`` measures without each head."""
+        raise UsageError(f"--split is for language-model and classifier runs; this is a "
+                         f"{self.kind} run: give --text or --file")
 
     def count(self, batch: tuple[Tensor, ...]) -> Tensor:
         """Number of targets ``loss_sum`` sums over (a tensor: no host sync)."""

@@ -20,6 +20,7 @@ from ..data import (
     whole_sentences,
 )
 from ..decoding.classify import cls_id
+from ..interpret import Batch
 from ..metrics import accuracy, f1, macro_f1
 from ..nn import IGNORE_INDEX
 from ..run_config import DataConfig, RunConfig
@@ -137,6 +138,11 @@ class ClassifyTask(EpochTask):
     def _make_train_batches(self) -> ClassificationBatches:
         return self.batches("train", self.rc.train.batch_size, True)
 
+    def ablation_batch(self, split: str, batches: int) -> Batch:
+        """The first ``batches`` evaluation batches' sentences of ``split`` and their labels."""
+        ids, labels = next(iter(self.batches(split, batches * self.eval_batch_size(), False)))
+        return Batch((ids,), labels)
+
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, device: torch.device, amp: Amp,
                  max_batches: int = 0, progress: Progress | None = None) -> dict[str, float]:
@@ -238,6 +244,13 @@ class MaskedLMTask(ClassifyTask):
     def next_batch(self) -> tuple[Tensor, Tensor]:
         ids, _ = super().next_batch()
         return self._mask(ids, self.generator)
+
+    def ablation_batch(self, split: str, batches: int) -> Batch:
+        """The first ``batches`` evaluation batches' sentences of ``split``, masked as
+        evaluation masks them, and the masked tokens."""
+        ids = super().ablation_batch(split, batches).inputs[0]
+        inputs, targets = self._mask_each(ids)
+        return Batch((inputs,), targets)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "generator": self.generator.get_state()}

@@ -34,6 +34,7 @@ from ..data.corpora import describe
 from ..data.shards import TokenShards, is_token_dir
 from ..errors import UsageError, VocabularyError
 from ..info import check_held
+from ..interpret import Batch, lm_batch
 from ..metrics import perplexity
 from ..nn import IGNORE_INDEX
 from ..run_config import RunConfig
@@ -448,6 +449,15 @@ class LMTask(Task):
             x, y = self._windows(data, [len(data) - 1 - self.block])
             y[:, :self.block - left] = IGNORE_INDEX  # scored by the windows before
             yield x, y
+
+    def ablation_batch(self, split: str, batches: int) -> Batch:
+        """The windows of ``split`` that ``batches`` sampled evaluation batches read, with
+        their next tokens (``attnlab.interpret.lm_batch``)."""
+        data = self.split(split)
+        if len(data) <= self.block + 1:
+            raise UsageError(f"the {split} split is {len(data)} tokens, shorter than one "
+                             f"window of {self.block + 1}")
+        return lm_batch(data.windows(self.sampled_starts(data, batches), self.block + 1))
 
     def sampled_starts(self, data: Tokens, max_batches: int) -> list[int]:
         """Where the windows of ``max_batches`` sampled evaluation batches start in ``data``

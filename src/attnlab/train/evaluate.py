@@ -93,17 +93,24 @@ def _eval_data(rd: RunDir, rc: RunConfig, split: str, data: list[str] | None) ->
     of its own (a model imported from Hugging Face has none)."""
     if data:
         return _eval_overrides(rc, split, data)
-    cls = task_class(rc)
-    keys = cls.eval_data_keys
-    # a run's config names its data set, or its own files; one that names neither (a run
-    # dir imported from Hugging Face) has no data to evaluate on
+    why = missing_split(rd, rc, split)
+    if why:
+        cls = task_class(rc)
+        files = "SRC TGT" if len(cls.eval_data_keys) == 2 else "FILE"
+        raise RunError(f"{why}; pass the {cls.kind} data to evaluate on with --data {files}")
+    return rc
+
+
+def missing_split(rd: RunDir, rc: RunConfig, split: str) -> str | None:
+    """Why run dir ``rd`` (of config ``rc``) has no ``split`` data of its own, or None when
+    it has: its config names its data set or its own files, and one that names neither (a
+    run dir imported from Hugging Face) has none."""
+    keys = task_class(rc).eval_data_keys
     if keys and not rc.data.name and not rc.data.mix and not any(
             getattr(rc.data, key) or getattr(rc.data, f"{split}_{key}") for key in keys):
-        files = "SRC TGT" if len(keys) == 2 else "FILE"
-        raise RunError(f"run dir {rd.path} has no {split} data of its own (its config names "
-                       f"no data set and no data.{keys[0]}); "
-                       f"pass the {cls.kind} data to evaluate on with --data {files}")
-    return rc
+        return (f"run dir {rd.path} has no {split} data of its own (its config names no data "
+                f"set and no data.{keys[0]})")
+    return None
 
 
 def _eval_overrides(rc: RunConfig, split: str, data: list[str]) -> RunConfig:
