@@ -123,11 +123,14 @@ def _load(args: argparse.Namespace):
     return run
 
 
-def _two_tokens(a: int, b: int | None, first: str, second: str) -> None:
-    """Refuse a logit difference of a token with itself (always 0)."""
+def _two_outputs(a: int, b: int | None, first: str, second: str, shown: str | None = None,
+                 ) -> None:
+    """Refuse a logit difference of an output with itself (always 0): a token (by its id), or
+    a class ``shown`` by its name."""
     if a == b:
-        raise UsageError(f"{first} and {second} are the same token (id {a}): the difference of "
-                         "their logits is always 0; give two different tokens")
+        what, two = ("token", "tokens") if shown is None else ("class", "classes")
+        raise UsageError(f"{first} and {second} are the same {what} ({shown or f'id {a}'}): the "
+                         f"difference of their logits is always 0; give two different {two}")
 
 
 def one_token(run, text: str, flag: str) -> int:
@@ -264,7 +267,7 @@ def attribute(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
 
     token = one_token(run, args.token, "--token")
     other = None if args.other is None else one_token(run, args.other, "--other")
-    _two_tokens(token, other, "--token", "--other")
+    _two_outputs(token, other, "--token", "--other")
     ids, src = _inputs(run, args, args.text, "--text", "the text whose logit at "
                        "--position is explained")
     n = ids.size(1)
@@ -439,17 +442,14 @@ def patch(run, args: argparse.Namespace) -> tuple[Any, str, list, str]:
                          "--position")
     answer, wrong = (run.class_id(text, flag) if classes else one_token(run, text, flag)
                      for text, flag in ((args.answer, "--answer"), (args.wrong, "--wrong")))
-    if classes and answer == wrong:
-        raise UsageError(f"--answer and --wrong are the same class ({run.label_names[answer]}): "
-                         "the difference of their logits is always 0; give two classes")
-    _two_tokens(answer, wrong, "--answer", "--wrong")
+    _two_outputs(answer, wrong, "--answer", "--wrong",
+                 run.label_names[answer] if classes else None)
     clean, corrupted, shared = patch_inputs(run, args)
     position = -1 if args.position is None else args.position
     n = shared["tgt"].size(1) if shared else clean.size(1)
     if not -n <= position < n:
-        raise UsageError(f"--position {position} is out of range: the "
-                         f"{'decoder input (<bos> and --target)' if shared else '--clean text'}"
-                         f" is {n} tokens "
+        read = "decoder input (<bos> and --target)" if shared else "--clean text"
+        raise UsageError(f"--position {position} is out of range: the {read} is {n} tokens "
                          f"({-n}..{n - 1})")
     result = run_patch(run.model, clean, corrupted, answer=answer, wrong=wrong,
                        position=position, layers=args.layer, heads=args.head, **shared)
